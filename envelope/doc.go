@@ -1,0 +1,23 @@
+// Package envelope converts between watermill messages and messaging_outbox
+// rows, in both directions, without losing or inventing anything.
+//
+// Write side ([ToRow]): msg.UUID is the message id (never re-minted), the
+// canonical metadata keys (KeyTenant, KeyCorrelationID, ... all under the
+// reserved "msg." namespace, set with the typed setters such as [SetTenant])
+// and watermill's "correlation_id" go to their own columns, the
+// OpenTelemetry trace context of msg.Context() goes to traceparent,
+// tracestate and baggage, and every other key goes to the headers column. A
+// "msg." key that is not canonical is refused (OUTBOX_RESERVED_HEADER), as
+// are NUL bytes and invalid UTF-8 (OUTBOX_INVALID_HEADER) and a bad tenant
+// slug (OUTBOX_INVALID_TENANT).
+//
+// Read side ([ToMessage]): the same message comes back, with each canonical
+// column as metadata under its key, occurred_at defaulting to created_at,
+// producer defaulting to the relay's identity, and the stored trace context in
+// msg.Context(). A stored header with a reserved name is refused, never
+// overwritten.
+//
+// Headers are a flat string map stored as jsonb and encoded with
+// encoding/json ([EncodeHeaders], [DecodeHeaders]); values ending in a
+// backslash, quotes, control characters and emoji round-trip.
+package envelope

@@ -1,0 +1,267 @@
+package envelope
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/propagation"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+)
+
+// MaxMessageIDLength bounds message ids (bytes). Ids are text, not uuid:
+// watermill users also send ULIDs and other ids.
+const MaxMessageIDLength = 255
+
+// Options tune the conversion. The zero value is usable.
+type Options struct {
+	// Producer is written to the producer column when the message carries no
+	// KeyProducer (write side), and restored as KeyProducer when the row has
+	// none (read side: the relay's identity).
+	Producer string
+	// Propagator moves trace context between msg.Context() and the
+	// traceparent/tracestate/baggage columns. Nil means W3C trace context
+	// plus W3C baggage.
+	Propagator propagation.TextMapPropagator
+}
+
+var defaultPropagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+
+func (o Options) propagator() propagation.TextMapPropagator {
+	if o.Propagator != nil {
+		return o.Propagator
+	}
+	return defaultPropagator
+}
+
+func corrupt(format string, args ...any) error {
+	return outbox.Errorf(outbox.CodeCorruptRow, "envelope.ToMessage", format, args...)
+}
+
+// ToRow turns a watermill message bound for topic into the insertable part of
+// a row (identity, payload, headers and canonical columns). msg.UUID becomes
+// message_id; canonical msg.* keys and watermill's correlation_id go to their
+// columns; trace context comes from the metadata keys or, when absent, from
+// msg.Context(); every other key goes to headers. Refusals are *outbox.Error
+// with codes OUTBOX_TOPIC_REQUIRED, OUTBOX_MESSAGE_ID_REQUIRED,
+// OUTBOX_MESSAGE_ID_TOO_LONG, OUTBOX_RESERVED_HEADER, OUTBOX_INVALID_HEADER,
+// OUTBOX_INVALID_TENANT and OUTBOX_INVALID_METADATA.
+func ToRow(topic string, msg *message.Message, opts Options) (Row, error) {
+	const op = "envelope.ToRow"
+	if topic == "" {
+		return Row{}, outbox.Errorf(outbox.CodeTopicRequired, op, "topic must not be empty")
+	}
+	if err := checkText("topic", topic); err != nil {
+		return Row{}, err
+	}
+	if msg == nil {
+		return Row{}, outbox.Errorf(outbox.CodeMessageIDRequired, op, "message is nil")
+	}
+	if msg.UUID == "" {
+		return Row{}, outbox.Errorf(outbox.CodeMessageIDRequired, op, "message id (msg.UUID) must not be empty")
+	}
+	if len(msg.UUID) > MaxMessageIDLength {
+		return Row{}, outbox.Errorf(outbox.CodeMessageIDTooLong, op, "message id is %d bytes, at most %d allowed", len(msg.UUID), MaxMessageIDLength)
+	}
+	if err := checkText("message id", msg.UUID); err != nil {
+		return Row{}, err
+	}
+	r := Row{
+		MessageID:   msg.UUID,
+		Destination: topic,
+		Payload:     msg.Payload,
+		Headers:     map[string]string{},
+		Status:      StatusPending,
+	}
+	if r.Payload == nil {
+		r.Payload = []byte{}
+	}
+	var watermillCorrelation string
+	for k, v := range msg.Metadata {
+		switch {
+		case k == WatermillCorrelationKey:
+			watermillCorrelation = v
+			continue
+		case len(k) >= len(ReservedPrefix) && k[:len(ReservedPrefix)] == ReservedPrefix:
+			if !isCanonical(k) {
+				return Row{}, outbox.Errorf(outbox.CodeReservedHeader, op, "metadata key %q is in the reserved %q namespace and is not a canonical field", k, ReservedPrefix)
+			}
+			if err := checkText("metadata "+k, v); err != nil {
+				return Row{}, err
+			}
+			if err := r.setCanonical(k, v); err != nil {
+				return Row{}, err
+			}
+		default:
+			r.Headers[k] = v
+		}
+	}
+	if r.CorrelationID == "" && watermillCorrelation != "" {
+		if err := checkText("metadata "+WatermillCorrelationKey, watermillCorrelation); err != nil {
+			return Row{}, err
+		}
+		r.CorrelationID = watermillCorrelation
+	}
+	if r.Producer == "" {
+		r.Producer = opts.Producer
+	}
+	if r.Traceparent == "" && msg.Context() != nil {
+		carrier := propagation.MapCarrier{}
+		opts.propagator().Inject(msg.Context(), carrier)
+		r.Traceparent, r.Tracestate = carrier["traceparent"], carrier["tracestate"]
+		if r.Baggage == "" {
+			r.Baggage = carrier["baggage"]
+		}
+	}
+	if _, err := EncodeHeaders(r.Headers); err != nil {
+		return Row{}, err
+	}
+	r.RoutingKey = r.MessageID
+	if r.PartitionKey != "" {
+		r.RoutingKey = r.PartitionKey
+	}
+	return r, nil
+}
+
+func (r *Row) setCanonical(k, v string) error {
+	const op = "envelope.ToRow"
+	if v == "" {
+		return nil // absent
+	}
+	switch k {
+	case KeyProducer:
+		r.Producer = v
+	case KeyOccurredAt:
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return outbox.Wrap(outbox.CodeInvalidMetadata, op, err, KeyOccurredAt+" must be RFC 3339")
+		}
+		r.OccurredAt = t
+	case KeyCorrelationID:
+		r.CorrelationID = v
+	case KeyCausationID:
+		r.CausationID = v
+	case KeyTenant:
+		if err := ValidateTenant(v); err != nil {
+			return err
+		}
+		r.Tenant = v
+	case KeyPartitionKey:
+		r.PartitionKey = v
+	case KeyOrderingKey:
+		r.OrderingKey = v
+	case KeyTraceparent:
+		r.Traceparent = v
+	case KeyTracestate:
+		r.Tracestate = v
+	case KeyBaggage:
+		r.Baggage = v
+	case KeySchemaSubject:
+		r.SchemaSubject = v
+	case KeySchemaVersion:
+		r.SchemaVersion = v
+	case KeyContentType:
+		r.ContentType = v
+	case KeyMessageType:
+		r.MessageType = v
+	case KeyAggregateType:
+		r.AggregateType = v
+	case KeyAggregateID:
+		r.AggregateID = v
+	case KeyAggregateVersion:
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return outbox.Wrap(outbox.CodeInvalidMetadata, op, err, KeyAggregateVersion+" must be a base-10 int64")
+		}
+		r.AggregateVersion = &n
+	}
+	return nil
+}
+
+// ToMessage rebuilds the watermill message a row stands for: msg.UUID is the
+// message id, the payload is the stored bytes, headers come back as metadata,
+// every non-empty canonical column comes back under its msg.* key (and the
+// correlation id also under watermill's correlation_id), occurred_at falls
+// back to created_at and producer to opts.Producer. The message context
+// carries the stored trace context, so a span started from it continues the
+// producer's trace. A row whose headers use a reserved name is refused with
+// OUTBOX_RESERVED_HEADER: the envelope never silently overwrites.
+func ToMessage(r Row, opts Options) (*message.Message, error) {
+	if r.MessageID == "" {
+		return nil, corrupt("row has an empty message id")
+	}
+	md := make(message.Metadata, len(r.Headers)+8)
+	for k, v := range r.Headers {
+		if IsReserved(k) {
+			return nil, outbox.Errorf(outbox.CodeReservedHeader, "envelope.ToMessage", "row %s: stored header %q uses a reserved name", r.MessageID, k)
+		}
+		md[k] = v
+	}
+	put := func(k, v string) {
+		if v != "" {
+			md[k] = v
+		}
+	}
+	put(KeyProducer, firstNonEmpty(r.Producer, opts.Producer))
+	occurred := r.OccurredAt
+	if occurred.IsZero() {
+		occurred = r.CreatedAt
+	}
+	if !occurred.IsZero() {
+		md[KeyOccurredAt] = occurred.UTC().Format(time.RFC3339Nano)
+	}
+	put(KeyCorrelationID, r.CorrelationID)
+	put(WatermillCorrelationKey, r.CorrelationID)
+	put(KeyCausationID, r.CausationID)
+	put(KeyTenant, r.Tenant)
+	put(KeyPartitionKey, r.PartitionKey)
+	put(KeyOrderingKey, r.OrderingKey)
+	put(KeyTraceparent, r.Traceparent)
+	put(KeyTracestate, r.Tracestate)
+	put(KeyBaggage, r.Baggage)
+	put(KeySchemaSubject, r.SchemaSubject)
+	put(KeySchemaVersion, r.SchemaVersion)
+	put(KeyContentType, r.ContentType)
+	put(KeyMessageType, r.MessageType)
+	put(KeyAggregateType, r.AggregateType)
+	put(KeyAggregateID, r.AggregateID)
+	if r.AggregateVersion != nil {
+		md[KeyAggregateVersion] = strconv.FormatInt(*r.AggregateVersion, 10)
+	}
+	payload := r.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	msg := message.NewMessage(r.MessageID, payload)
+	msg.Metadata = md
+	msg.SetContext(TraceContext(context.Background(), r, opts))
+	return msg, nil
+}
+
+// TraceContext returns ctx carrying the trace context stored in the row
+// (traceparent, tracestate, baggage), extracted with opts' propagator.
+func TraceContext(ctx context.Context, r Row, opts Options) context.Context {
+	if r.Traceparent == "" && r.Baggage == "" {
+		return ctx
+	}
+	carrier := propagation.MapCarrier{}
+	if r.Traceparent != "" {
+		carrier["traceparent"] = r.Traceparent
+	}
+	if r.Tracestate != "" {
+		carrier["tracestate"] = r.Tracestate
+	}
+	if r.Baggage != "" {
+		carrier["baggage"] = r.Baggage
+	}
+	return opts.propagator().Extract(ctx, carrier)
+}
+
+func firstNonEmpty(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,95 @@
+package envelope
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"unicode/utf8"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+)
+
+// EncodeHeaders turns application metadata into the jsonb text stored in the
+// headers column. It uses encoding/json, so backslashes, quotes, control
+// characters and non-ASCII text are escaped correctly (the Java ancestor's
+// hand-written codec broke on a trailing backslash). It refuses what
+// PostgreSQL cannot store or what would not come back unchanged: a NUL
+// character (jsonb rejects \u0000) and invalid UTF-8 (encoding/json would
+// silently replace it with U+FFFD). Keys must be non-empty.
+func EncodeHeaders(h map[string]string) ([]byte, error) {
+	for k, v := range h {
+		if err := checkText("header name", k); err != nil {
+			return nil, err
+		}
+		if k == "" {
+			return nil, outbox.Errorf(outbox.CodeInvalidHeader, "envelope", "header name must not be empty")
+		}
+		if err := checkText("header "+k, v); err != nil {
+			return nil, err
+		}
+	}
+	if len(h) == 0 {
+		return []byte("{}"), nil
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(h); err != nil {
+		return nil, outbox.Wrap(outbox.CodeInvalidHeader, "envelope", err, "encode headers")
+	}
+	return bytes.TrimRight(buf.Bytes(), "\n"), nil
+}
+
+// DecodeHeaders parses the headers column. Anything but a JSON object whose
+// values are all strings is a corrupt row (OUTBOX_CORRUPT_ROW).
+func DecodeHeaders(raw []byte) (map[string]string, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return map[string]string{}, nil
+	}
+	var generic any
+	if err := json.Unmarshal(raw, &generic); err != nil {
+		return nil, outbox.Wrap(outbox.CodeCorruptRow, "envelope", err, "headers are not valid JSON")
+	}
+	obj, ok := generic.(map[string]any)
+	if !ok {
+		return nil, outbox.Errorf(outbox.CodeCorruptRow, "envelope", "headers must be a JSON object, got %s", jsonKind(generic))
+	}
+	out := make(map[string]string, len(obj))
+	for k, v := range obj {
+		s, ok := v.(string)
+		if !ok {
+			return nil, outbox.Errorf(outbox.CodeCorruptRow, "envelope", "header %q must be a string, got %s", k, jsonKind(v))
+		}
+		out[k] = s
+	}
+	return out, nil
+}
+
+// checkText refuses values PostgreSQL text (and jsonb) cannot hold.
+func checkText(what, s string) error {
+	if strings.IndexByte(s, 0) >= 0 {
+		return outbox.Errorf(outbox.CodeInvalidHeader, "envelope", "%s contains a NUL byte, which PostgreSQL text cannot store", what)
+	}
+	if !utf8.ValidString(s) {
+		return outbox.Errorf(outbox.CodeInvalidHeader, "envelope", "%s is not valid UTF-8", what)
+	}
+	return nil
+}
+
+func jsonKind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "a boolean"
+	case float64:
+		return "a number"
+	case string:
+		return "a string"
+	case []any:
+		return "an array"
+	case map[string]any:
+		return "an object"
+	}
+	return "an unknown value"
+}

@@ -1,0 +1,128 @@
+package envelope
+
+import (
+	"database/sql"
+	"time"
+)
+
+// Status is a row's lifecycle state (the status column).
+type Status string
+
+// The states of a row. See the package documentation for the transitions.
+const (
+	StatusPending   Status = "PENDING"
+	StatusInFlight  Status = "IN_FLIGHT"
+	StatusPublished Status = "PUBLISHED"
+	StatusAmbiguous Status = "AMBIGUOUS"
+	StatusFailed    Status = "FAILED"
+	StatusExhausted Status = "EXHAUSTED"
+)
+
+// Valid reports whether s is one of the six states the schema allows.
+func (s Status) Valid() bool {
+	switch s {
+	case StatusPending, StatusInFlight, StatusPublished, StatusAmbiguous, StatusFailed, StatusExhausted:
+		return true
+	}
+	return false
+}
+
+// Parked reports whether s is a parked state (redrive only).
+func (s Status) Parked() bool { return s == StatusFailed || s == StatusExhausted }
+
+// Row is one messaging_outbox row. Text columns use "" for NULL and time
+// columns the zero time, so an absent value is never stored as an empty
+// string.
+type Row struct {
+	MessageID         string
+	Destination       string
+	Payload           []byte
+	Headers           map[string]string
+	Status            Status
+	Seq               int64
+	CreatedAt         time.Time
+	OccurredAt        time.Time
+	PublishedAt       time.Time
+	Attempts          int
+	NextAttemptAt     time.Time
+	LeaseOwner        string
+	LeaseToken        int64
+	LeaseExpiresAt    time.Time
+	LastFailureCode   string
+	LastFailureDetail string
+	LastAttemptAt     time.Time
+	Producer          string
+	CorrelationID     string
+	CausationID       string
+	Tenant            string
+	PartitionKey      string
+	OrderingKey       string
+	Traceparent       string
+	Tracestate        string
+	Baggage           string
+	SchemaSubject     string
+	SchemaVersion     string
+	ContentType       string
+	MessageType       string
+	AggregateType     string
+	AggregateID       string
+	AggregateVersion  *int64
+	ParkedAt          time.Time
+	RoutingKey        string // generated: PartitionKey when set, else MessageID
+}
+
+// SelectColumns is the column list, in Row field order, that [ScanRow] reads.
+// Prefix-free, so callers qualify it only where their query needs to.
+const SelectColumns = `message_id, destination, payload, headers, status, seq, created_at,
+occurred_at, published_at, attempts, next_attempt_at, lease_owner, lease_token,
+lease_expires_at, last_failure_code, last_failure_detail, last_attempt_at, producer,
+correlation_id, causation_id, tenant, partition_key, ordering_key, traceparent,
+tracestate, baggage, schema_subject, schema_version, content_type, message_type,
+aggregate_type, aggregate_id, aggregate_version, parked_at, routing_key`
+
+// Scanner is satisfied by *sql.Row and *sql.Rows.
+type Scanner interface{ Scan(dest ...any) error }
+
+// ScanRow reads one row selected with [SelectColumns]. A row whose headers
+// are not a flat string object, or whose status is unknown, is returned with
+// an OUTBOX_CORRUPT_ROW error (the identity fields are filled so the caller
+// can park it).
+func ScanRow(s Scanner) (Row, error) {
+	var (
+		r                                                       Row
+		headers                                                 []byte
+		status                                                  string
+		occurred, published, nextAt, leaseExp, lastAt, parkedAt sql.NullTime
+		owner, failCode, failDetail, producer, corr, caus       sql.NullString
+		tenant, pkey, okey, tp, ts, bg, ssub, sver, ct, mt      sql.NullString
+		aggT, aggID                                             sql.NullString
+		aggV                                                    sql.NullInt64
+	)
+	err := s.Scan(&r.MessageID, &r.Destination, &r.Payload, &headers, &status, &r.Seq, &r.CreatedAt,
+		&occurred, &published, &r.Attempts, &nextAt, &owner, &r.LeaseToken,
+		&leaseExp, &failCode, &failDetail, &lastAt, &producer,
+		&corr, &caus, &tenant, &pkey, &okey, &tp,
+		&ts, &bg, &ssub, &sver, &ct, &mt,
+		&aggT, &aggID, &aggV, &parkedAt, &r.RoutingKey)
+	if err != nil {
+		return Row{}, err
+	}
+	r.Status = Status(status)
+	r.OccurredAt, r.PublishedAt, r.NextAttemptAt = occurred.Time, published.Time, nextAt.Time
+	r.LeaseExpiresAt, r.LastAttemptAt, r.ParkedAt = leaseExp.Time, lastAt.Time, parkedAt.Time
+	r.LeaseOwner, r.LastFailureCode, r.LastFailureDetail = owner.String, failCode.String, failDetail.String
+	r.Producer, r.CorrelationID, r.CausationID, r.Tenant = producer.String, corr.String, caus.String, tenant.String
+	r.PartitionKey, r.OrderingKey = pkey.String, okey.String
+	r.Traceparent, r.Tracestate, r.Baggage = tp.String, ts.String, bg.String
+	r.SchemaSubject, r.SchemaVersion, r.ContentType, r.MessageType = ssub.String, sver.String, ct.String, mt.String
+	r.AggregateType, r.AggregateID = aggT.String, aggID.String
+	if aggV.Valid {
+		v := aggV.Int64
+		r.AggregateVersion = &v
+	}
+	r.Headers, err = DecodeHeaders(headers)
+	if err == nil && !r.Status.Valid() {
+		err = corrupt("status %q is not a known state", status)
+	}
+	return r, err
+}

@@ -1,0 +1,99 @@
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+//go:embed sql/*.sql
+var embedded embed.FS
+
+// VersionTable is the table in which Up records applied versions. It lives in
+// the same schema as the outbox (the first schema of search_path).
+const VersionTable = "messaging_schema_version"
+
+// LockID is the PostgreSQL advisory lock key Up holds while it migrates, so
+// that two processes migrating at once do not race: the second waits, then
+// finds nothing left to do. ("outbox" in ASCII.)
+const LockID int64 = 0x6f7574626f78
+
+// FS returns the embedded migration files (goose-annotated SQL, one file per
+// version, named NNNNN_name.sql) for use with another migration tool. Each
+// file holds a "-- +goose Up" section and a "-- +goose Down" section; tools
+// that do not read goose annotations (Flyway, golang-migrate) need the Up
+// section only, which is everything between the two markers.
+func FS() fs.FS {
+	sub, err := fs.Sub(embedded, "sql")
+	if err != nil {
+		panic(err) // the embedded path is a compile-time constant
+	}
+	return sub
+}
+
+// Result says what one Up call applied.
+type Result struct {
+	Applied []int64 // versions this call applied, in order; empty when nothing was pending
+	Current int64   // the database's version after the call
+}
+
+// Up applies every pending migration to db, under a session-level advisory
+// lock so that concurrent callers serialise (both succeed; the later one
+// applies nothing). It runs each migration in its own transaction on its own
+// connection: never pass it a business transaction, and never call it from
+// inside one. Objects are created in the first schema of the connection's
+// search_path.
+func Up(ctx context.Context, db *sql.DB) (Result, error) {
+	p, err := newProvider(db)
+	if err != nil {
+		return Result{}, err
+	}
+	results, err := p.Up(ctx)
+	if err != nil {
+		var partial *goose.PartialError
+		if errors.As(err, &partial) {
+			return Result{}, fmt.Errorf("migrations: version %d failed: %w", partial.Failed.Source.Version, partial.Err)
+		}
+		return Result{}, fmt.Errorf("migrations: %w", err)
+	}
+	res := Result{}
+	for _, r := range results {
+		res.Applied = append(res.Applied, r.Source.Version)
+	}
+	res.Current, err = p.GetDBVersion(ctx)
+	if err != nil {
+		return res, fmt.Errorf("migrations: read version: %w", err)
+	}
+	return res, nil
+}
+
+// Status reports, for each embedded migration, whether it has been applied.
+func Status(ctx context.Context, db *sql.DB) ([]*goose.MigrationStatus, error) {
+	p, err := newProvider(db)
+	if err != nil {
+		return nil, err
+	}
+	return p.Status(ctx)
+}
+
+func newProvider(db *sql.DB) (*goose.Provider, error) {
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(LockID))
+	if err != nil {
+		return nil, fmt.Errorf("migrations: locker: %w", err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, FS(),
+		goose.WithSessionLocker(locker),
+		goose.WithTableName(VersionTable),
+		goose.WithDisableGlobalRegistry(true),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	return p, nil
+}
