@@ -43,12 +43,14 @@ func CurrentMode(ctx context.Context, db *sql.DB) (Mode, error) {
 // Beat records that the polling relay owner is alive until now+ttl, after
 // checking, in the same statement, that the database is in polling mode. It
 // returns RELAY_MODE_CONFLICT when the mode is CDC. The forwarder calls it at
-// start and on every heartbeat.
+// start and on every heartbeat. The FOR SHARE lock on the mode row orders a
+// heartbeat against a concurrent switch to CDC (which locks the row FOR
+// UPDATE before it counts live heartbeats): one of them sees the other.
 func Beat(ctx context.Context, db *sql.DB, owner string, ttl time.Duration) error {
 	res, err := db.ExecContext(ctx, `
 INSERT INTO messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at)
 SELECT $1, now(), now(), now() + make_interval(secs => $2)
-WHERE NOT EXISTS (SELECT 1 FROM messaging_relay_mode WHERE id AND mode = 'CDC')
+WHERE EXISTS (SELECT 1 FROM messaging_relay_mode WHERE id AND mode = 'POLLING' FOR SHARE)
 ON CONFLICT (owner) DO UPDATE
    SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at`, owner, ttl.Seconds())
 	if err != nil {
