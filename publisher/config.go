@@ -1,0 +1,72 @@
+package publisher
+
+import (
+	"cmp"
+	"strings"
+	"unicode/utf8"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+)
+
+// DefaultNotifyChannel is the channel the publisher notifies when
+// Config.Notify is on and Config.NotifyChannel is empty. The forwarder's
+// wake-up listener LISTENs on the same constant, so the two agree unless both
+// are configured otherwise.
+const DefaultNotifyChannel = "messaging_outbox_wakeup"
+
+// maxChannelLength is PostgreSQL's identifier limit (NAMEDATALEN - 1): a
+// longer channel name makes pg_notify fail inside the caller's transaction,
+// so it is refused at construction instead.
+const maxChannelLength = 63
+
+// Config tunes a Publisher. The zero value is valid: no producer, no wake-up.
+type Config struct {
+	// Producer is written to the producer column of messages that do not set
+	// envelope.KeyProducer themselves. Empty leaves the column NULL.
+	Producer string
+
+	// Notify sends a NOTIFY on NotifyChannel from the same statement that
+	// inserts the rows, so a listening relay wakes up when the caller's
+	// transaction commits (PostgreSQL discards the notification on rollback).
+	// It costs no extra round trip. Off by default: the relay polls anyway.
+	Notify bool
+
+	// NotifyChannel is the channel used when Notify is on. Empty means
+	// DefaultNotifyChannel. At most 63 bytes, valid UTF-8, no NUL.
+	NotifyChannel string
+}
+
+// withDefaults is the one place defaults are filled in.
+func (c Config) withDefaults() Config {
+	c.NotifyChannel = cmp.Or(c.NotifyChannel, DefaultNotifyChannel)
+	return c
+}
+
+// Validate reports an OUTBOX_INVALID_CONFIG error naming the field to change.
+// Empty fields are validated as their defaults, so the zero Config is valid.
+func (c Config) Validate() error {
+	const op = "publisher.Config"
+	c = c.withDefaults()
+	if err := checkConfigText("Producer", c.Producer); err != nil {
+		return err
+	}
+	if err := checkConfigText("NotifyChannel", c.NotifyChannel); err != nil {
+		return err
+	}
+	if len(c.NotifyChannel) > maxChannelLength {
+		return outbox.Errorf(outbox.CodeInvalidConfig, op,
+			"NotifyChannel is %d bytes; PostgreSQL channel names are at most %d bytes, choose a shorter name",
+			len(c.NotifyChannel), maxChannelLength)
+	}
+	return nil
+}
+
+func checkConfigText(field, v string) error {
+	if strings.IndexByte(v, 0) >= 0 {
+		return outbox.Errorf(outbox.CodeInvalidConfig, "publisher.Config", "%s contains a NUL byte; remove it", field)
+	}
+	if !utf8.ValidString(v) {
+		return outbox.Errorf(outbox.CodeInvalidConfig, "publisher.Config", "%s is not valid UTF-8", field)
+	}
+	return nil
+}

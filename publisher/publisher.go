@@ -1,0 +1,137 @@
+package publisher
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+)
+
+// pkeyConstraint is the primary key of messaging_outbox (migration 00001).
+// A unique violation on it means the message id is already in the table.
+const pkeyConstraint = "messaging_outbox_pkey"
+
+// tenantConstraint is the tenant CHECK of messaging_outbox (migration 00001).
+const tenantConstraint = "messaging_outbox_tenant_check"
+
+// Publisher is a watermill message.Publisher that writes messages into
+// messaging_outbox inside the caller's transaction. It never commits or
+// rolls back: the caller's transaction decides whether the rows exist.
+type Publisher struct {
+	// mu serialises every use of tx (database/sql runs one statement at a
+	// time on a transaction's connection) and guards closed, so Close never
+	// races a Publish in progress.
+	mu     sync.Mutex
+	tx     *sql.Tx
+	cfg    Config
+	logger watermill.LoggerAdapter
+	closed bool
+}
+
+var _ message.Publisher = (*Publisher)(nil)
+
+// New binds a Publisher to tx. It refuses a nil tx (OUTBOX_TRANSACTION_REQUIRED)
+// and an invalid cfg (OUTBOX_INVALID_CONFIG). A nil logger logs nothing.
+// Whether tx is finished or read-only is discovered by the first Publish,
+// which refuses it with OUTBOX_TRANSACTION_REQUIRED; checking here would
+// cost a round trip on every construction.
+func New(tx *sql.Tx, cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
+	if tx == nil {
+		return nil, outbox.Errorf(outbox.CodeTransactionRequired, "publisher.New",
+			"tx is nil; begin a transaction and publish in it, or use publisher.InTx")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &Publisher{tx: tx, cfg: cfg.withDefaults(), logger: logger}, nil
+}
+
+// Publish writes all msgs into messaging_outbox with one statement in the
+// publisher's transaction, using msgs[0].Context() for cancellation (and for
+// the trace context of messages that carry none in their own context).
+//
+// Every message is validated before anything is sent, so a refused call
+// writes no row. Refusals are *outbox.Error (match with errors.Is against the
+// outbox.Err* sentinels):
+//
+//   - OUTBOX_PUBLISHER_CLOSED after Close;
+//   - OUTBOX_TRANSACTION_REQUIRED when the transaction is finished, read-only
+//     (SQLSTATE 25006) or already aborted by an earlier error (25P02);
+//   - OUTBOX_TOPIC_REQUIRED, OUTBOX_MESSAGE_ID_REQUIRED,
+//     OUTBOX_MESSAGE_ID_TOO_LONG, OUTBOX_RESERVED_HEADER,
+//     OUTBOX_INVALID_HEADER, OUTBOX_INVALID_TENANT, OUTBOX_INVALID_METADATA
+//     from the envelope;
+//   - OUTBOX_DUPLICATE_MESSAGE_ID when an id appears twice in msgs (refused
+//     before any SQL) or is already in the table (the primary key refuses it).
+//
+// A refusal by the database (a duplicate id from an earlier call) aborts the
+// caller's transaction, as every failed statement does in PostgreSQL: the
+// business change cannot commit any more and the caller must roll back.
+// Publishing no messages is a no-op.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	const op = "publisher.Publish"
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return outbox.Errorf(outbox.CodePublisherClosed, op, "publisher is closed")
+	}
+	st, err := BuildInsert(topic, msgs, p.cfg)
+	if err != nil {
+		return err
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	if _, err := p.tx.ExecContext(msgs[0].Context(), st.SQL, st.Args...); err != nil {
+		return classify(op, err, len(msgs))
+	}
+	p.logger.Trace("messages written to messaging_outbox", watermill.LogFields{
+		"topic": topic, "count": len(msgs), "notify": p.cfg.Notify,
+	})
+	return nil
+}
+
+// Close stops the publisher: later Publish calls fail with
+// OUTBOX_PUBLISHER_CLOSED. It waits for a Publish in progress, never touches
+// the transaction, and is safe to call more than once.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	return nil
+}
+
+// classify turns the database's refusals into typed errors; any other
+// failure (a lost connection, a cancelled context) is returned wrapped.
+func classify(op string, err error, n int) error {
+	if errors.Is(err, sql.ErrTxDone) {
+		return outbox.Wrap(outbox.CodeTransactionRequired, op, err,
+			"the transaction is already committed or rolled back; publish before Commit")
+	}
+	if pqErr := pq.As(err, pqerror.ReadOnlySQLTransaction); pqErr != nil {
+		return outbox.Wrap(outbox.CodeTransactionRequired, op, err,
+			"the transaction is read-only; publish in a read-write transaction")
+	}
+	if pqErr := pq.As(err, pqerror.InFailedSQLTransaction); pqErr != nil {
+		return outbox.Wrap(outbox.CodeTransactionRequired, op, err,
+			"the transaction was aborted by an earlier error; roll it back and retry")
+	}
+	if pqErr := pq.As(err, pqerror.UniqueViolation); pqErr != nil && pqErr.Constraint == pkeyConstraint {
+		return outbox.Wrap(outbox.CodeDuplicateMessageID, op, err,
+			"a message with this id is already in messaging_outbox; the transaction is aborted, roll it back")
+	}
+	if pqErr := pq.As(err, pqerror.CheckViolation); pqErr != nil && pqErr.Constraint == tenantConstraint {
+		return outbox.Wrap(outbox.CodeInvalidTenant, op, err, "the database refused the tenant")
+	}
+	return fmt.Errorf("%s: insert %d messages into messaging_outbox: %w", op, n, err)
+}
