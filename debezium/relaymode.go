@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
@@ -20,17 +21,56 @@ const (
 )
 
 // CodeRelayModeConflict is returned when a relay would run against the mode
-// the database records: a forwarder starting while the mode is CDC, or a
-// switch to CDC while polling relays are alive.
+// the database records: a forwarder starting while the mode is CDC (Beat), or
+// a switch to CDC while polling relays are alive (Enable).
 const CodeRelayModeConflict outbox.Code = "RELAY_MODE_CONFLICT"
 
-// ErrRelayModeConflict matches any relay-mode refusal with errors.Is.
-var ErrRelayModeConflict = &outbox.Error{Code: CodeRelayModeConflict}
+// CodeOperatorRequired is returned by Enable and Disable when by is empty:
+// every mode switch records who made it.
+const CodeOperatorRequired outbox.Code = "RELAY_MODE_OPERATOR_REQUIRED"
+
+// Sentinels for errors.Is.
+var (
+	ErrRelayModeConflict = &outbox.Error{Code: CodeRelayModeConflict}
+	ErrOperatorRequired  = &outbox.Error{Code: CodeOperatorRequired}
+)
+
+// SQL of the relay-mode protocol. The mode row is the single point both
+// sides lock: Beat takes it FOR SHARE inside its INSERT, a switch takes it
+// FOR UPDATE before it counts heartbeats, so a heartbeat and a switch to CDC
+// are ordered by the row lock and one always sees the other.
+const (
+	sqlCurrentMode = `SELECT mode FROM messaging_relay_mode WHERE id`
+
+	sqlBeat = `
+INSERT INTO messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at)
+SELECT $1, now(), now(), now() + make_interval(secs => $2)
+WHERE EXISTS (SELECT 1 FROM messaging_relay_mode WHERE id AND mode = 'POLLING' FOR SHARE)
+ON CONFLICT (owner) DO UPDATE
+   SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at`
+
+	sqlLeave = `DELETE FROM messaging_relay_heartbeat WHERE owner = $1`
+
+	sqlLockMode = `SELECT mode FROM messaging_relay_mode WHERE id FOR UPDATE`
+
+	// Runs after sqlLockMode in the same transaction; under READ COMMITTED
+	// it takes a fresh snapshot, so it sees every heartbeat committed before
+	// the lock was granted.
+	sqlLiveHeartbeats = `
+SELECT owner, heartbeat_at, expires_at FROM messaging_relay_heartbeat
+WHERE expires_at > coalesce($1::timestamptz, now())
+ORDER BY owner`
+
+	sqlSetMode = `
+UPDATE messaging_relay_mode
+   SET mode = $1, changed_at = coalesce($2::timestamptz, now()), changed_by = $3
+ WHERE id`
+)
 
 // CurrentMode reads the recorded relay mode.
 func CurrentMode(ctx context.Context, db *sql.DB) (Mode, error) {
 	var m string
-	err := db.QueryRowContext(ctx, `SELECT mode FROM messaging_relay_mode WHERE id`).Scan(&m)
+	err := db.QueryRowContext(ctx, sqlCurrentMode).Scan(&m)
 	if errors.Is(err, sql.ErrNoRows) {
 		return ModePolling, nil
 	}
@@ -45,14 +85,11 @@ func CurrentMode(ctx context.Context, db *sql.DB) (Mode, error) {
 // returns RELAY_MODE_CONFLICT when the mode is CDC. The forwarder calls it at
 // start and on every heartbeat. The FOR SHARE lock on the mode row orders a
 // heartbeat against a concurrent switch to CDC (which locks the row FOR
-// UPDATE before it counts live heartbeats): one of them sees the other.
+// UPDATE before it counts live heartbeats): one of them sees the other. A
+// Beat that waits on a switch in progress is re-checked against the mode the
+// switch committed, and refuses if it is CDC.
 func Beat(ctx context.Context, db *sql.DB, owner string, ttl time.Duration) error {
-	res, err := db.ExecContext(ctx, `
-INSERT INTO messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at)
-SELECT $1, now(), now(), now() + make_interval(secs => $2)
-WHERE EXISTS (SELECT 1 FROM messaging_relay_mode WHERE id AND mode = 'POLLING' FOR SHARE)
-ON CONFLICT (owner) DO UPDATE
-   SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at`, owner, ttl.Seconds())
+	res, err := db.ExecContext(ctx, sqlBeat, owner, ttl.Seconds())
 	if err != nil {
 		return fmt.Errorf("debezium: relay heartbeat: %w", err)
 	}
@@ -64,9 +101,142 @@ ON CONFLICT (owner) DO UPDATE
 
 // Leave removes owner's heartbeat (a clean stop).
 func Leave(ctx context.Context, db *sql.DB, owner string) error {
-	_, err := db.ExecContext(ctx, `DELETE FROM messaging_relay_heartbeat WHERE owner = $1`, owner)
+	_, err := db.ExecContext(ctx, sqlLeave, owner)
 	if err != nil {
 		return fmt.Errorf("debezium: relay leave: %w", err)
+	}
+	return nil
+}
+
+// Heartbeat is one polling relay's announcement.
+type Heartbeat struct {
+	Owner       string
+	HeartbeatAt time.Time
+	ExpiresAt   time.Time
+}
+
+// LiveRelays lists the polling relays whose heartbeat has not expired at now
+// (zero now means the database's clock), ordered by owner.
+func LiveRelays(ctx context.Context, db *sql.DB, now time.Time) ([]Heartbeat, error) {
+	return liveRelays(ctx, db, now)
+}
+
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+func liveRelays(ctx context.Context, q querier, now time.Time) ([]Heartbeat, error) {
+	rows, err := q.QueryContext(ctx, sqlLiveHeartbeats, nullTime(now))
+	if err != nil {
+		return nil, fmt.Errorf("debezium: read heartbeats: %w", err)
+	}
+	defer rows.Close()
+	var out []Heartbeat
+	for rows.Next() {
+		var h Heartbeat
+		if err := rows.Scan(&h.Owner, &h.HeartbeatAt, &h.ExpiresAt); err != nil {
+			return nil, fmt.Errorf("debezium: read heartbeats: %w", err)
+		}
+		out = append(out, h)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("debezium: read heartbeats: %w", err)
+	}
+	return out, nil
+}
+
+func nullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UTC()
+}
+
+// Enable switches the database to CDC mode in its own transaction. It
+// refuses with RELAY_MODE_CONFLICT while any polling relay's heartbeat is
+// live at now (zero now means the database's clock), naming the live owners
+// in the detail: stop them first, or wait for their heartbeats to expire. It
+// refuses an empty by with RELAY_MODE_OPERATOR_REQUIRED. Enabling when the
+// mode is already CDC succeeds without changing the record.
+func Enable(ctx context.Context, db *sql.DB, by string, now time.Time) error {
+	return inTx(ctx, db, func(tx *sql.Tx) error { return EnableTx(ctx, tx, by, now) })
+}
+
+// EnableTx is Enable inside the caller's transaction. The mode row stays
+// locked until tx ends, so every Beat in the meantime waits, then sees the
+// outcome: refused if tx committed CDC, accepted if it rolled back.
+func EnableTx(ctx context.Context, tx *sql.Tx, by string, now time.Time) error {
+	const op = "debezium.Enable"
+	if strings.TrimSpace(by) == "" {
+		return outbox.Errorf(CodeOperatorRequired, op, "say who switches the relay mode (by must not be empty)")
+	}
+	mode, err := lockMode(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if mode == ModeCDC {
+		return nil
+	}
+	live, err := liveRelays(ctx, tx, now)
+	if err != nil {
+		return err
+	}
+	if len(live) > 0 {
+		names := make([]string, len(live))
+		for i, h := range live {
+			names[i] = fmt.Sprintf("%s (until %s)", h.Owner, h.ExpiresAt.UTC().Format(time.RFC3339))
+		}
+		return outbox.Errorf(CodeRelayModeConflict, op, "%d polling relay(s) are live: %s; stop them (or wait for their heartbeats to expire) before switching to CDC", len(live), strings.Join(names, ", "))
+	}
+	return setMode(ctx, tx, ModeCDC, by, now)
+}
+
+// Disable switches the database back to POLLING mode, so forwarders may start
+// again. The CDC connector must be stopped first: the database cannot see it.
+// It refuses an empty by with RELAY_MODE_OPERATOR_REQUIRED; disabling when
+// already POLLING succeeds without changing the record.
+func Disable(ctx context.Context, db *sql.DB, by string) error {
+	const op = "debezium.Disable"
+	if strings.TrimSpace(by) == "" {
+		return outbox.Errorf(CodeOperatorRequired, op, "say who switches the relay mode (by must not be empty)")
+	}
+	return inTx(ctx, db, func(tx *sql.Tx) error {
+		mode, err := lockMode(ctx, tx)
+		if err != nil || mode == ModePolling {
+			return err
+		}
+		return setMode(ctx, tx, ModePolling, by, time.Time{})
+	})
+}
+
+func lockMode(ctx context.Context, tx *sql.Tx) (Mode, error) {
+	var m string
+	if err := tx.QueryRowContext(ctx, sqlLockMode).Scan(&m); err != nil {
+		// The migration inserts the row; its absence is a broken schema,
+		// not a mode.
+		return "", fmt.Errorf("debezium: lock relay mode: %w", err)
+	}
+	return Mode(m), nil
+}
+
+func setMode(ctx context.Context, tx *sql.Tx, m Mode, by string, now time.Time) error {
+	if _, err := tx.ExecContext(ctx, sqlSetMode, string(m), nullTime(now), by); err != nil {
+		return fmt.Errorf("debezium: set relay mode %s: %w", m, err)
+	}
+	return nil
+}
+
+func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("debezium: begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("debezium: commit: %w", err)
 	}
 	return nil
 }

@@ -17,7 +17,9 @@ func TestUpCreatesTablesInTheSchemaOfSearchPath(t *testing.T) {
 	if err := s.DB.QueryRow(`SELECT count(*) FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'messaging_outbox'`, s.Name).Scan(&cols); err != nil {
 		t.Fatal(err)
 	}
-	if cols != 35 {
-		t.Fatalf("messaging_outbox has %d columns, want 34 + routing_key", cols)
+	// 34 contract columns + routing_key + created_at_utc (00020, the CDC
+	// event timestamp: see that migration).
+	if cols != 36 {
+		t.Fatalf("messaging_outbox has %d columns, want 34 + routing_key + created_at_utc", cols)
 	}
 }
