@@ -1,0 +1,13 @@
+package retention
+
+import (
+	"context"
+	"database/sql"
+)
+
+// SetBeforeCommit installs a hook that runs inside each batch transaction,
+// after its delete and before its commit, so a test can hold a batch open
+// and look at the transaction's settings.
+func SetBeforeCommit(c *Config, f func(ctx context.Context, tx *sql.Tx, b Batch) error) {
+	c.beforeCommit = f
+}

@@ -1,0 +1,410 @@
+package retention
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+)
+
+// Mode selects which outbox rows count as old enough to remove.
+type Mode string
+
+const (
+	// ByPublishedAt removes PUBLISHED rows whose published_at is past the
+	// horizon. It never touches PENDING, IN_FLIGHT, AMBIGUOUS, FAILED or
+	// EXHAUSTED rows. The right mode for the polling forwarder.
+	ByPublishedAt Mode = "BY_PUBLISHED_AT"
+	// ByCreatedAt removes rows whose created_at is past the horizon,
+	// WHATEVER THEIR STATUS. It exists for CDC relay mode: a CDC connector
+	// reads inserts from the WAL and never marks a row PUBLISHED, so in that
+	// mode every row stays PENDING forever and ByPublishedAt would never
+	// delete anything. Do not use it with the polling forwarder: it would
+	// delete rows that were never published, and parked rows an operator
+	// still has to look at.
+	ByCreatedAt Mode = "BY_CREATED_AT"
+)
+
+// Defaults applied by [Config.withDefaults] to zero fields.
+const (
+	DefaultHorizon          = 72 * time.Hour
+	DefaultBatchSize        = 1000
+	DefaultMaxBatches       = 100
+	DefaultStatementTimeout = 5 * time.Second
+	DefaultMode             = ByPublishedAt
+)
+
+// Config configures a [Cleaner]. Zero fields take the documented default;
+// negative values are refused by Validate.
+type Config struct {
+	// Horizon is how old a row must be to be removed. Zero means 72h.
+	Horizon time.Duration
+	// BatchSize is the most rows one batch (one transaction) removes.
+	// Zero means 1000.
+	BatchSize int
+	// MaxBatches is the most batches one Run executes per table (outbox and
+	// inbox each), so one run is bounded even with a huge backlog. Zero
+	// means 100. Result.More tells when the limit stopped the run early.
+	MaxBatches int
+	// StatementTimeout is set with SET LOCAL inside each batch's own
+	// transaction, so a batch that cannot finish in time is cancelled and
+	// rolled back instead of holding its row locks. Zero means 5s.
+	StatementTimeout time.Duration
+	// Mode chooses which rows are old. Zero means ByPublishedAt. CDC relay
+	// mode needs ByCreatedAt (see the constant's documentation).
+	Mode Mode
+	// Archive moves the rows into messaging_outbox_archive (all columns,
+	// plus archived_at) in the same statement instead of deleting them.
+	Archive bool
+	// InboxHorizon is how old (by processed_at) an inbox row must be to be
+	// removed. Zero disables inbox cleanup: keep inbox ids at least as long as
+	// a broker can redeliver a message, or its effect may be repeated.
+	InboxHorizon time.Duration
+	// Now is the clock the horizons are measured from. Nil means the
+	// database's now().
+	Now func() time.Time
+	// OnBatch, when set, is called after each batch commits (progress
+	// reporting, metrics). It runs on the Run goroutine; keep it short.
+	OnBatch func(Batch)
+
+	// beforeCommit runs inside each batch transaction, after the delete and
+	// before the commit (tests hold a batch open with it).
+	beforeCommit func(ctx context.Context, tx *sql.Tx, b Batch) error
+}
+
+// Batch describes one committed (or about to commit) batch.
+type Batch struct {
+	Table   string // "messaging_outbox" or "messaging_inbox"
+	Number  int    // 1-based within the table for this run
+	Removed int    // rows deleted or archived by this batch
+}
+
+// Result reports one Run.
+type Result struct {
+	// Skipped is true when another Cleaner held the run lock: the run did
+	// nothing, by design, and is not an error.
+	Skipped      bool
+	Batches      int  // outbox batches executed
+	Deleted      int  // outbox rows deleted (0 in archive mode)
+	Archived     int  // outbox rows moved to the archive (0 in delete mode)
+	InboxBatches int  // inbox batches executed
+	InboxDeleted int  // inbox rows deleted
+	More         bool // a table hit MaxBatches with a full last batch: rows past the horizon remain
+	Duration     time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Horizon == 0 {
+		c.Horizon = DefaultHorizon
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.MaxBatches == 0 {
+		c.MaxBatches = DefaultMaxBatches
+	}
+	if c.StatementTimeout == 0 {
+		c.StatementTimeout = DefaultStatementTimeout
+	}
+	if c.Mode == "" {
+		c.Mode = DefaultMode
+	}
+	return c
+}
+
+// Validate reports the first invalid field as OUTBOX_INVALID_CONFIG, after
+// filling defaults.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	const op = "retention.Config.Validate"
+	switch {
+	case c.Horizon < 0:
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "Horizon is %s; use a positive duration (or 0 for %s)", c.Horizon, DefaultHorizon)
+	case c.BatchSize < 0:
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "BatchSize is %d; use a positive number (or 0 for %d)", c.BatchSize, DefaultBatchSize)
+	case c.MaxBatches < 0:
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "MaxBatches is %d; use a positive number (or 0 for %d)", c.MaxBatches, DefaultMaxBatches)
+	case c.StatementTimeout < 0:
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "StatementTimeout is %s; use a positive duration (or 0 for %s)", c.StatementTimeout, DefaultStatementTimeout)
+	case c.StatementTimeout < time.Millisecond:
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "StatementTimeout is %s; PostgreSQL counts it in whole milliseconds, use at least 1ms", c.StatementTimeout)
+	case c.InboxHorizon < 0:
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "InboxHorizon is %s; use a positive duration, or 0 to disable inbox cleanup", c.InboxHorizon)
+	case c.Mode != ByPublishedAt && c.Mode != ByCreatedAt:
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "Mode %q is unknown; use %s (polling relay) or %s (CDC relay)", c.Mode, ByPublishedAt, ByCreatedAt)
+	}
+	return nil
+}
+
+// Cleaner removes old outbox (and optionally inbox) rows in bounded batches.
+// It is safe for concurrent use; concurrent runs, in this process or any
+// other, serialise on a PostgreSQL advisory lock and the losers skip.
+type Cleaner struct {
+	db     *sql.DB
+	logger watermill.LoggerAdapter
+	cfg    Config
+}
+
+// New returns a Cleaner, or OUTBOX_INVALID_CONFIG when cfg is invalid or db
+// is nil. A nil logger logs nothing.
+func New(db *sql.DB, logger watermill.LoggerAdapter, cfg Config) (*Cleaner, error) {
+	if db == nil {
+		return nil, outbox.Errorf(outbox.CodeInvalidConfig, "retention.New", "db is nil")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &Cleaner{db: db, logger: logger, cfg: cfg.withDefaults()}, nil
+}
+
+// Config returns the effective configuration (defaults filled in).
+func (c *Cleaner) Config() Config { return c.cfg }
+
+// The run lock is scoped to the outbox table the connection's search_path
+// resolves (its oid), so cleaners of different schemas in one database do not
+// exclude each other, while every replica of one deployment does.
+const (
+	sqlTryLock = `SELECT pg_try_advisory_lock(hashtextextended('watermill-outbox/retention/' || 'messaging_outbox'::regclass::oid::text, 0))`
+	sqlUnlock  = `SELECT pg_advisory_unlock(hashtextextended('watermill-outbox/retention/' || 'messaging_outbox'::regclass::oid::text, 0))`
+
+	// set_config(..., true) is SET LOCAL with a bindable value.
+	sqlStatementTimeout = `SELECT set_config('statement_timeout', $1, true)`
+
+	// Each batch picks at most $2 ids under FOR UPDATE SKIP LOCKED (a row a
+	// relay or another writer holds is skipped, never waited for) and deletes
+	// exactly those. The status is checked again in the DELETE so that the
+	// statement alone states the rule: only PUBLISHED rows go.
+	sqlDeletePublished = `
+WITH picked AS (
+    SELECT message_id FROM messaging_outbox
+     WHERE status = 'PUBLISHED' AND published_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3)
+     ORDER BY published_at
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED
+)
+DELETE FROM messaging_outbox o USING picked
+ WHERE o.message_id = picked.message_id AND o.status = 'PUBLISHED'`
+
+	sqlDeleteCreated = `
+WITH picked AS (
+    SELECT message_id FROM messaging_outbox
+     WHERE created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3)
+     ORDER BY created_at
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED
+)
+DELETE FROM messaging_outbox o USING picked
+ WHERE o.message_id = picked.message_id`
+
+	archiveColumns = `message_id, destination, payload, headers, status, seq, created_at,
+occurred_at, published_at, attempts, next_attempt_at, lease_owner, lease_token,
+lease_expires_at, last_failure_code, last_failure_detail, last_attempt_at, producer,
+correlation_id, causation_id, tenant, partition_key, ordering_key, traceparent,
+tracestate, baggage, schema_subject, schema_version, content_type, message_type,
+aggregate_type, aggregate_id, aggregate_version, parked_at, routing_key`
+
+	// Archive mode: the delete and the insert are one statement, so a row is
+	// either still in the outbox or in the archive, never in both or neither.
+	sqlArchivePublished = `
+WITH picked AS (
+    SELECT message_id FROM messaging_outbox
+     WHERE status = 'PUBLISHED' AND published_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3)
+     ORDER BY published_at
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED
+), moved AS (
+    DELETE FROM messaging_outbox o USING picked
+     WHERE o.message_id = picked.message_id AND o.status = 'PUBLISHED'
+    RETURNING o.*
+)
+INSERT INTO messaging_outbox_archive (` + archiveColumns + `, archived_at)
+SELECT ` + archiveColumns + `, coalesce($1::timestamptz, now()) FROM moved`
+
+	sqlArchiveCreated = `
+WITH picked AS (
+    SELECT message_id FROM messaging_outbox
+     WHERE created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3)
+     ORDER BY created_at
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED
+), moved AS (
+    DELETE FROM messaging_outbox o USING picked
+     WHERE o.message_id = picked.message_id
+    RETURNING o.*
+)
+INSERT INTO messaging_outbox_archive (` + archiveColumns + `, archived_at)
+SELECT ` + archiveColumns + `, coalesce($1::timestamptz, now()) FROM moved`
+
+	sqlDeleteInbox = `
+WITH picked AS (
+    SELECT consumer, message_id FROM messaging_inbox
+     WHERE processed_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3)
+     ORDER BY processed_at
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED
+)
+DELETE FROM messaging_inbox i USING picked
+ WHERE i.consumer = picked.consumer AND i.message_id = picked.message_id`
+)
+
+// Run executes one retention run: it takes the run lock on a dedicated
+// connection (skipping, with Result.Skipped, when another run holds it), then
+// removes outbox rows past the horizon in batches of at most BatchSize, each
+// in its own transaction under StatementTimeout, until a batch comes back
+// short or MaxBatches is reached; then the same for the inbox when
+// InboxHorizon is set. Batches committed before an error stay committed.
+func (c *Cleaner) Run(ctx context.Context) (res Result, err error) {
+	start := time.Now()
+	defer func() { res.Duration = time.Since(start) }()
+
+	conn, err := c.db.Conn(ctx)
+	if err != nil {
+		return res, fmt.Errorf("retention: connection for the run lock: %w", err)
+	}
+	defer conn.Close()
+
+	var locked bool
+	if err := conn.QueryRowContext(ctx, sqlTryLock).Scan(&locked); err != nil {
+		return res, fmt.Errorf("retention: run lock: %w", err)
+	}
+	if !locked {
+		res.Skipped = true
+		c.logger.Debug("retention run skipped: another run holds the lock", nil)
+		return res, nil
+	}
+	defer func() {
+		// The lock is session-level: if it cannot be released, the
+		// connection must not go back to the pool still holding it.
+		var released bool
+		if uerr := conn.QueryRowContext(context.WithoutCancel(ctx), sqlUnlock).Scan(&released); uerr != nil || !released {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}()
+
+	outboxSQL := c.outboxStatement()
+	var more bool
+	res.Batches, res.Deleted, more, err = c.drain(ctx, conn, "messaging_outbox", outboxSQL, c.cfg.Horizon)
+	res.More = more
+	if c.cfg.Archive {
+		res.Archived, res.Deleted = res.Deleted, 0
+	}
+	if err != nil {
+		return res, err
+	}
+	if c.cfg.InboxHorizon > 0 {
+		res.InboxBatches, res.InboxDeleted, more, err = c.drain(ctx, conn, "messaging_inbox", sqlDeleteInbox, c.cfg.InboxHorizon)
+		res.More = res.More || more
+		if err != nil {
+			return res, err
+		}
+	}
+	c.logger.Info("retention run finished", watermill.LogFields{
+		"mode": string(c.cfg.Mode), "archive": c.cfg.Archive,
+		"batches": res.Batches, "deleted": res.Deleted, "archived": res.Archived,
+		"inbox_batches": res.InboxBatches, "inbox_deleted": res.InboxDeleted, "more": res.More,
+	})
+	return res, nil
+}
+
+func (c *Cleaner) outboxStatement() string {
+	switch {
+	case c.cfg.Mode == ByCreatedAt && c.cfg.Archive:
+		return sqlArchiveCreated
+	case c.cfg.Mode == ByCreatedAt:
+		return sqlDeleteCreated
+	case c.cfg.Archive:
+		return sqlArchivePublished
+	default:
+		return sqlDeletePublished
+	}
+}
+
+func (c *Cleaner) drain(ctx context.Context, conn *sql.Conn, table, query string, horizon time.Duration) (batches, removed int, more bool, err error) {
+	for batches < c.cfg.MaxBatches {
+		n, err := c.batch(ctx, conn, table, query, horizon, batches+1)
+		if err != nil {
+			return batches, removed, false, fmt.Errorf("retention: %s batch %d: %w", table, batches+1, err)
+		}
+		batches++
+		removed += n
+		if n < c.cfg.BatchSize {
+			return batches, removed, false, nil
+		}
+	}
+	return batches, removed, true, nil
+}
+
+func (c *Cleaner) batch(ctx context.Context, conn *sql.Conn, table, query string, horizon time.Duration, number int) (int, error) {
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	timeout := strconv.FormatInt(c.cfg.StatementTimeout.Milliseconds(), 10)
+	if _, err := tx.ExecContext(ctx, sqlStatementTimeout, timeout); err != nil {
+		return 0, err
+	}
+	var now any // NULL: the database clock
+	if c.cfg.Now != nil {
+		now = c.cfg.Now()
+	}
+	r, err := tx.ExecContext(ctx, query, now, c.cfg.BatchSize, horizon.Seconds())
+	if err != nil {
+		return 0, err
+	}
+	n64, err := r.RowsAffected()
+	if err != nil {
+		return 0, err
+	}
+	b := Batch{Table: table, Number: number, Removed: int(n64)}
+	if c.cfg.beforeCommit != nil {
+		if err := c.cfg.beforeCommit(ctx, tx, b); err != nil {
+			return 0, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, err
+	}
+	if c.cfg.OnBatch != nil {
+		c.cfg.OnBatch(b)
+	}
+	return b.Removed, nil
+}
+
+// Every calls Run now and then once per interval until ctx is done, handing
+// each outcome to report (which may be nil). A failed run does not stop the
+// loop. It returns ctx's error. Applications that prefer their own scheduler
+// call Run instead; outboxctl cleanup calls Run once.
+func (c *Cleaner) Every(ctx context.Context, interval time.Duration, report func(Result, error)) error {
+	if interval <= 0 {
+		return outbox.Errorf(outbox.CodeInvalidConfig, "retention.Cleaner.Every", "interval is %s; use a positive duration", interval)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		res, err := c.Run(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			c.logger.Error("retention run failed", err, nil)
+		}
+		if report != nil {
+			report(res, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

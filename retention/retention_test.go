@@ -1,0 +1,533 @@
+package retention_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/lib/pq"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/retention"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// A fixed clock far from the wall clock, so rows "old" relative to it are
+// chosen by the test and not by when it runs.
+var now = time.Date(2031, 5, 4, 12, 0, 0, 0, time.UTC)
+
+func clock() time.Time { return now }
+
+func newSchema(t *testing.T) *testdb.Schema {
+	t.Helper()
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(6)
+	return s
+}
+
+// insertPublished inserts n PUBLISHED rows with published_at = at - i seconds.
+func insertPublished(t *testing.T, db *sql.DB, prefix string, n int, at time.Time) {
+	t.Helper()
+	_, err := db.Exec(`
+INSERT INTO messaging_outbox (message_id, destination, payload, status, created_at, published_at)
+SELECT $1 || g, 'orders', '\x01'::bytea, 'PUBLISHED', $2::timestamptz - make_interval(secs => g + 10), $2::timestamptz - make_interval(secs => g)
+  FROM generate_series(1, $3) g`, prefix, at, n)
+	require.NoError(t, err)
+}
+
+// insertStatus inserts one row per non-PUBLISHED status, created and (for
+// the sake of the test) "published" long before the horizon.
+func insertOtherStatuses(t *testing.T, db *sql.DB, at time.Time) {
+	t.Helper()
+	for _, st := range []string{"PENDING", "IN_FLIGHT", "AMBIGUOUS", "FAILED", "EXHAUSTED"} {
+		_, err := db.Exec(`
+INSERT INTO messaging_outbox (message_id, destination, payload, status, created_at, published_at)
+VALUES ($1, 'orders', '\x01'::bytea, $1, $2, $2)`, st, at)
+		require.NoError(t, err)
+	}
+}
+
+func count(t *testing.T, db *sql.DB, q string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(q, args...).Scan(&n))
+	return n
+}
+
+func TestConfigDefaultsAreValid(t *testing.T) {
+	require.NoError(t, retention.Config{}.Validate())
+	s := newSchema(t)
+	c, err := retention.New(s.DB, nil, retention.Config{})
+	require.NoError(t, err)
+	cfg := c.Config()
+	require.Equal(t, retention.DefaultHorizon, cfg.Horizon)
+	require.Equal(t, 72*time.Hour, cfg.Horizon)
+	require.Equal(t, retention.DefaultBatchSize, cfg.BatchSize)
+	require.Equal(t, retention.DefaultMaxBatches, cfg.MaxBatches)
+	require.Equal(t, retention.DefaultStatementTimeout, cfg.StatementTimeout)
+	require.Equal(t, retention.ByPublishedAt, cfg.Mode)
+	require.Zero(t, cfg.InboxHorizon)
+}
+
+func TestConfigRefusals(t *testing.T) {
+	cases := map[string]retention.Config{
+		"negative horizon":        {Horizon: -time.Hour},
+		"negative batch size":     {BatchSize: -1},
+		"negative max batches":    {MaxBatches: -1},
+		"negative timeout":        {StatementTimeout: -time.Second},
+		"sub-millisecond timeout": {StatementTimeout: time.Microsecond},
+		"negative inbox horizon":  {InboxHorizon: -time.Hour},
+		"unknown mode":            {Mode: "BY_MOOD"},
+	}
+	for name, cfg := range cases {
+		t.Run(name, func(t *testing.T) {
+			err := cfg.Validate()
+			require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+			_, err = retention.New(&sql.DB{}, nil, cfg)
+			require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+		})
+	}
+	_, err := retention.New(nil, nil, retention.Config{})
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+}
+
+// A backlog of 5,000 old PUBLISHED rows goes in batches of exactly the
+// configured size, counted by the database after each committed batch, and
+// no other status is touched.
+func TestRunDeletesPublishedInBatches(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	const backlog, batch = 5000, 1000
+	insertPublished(t, s.DB, "old-", backlog, now.Add(-73*time.Hour))
+	insertPublished(t, s.DB, "new-", 50, now.Add(-time.Hour))
+	insertOtherStatuses(t, s.DB, now.Add(-1000*time.Hour))
+
+	var remaining, removed []int
+	cfg := retention.Config{
+		BatchSize: batch,
+		Now:       clock,
+		OnBatch: func(b retention.Batch) {
+			removed = append(removed, b.Removed)
+			remaining = append(remaining, count(t, s.DB, `SELECT count(*) FROM messaging_outbox WHERE message_id LIKE 'old-%'`))
+		},
+	}
+	var delBefore int
+	require.NoError(t, s.DB.QueryRow(`SELECT n_tup_del FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'messaging_outbox'`, s.Name).Scan(&delBefore))
+
+	c, err := retention.New(s.DB, nil, cfg)
+	require.NoError(t, err)
+	res, err := c.Run(context.Background())
+	require.NoError(t, err)
+
+	require.False(t, res.Skipped)
+	require.Equal(t, 6, res.Batches, "five full batches and the short one that ends the run")
+	require.Equal(t, backlog, res.Deleted)
+	require.Zero(t, res.Archived)
+	require.False(t, res.More)
+	require.Equal(t, []int{1000, 1000, 1000, 1000, 1000, 0}, removed)
+	require.Equal(t, []int{4000, 3000, 2000, 1000, 0, 0}, remaining)
+
+	require.Equal(t, 50, count(t, s.DB, `SELECT count(*) FROM messaging_outbox WHERE message_id LIKE 'new-%'`))
+	require.Equal(t, 5, count(t, s.DB, `SELECT count(*) FROM messaging_outbox WHERE status <> 'PUBLISHED'`))
+
+	// The statistics collector agrees (it flushes asynchronously: force it).
+	_, err = s.DB.Exec(`SELECT pg_stat_force_next_flush()`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var del int
+		_ = s.DB.QueryRow(`SELECT n_tup_del FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'messaging_outbox'`, s.Name).Scan(&del)
+		return del-delBefore == backlog
+	}, 10*time.Second, 50*time.Millisecond)
+}
+
+func TestRunStopsAtMaxBatches(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	insertPublished(t, s.DB, "old-", 1000, now.Add(-100*time.Hour))
+	c, err := retention.New(s.DB, nil, retention.Config{BatchSize: 100, MaxBatches: 3, Now: clock})
+	require.NoError(t, err)
+	res, err := c.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Batches)
+	require.Equal(t, 300, res.Deleted)
+	require.True(t, res.More)
+	require.Equal(t, 700, s.Count(t, ""))
+}
+
+func TestBatchRunsUnderItsStatementTimeout(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	insertPublished(t, s.DB, "old-", 3, now.Add(-100*time.Hour))
+	cfg := retention.Config{StatementTimeout: 1234 * time.Millisecond, Now: clock}
+	var inside []string
+	retention.SetBeforeCommit(&cfg, func(ctx context.Context, tx *sql.Tx, b retention.Batch) error {
+		var v string
+		if err := tx.QueryRowContext(ctx, `SHOW statement_timeout`).Scan(&v); err != nil {
+			return err
+		}
+		inside = append(inside, v)
+		return nil
+	})
+	c, err := retention.New(s.DB, nil, cfg)
+	require.NoError(t, err)
+	_, err = c.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, []string{"1234ms"}, inside)
+
+	// SET LOCAL: the pool's sessions keep their own setting afterwards.
+	var v string
+	require.NoError(t, s.DB.QueryRow(`SHOW statement_timeout`).Scan(&v))
+	require.Equal(t, "0", v)
+}
+
+func TestBatchErrorIsReturnedAndRolledBack(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	insertPublished(t, s.DB, "old-", 10, now.Add(-100*time.Hour))
+	cfg := retention.Config{BatchSize: 4, Now: clock}
+	boom := errors.New("boom")
+	retention.SetBeforeCommit(&cfg, func(_ context.Context, _ *sql.Tx, b retention.Batch) error {
+		if b.Number == 2 {
+			return boom
+		}
+		return nil
+	})
+	c, err := retention.New(s.DB, nil, cfg)
+	require.NoError(t, err)
+	res, err := c.Run(context.Background())
+	require.ErrorIs(t, err, boom)
+	require.Equal(t, 1, res.Batches)
+	require.Equal(t, 4, res.Deleted)
+	require.Equal(t, 6, s.Count(t, ""), "the failed batch rolled back; the first stays committed")
+}
+
+// Archive mode moves every column into the archive in the same statement.
+func TestArchiveMovesRowsWithAllColumns(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	old := now.Add(-80 * time.Hour)
+	_, err := s.DB.Exec(`
+INSERT INTO messaging_outbox (message_id, destination, payload, headers, status, created_at, occurred_at,
+  published_at, attempts, next_attempt_at, lease_owner, lease_token, lease_expires_at, last_failure_code,
+  last_failure_detail, last_attempt_at, producer, correlation_id, causation_id, tenant, partition_key,
+  ordering_key, traceparent, tracestate, baggage, schema_subject, schema_version, content_type,
+  message_type, aggregate_type, aggregate_id, aggregate_version, parked_at)
+VALUES ('full', 'orders', '\xdeadbeef'::bytea, '{"a":"b"}', 'PUBLISHED', $1, $1, $1, 3, $1, 'relay-1', 7, $1,
+  'TIMEOUT', 'detail', $1, 'svc', 'corr', 'caus', 'acme', 'pk', 'ok',
+  '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', 'k=v', 'b=1', 'subj', '2', 'application/json',
+  'OrderPaid', 'order', 'o-1', 42, $1)`, old)
+	require.NoError(t, err)
+	insertPublished(t, s.DB, "old-", 20, old)
+	insertOtherStatuses(t, s.DB, old)
+
+	// Every stored outbox column has an archive column; only columns the
+	// database generates from others (created_at_utc) may be absent, since
+	// they carry no information of their own.
+	rows, err := s.DB.Query(`
+SELECT o.column_name, o.is_generated FROM information_schema.columns o
+ WHERE o.table_schema = current_schema() AND o.table_name = 'messaging_outbox'
+   AND NOT EXISTS (SELECT 1 FROM information_schema.columns a
+                    WHERE a.table_schema = o.table_schema AND a.table_name = 'messaging_outbox_archive'
+                      AND a.column_name = o.column_name)`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var col, generated string
+		require.NoError(t, rows.Scan(&col, &generated))
+		require.Equal(t, "ALWAYS", generated, "outbox column %s is stored but has no archive column", col)
+	}
+	require.NoError(t, rows.Err())
+	require.NoError(t, rows.Close())
+
+	var before string
+	require.NoError(t, s.DB.QueryRow(`
+SELECT jsonb_object_agg(e.key, e.value)::text
+  FROM messaging_outbox o, jsonb_each(to_jsonb(o)) e
+ WHERE o.message_id = 'full'
+   AND e.key IN (SELECT column_name FROM information_schema.columns
+                  WHERE table_schema = current_schema() AND table_name = 'messaging_outbox_archive')`).Scan(&before))
+
+	c, err := retention.New(s.DB, nil, retention.Config{Archive: true, BatchSize: 8, Now: clock})
+	require.NoError(t, err)
+	res, err := c.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 21, res.Archived)
+	require.Zero(t, res.Deleted)
+	require.Equal(t, 3, res.Batches)
+
+	require.Equal(t, 5, s.Count(t, ""), "only the non-PUBLISHED rows stay")
+	require.Equal(t, 21, count(t, s.DB, `SELECT count(*) FROM messaging_outbox_archive`))
+	var after string
+	var archivedAt time.Time
+	require.NoError(t, s.DB.QueryRow(`
+SELECT (to_jsonb(a) - 'archived_at')::text, archived_at FROM messaging_outbox_archive a WHERE message_id = 'full'`).Scan(&after, &archivedAt))
+	require.JSONEq(t, before, after, "every column, routing_key and seq included, is archived unchanged")
+	require.True(t, archivedAt.Equal(now))
+}
+
+// In CDC mode nothing marks rows PUBLISHED: ByCreatedAt removes old rows of
+// every status and keeps young ones.
+func TestByCreatedAtRemovesOldRowsOfAnyStatus(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	insertOtherStatuses(t, s.DB, now.Add(-100*time.Hour))
+	_, err := s.DB.Exec(`
+INSERT INTO messaging_outbox (message_id, destination, payload, created_at)
+SELECT 'cdc-old-' || g, 'orders', '\x01'::bytea, $1::timestamptz - make_interval(secs => g) FROM generate_series(1, 250) g`,
+		now.Add(-73*time.Hour))
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`
+INSERT INTO messaging_outbox (message_id, destination, payload, created_at)
+SELECT 'cdc-new-' || g, 'orders', '\x01'::bytea, $1::timestamptz FROM generate_series(1, 30) g`, now.Add(-71*time.Hour))
+	require.NoError(t, err)
+
+	// The default mode deletes none of these: none is PUBLISHED.
+	byPub, err := retention.New(s.DB, nil, retention.Config{Now: clock})
+	require.NoError(t, err)
+	res, err := byPub.Run(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, res.Deleted)
+	require.Equal(t, 285, s.Count(t, ""))
+
+	c, err := retention.New(s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, BatchSize: 100, Now: clock})
+	require.NoError(t, err)
+	res, err = c.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 255, res.Deleted)
+	require.Equal(t, 3, res.Batches)
+	require.Equal(t, 30, s.Count(t, ""))
+	require.Equal(t, 30, s.Count(t, "message_id LIKE 'cdc-new-%' AND status = 'PENDING'"))
+}
+
+func TestByCreatedAtArchive(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	insertOtherStatuses(t, s.DB, now.Add(-100*time.Hour))
+	c, err := retention.New(s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, Archive: true, Now: clock})
+	require.NoError(t, err)
+	res, err := c.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 5, res.Archived)
+	require.Zero(t, s.Count(t, ""))
+	require.Equal(t, 1, count(t, s.DB, `SELECT count(*) FROM messaging_outbox_archive WHERE status = 'EXHAUSTED'`))
+}
+
+func TestInboxCleanup(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	_, err := s.DB.Exec(`
+INSERT INTO messaging_inbox (consumer, message_id, processed_at)
+SELECT 'billing', 'm-' || g, $1::timestamptz - make_interval(secs => g) FROM generate_series(1, 2500) g`, now.Add(-25*time.Hour))
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`
+INSERT INTO messaging_inbox (consumer, message_id, processed_at)
+SELECT 'billing', 'recent-' || g, $1::timestamptz FROM generate_series(1, 10) g`, now.Add(-time.Hour))
+	require.NoError(t, err)
+	insertPublished(t, s.DB, "old-", 10, now.Add(-100*time.Hour))
+
+	var inboxBatches []int
+	c, err := retention.New(s.DB, nil, retention.Config{
+		BatchSize: 1000, InboxHorizon: 24 * time.Hour, Now: clock,
+		OnBatch: func(b retention.Batch) {
+			if b.Table == "messaging_inbox" {
+				inboxBatches = append(inboxBatches, count(t, s.DB, `SELECT count(*) FROM messaging_inbox`))
+			}
+		},
+	})
+	require.NoError(t, err)
+	res, err := c.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 10, res.Deleted)
+	require.Equal(t, 2500, res.InboxDeleted)
+	require.Equal(t, 3, res.InboxBatches)
+	require.Equal(t, []int{1510, 510, 10}, inboxBatches)
+	require.Equal(t, 10, count(t, s.DB, `SELECT count(*) FROM messaging_inbox WHERE message_id LIKE 'recent-%'`))
+
+	// Zero InboxHorizon leaves the inbox alone.
+	_, err = s.DB.Exec(`UPDATE messaging_inbox SET processed_at = $1`, now.Add(-1000*time.Hour))
+	require.NoError(t, err)
+	off, err := retention.New(s.DB, nil, retention.Config{Now: clock})
+	require.NoError(t, err)
+	res, err = off.Run(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, res.InboxBatches)
+	require.Equal(t, 10, count(t, s.DB, `SELECT count(*) FROM messaging_inbox`))
+}
+
+// holdBatch returns a config whose first batch blocks inside its transaction
+// until release is closed, signalling on held once it is there.
+func holdBatch(cfg retention.Config) (retention.Config, chan struct{}, chan struct{}) {
+	held, release := make(chan struct{}), make(chan struct{})
+	first := true
+	retention.SetBeforeCommit(&cfg, func(ctx context.Context, _ *sql.Tx, _ retention.Batch) error {
+		if first {
+			first = false
+			close(held)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	return cfg, held, release
+}
+
+func TestConcurrentRunsOneSkips(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	insertPublished(t, s.DB, "old-", 30, now.Add(-100*time.Hour))
+	cfg, held, release := holdBatch(retention.Config{BatchSize: 10, Now: clock})
+	first, err := retention.New(s.DB, nil, cfg)
+	require.NoError(t, err)
+
+	type outcome struct {
+		res retention.Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := first.Run(context.Background())
+		done <- outcome{res, err}
+	}()
+	<-held
+
+	// A second cleaner on a separate pool (another replica) skips.
+	other, err := retention.New(s.Open(t), nil, retention.Config{BatchSize: 10, Now: clock})
+	require.NoError(t, err)
+	res, err := other.Run(context.Background())
+	require.NoError(t, err)
+	require.True(t, res.Skipped)
+	require.Zero(t, res.Batches)
+
+	close(release)
+	o := <-done
+	require.NoError(t, o.err)
+	require.False(t, o.res.Skipped)
+	require.Equal(t, 30, o.res.Deleted)
+
+	// The lock was released with the run: the next run is not skipped.
+	res, err = other.Run(context.Background())
+	require.NoError(t, err)
+	require.False(t, res.Skipped)
+}
+
+// While a retention batch transaction is held open (its row locks taken),
+// inserts, a claim (FOR UPDATE SKIP LOCKED on claimable rows) and the claim's
+// UPDATE on other rows complete without waiting for it.
+func TestRetentionDoesNotBlockClaimsOrInserts(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	insertPublished(t, s.DB, "old-", 300, now.Add(-100*time.Hour))
+	_, err := s.DB.Exec(`
+INSERT INTO messaging_outbox (message_id, destination, payload)
+SELECT 'pending-' || g, 'orders', '\x01'::bytea FROM generate_series(1, 20) g`)
+	require.NoError(t, err)
+
+	cfg, held, release := holdBatch(retention.Config{BatchSize: 100, Now: clock})
+	c, err := retention.New(s.DB, nil, cfg)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Run(context.Background())
+		done <- err
+	}()
+	<-held
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+
+	app := s.Open(t)
+	app.SetMaxOpenConns(2)
+	ctx := context.Background()
+
+	// Proof the batch really is open and holds its locks: the oldest
+	// published row (first picked) cannot be locked without waiting.
+	_, err = app.ExecContext(ctx, `SELECT 1 FROM messaging_outbox WHERE message_id = 'old-300' FOR UPDATE NOWAIT`)
+	var pqErr *pq.Error
+	require.ErrorAs(t, err, &pqErr)
+	require.Equal(t, pq.ErrorCode("55P03"), pqErr.Code, "lock_not_available: the batch holds the row")
+
+	// Every statement below would wait on a lock held by the open batch if
+	// retention blocked it; lock_timeout turns such a wait into an error.
+	tx, err := app.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	_, err = tx.ExecContext(ctx, `SET LOCAL lock_timeout = '2s'`)
+	require.NoError(t, err)
+	_, err = tx.ExecContext(ctx, `INSERT INTO messaging_outbox (message_id, destination, payload) VALUES ('during-retention', 'orders', '\x02'::bytea)`)
+	require.NoError(t, err)
+	rows, err := tx.QueryContext(ctx, `
+SELECT message_id FROM messaging_outbox
+ WHERE status IN ('PENDING', 'AMBIGUOUS', 'IN_FLIGHT')
+ ORDER BY seq LIMIT 10 FOR UPDATE SKIP LOCKED`)
+	require.NoError(t, err)
+	var claimed []string
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		claimed = append(claimed, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, claimed, 10)
+	res, err := tx.ExecContext(ctx, `
+UPDATE messaging_outbox SET status = 'IN_FLIGHT', lease_owner = 'relay', lease_token = lease_token + 1
+ WHERE message_id = ANY($1)`, pq.Array(claimed))
+	require.NoError(t, err)
+	n, _ := res.RowsAffected()
+	require.EqualValues(t, 10, n)
+	require.NoError(t, tx.Commit())
+
+	// The batch is still open: it was never waited for.
+	select {
+	case err := <-done:
+		t.Fatalf("retention finished before release: %v", err)
+	default:
+	}
+	close(release)
+	require.NoError(t, <-done)
+	require.Equal(t, 0, s.Count(t, "status = 'PUBLISHED'"))
+	require.Equal(t, 10, s.Count(t, "status = 'IN_FLIGHT'"))
+	require.Equal(t, 11, s.Count(t, "status = 'PENDING'"))
+}
+
+func TestEvery(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	insertPublished(t, s.DB, "old-", 5, now.Add(-100*time.Hour))
+	c, err := retention.New(s.DB, nil, retention.Config{Now: clock})
+	require.NoError(t, err)
+
+	require.ErrorIs(t, c.Every(context.Background(), 0, nil), outbox.ErrInvalidConfig)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reports := make(chan retention.Result, 8)
+	stopped := make(chan error, 1)
+	go func() {
+		stopped <- c.Every(ctx, time.Millisecond, func(r retention.Result, err error) {
+			if err == nil {
+				select {
+				case reports <- r:
+				default:
+				}
+			}
+		})
+	}()
+	first := <-reports
+	require.Equal(t, 5, first.Deleted)
+	second := <-reports
+	require.Zero(t, second.Deleted)
+	cancel()
+	require.ErrorIs(t, <-stopped, context.Canceled)
+}
