@@ -1,0 +1,240 @@
+package debezium_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+)
+
+// Literals, not the package's constants: comparing a setting with the
+// constant that produced it only proves the generator agrees with itself.
+func TestGenerateRoutesByDestinationAndKeysByRoutingKey(t *testing.T) {
+	t.Parallel()
+	c := debezium.Generate(debezium.Options{TopicPrefix: "prod."})
+	require.NoError(t, c.Err())
+	s := c.Settings
+	require.Equal(t, "messaging-outbox", c.Name)
+	require.Equal(t, "io.debezium.transforms.outbox.EventRouter", s["transforms.outbox.type"])
+	require.Equal(t, "outbox", s["transforms"])
+	require.Equal(t, "message_id", s["transforms.outbox.table.field.event.id"])
+	require.Equal(t, "routing_key", s["transforms.outbox.table.field.event.key"], "keying by destination puts every message of a topic on one partition")
+	require.Equal(t, "payload", s["transforms.outbox.table.field.event.payload"])
+	require.Equal(t, "created_at_utc", s["transforms.outbox.table.field.event.timestamp"])
+	require.Equal(t, "destination", s["transforms.outbox.route.by.field"])
+	require.Equal(t, "prod.${routedByValue}", s["transforms.outbox.route.topic.replacement"])
+	require.Equal(t, "warn", s["transforms.outbox.table.op.invalid.behavior"])
+	require.Equal(t, "false", s["transforms.outbox.route.tombstone.on.empty.payload"])
+	require.Equal(t, "u,d,t", s["skipped.operations"])
+	require.Equal(t, "filtered", s["publication.autocreate.mode"])
+	require.Equal(t, "pgoutput", s["plugin.name"])
+	require.Equal(t, "public.messaging_outbox", s["table.include.list"])
+	require.Equal(t, "io.debezium.converters.BinaryDataConverter", s["value.converter"])
+	require.Equal(t, "org.apache.kafka.connect.storage.StringConverter", s["key.converter"])
+	require.Equal(t, "org.apache.kafka.connect.storage.SimpleHeaderConverter", s["header.converter"])
+	require.Equal(t, "adaptive", s["time.precision.mode"])
+	require.Equal(t,
+		"producer:header:msg.producer,"+
+			"occurred_at:header:msg.occurred_at,"+
+			"correlation_id:header:msg.correlation_id,"+
+			"causation_id:header:msg.causation_id,"+
+			"tenant:header:msg.tenant,"+
+			"partition_key:header:msg.partition_key,"+
+			"ordering_key:header:msg.ordering_key,"+
+			"traceparent:header:msg.traceparent,"+
+			"tracestate:header:msg.tracestate,"+
+			"baggage:header:msg.baggage,"+
+			"schema_subject:header:msg.schema_subject,"+
+			"schema_version:header:msg.schema_version,"+
+			"content_type:header:msg.content_type,"+
+			"message_type:header:msg.message_type,"+
+			"aggregate_type:header:msg.aggregate_type,"+
+			"aggregate_id:header:msg.aggregate_id,"+
+			"aggregate_version:header:msg.aggregate_version,"+
+			"correlation_id:header:correlation_id,"+
+			"message_id:header:_watermill_message_uuid,"+
+			"headers:header:msg.headers",
+		s["transforms.outbox.table.fields.additional.placement"])
+}
+
+func TestGenerateDefaultTopicIsTheDestinationAndOptionsApply(t *testing.T) {
+	t.Parallel()
+	c := debezium.Generate(debezium.Options{})
+	require.Equal(t, "${routedByValue}", c.Settings["transforms.outbox.route.topic.replacement"])
+
+	c = debezium.Generate(debezium.Options{Name: "orders-outbox", Schema: "orders", SlotName: "s1", PublicationName: "p1", ServerName: "srv", DatabaseHostname: "db.internal", DatabasePort: "6432"})
+	require.NoError(t, c.Err())
+	require.Equal(t, "orders-outbox", c.Name)
+	require.Equal(t, "orders.messaging_outbox", c.Settings["table.include.list"])
+	require.Equal(t, "s1", c.Settings["slot.name"])
+	require.Equal(t, "p1", c.Settings["publication.name"])
+	require.Equal(t, "srv", c.Settings["topic.prefix"])
+	require.Equal(t, "db.internal", c.Settings["database.hostname"])
+	require.Equal(t, "6432", c.Settings["database.port"])
+	require.Equal(t, "${file:/opt/kafka/secrets/outbox-db.properties:password}", c.Settings["database.password"])
+}
+
+func TestGenerateIsDeterministicAndBothFormsAgree(t *testing.T) {
+	t.Parallel()
+	opts := debezium.Options{TopicPrefix: "x."}
+	var j1, j2, p bytes.Buffer
+	require.NoError(t, debezium.Generate(opts).WriteJSON(&j1))
+	require.NoError(t, debezium.Generate(opts).WriteJSON(&j2))
+	require.Equal(t, j1.String(), j2.String())
+
+	var parsed struct {
+		Name   string            `json:"name"`
+		Config map[string]string `json:"config"`
+	}
+	require.NoError(t, json.Unmarshal(j1.Bytes(), &parsed))
+	require.Equal(t, "messaging-outbox", parsed.Name)
+	require.Equal(t, debezium.Generate(opts).Settings, parsed.Config)
+
+	require.NoError(t, debezium.Generate(opts).WriteProperties(&p))
+	props := map[string]string{}
+	var keys []string
+	for _, line := range strings.Split(strings.TrimSpace(p.String()), "\n") {
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		require.True(t, ok, line)
+		props[k] = v
+		if k != "name" {
+			keys = append(keys, k)
+		}
+	}
+	require.True(t, sort.StringsAreSorted(keys), "properties are written in sorted key order")
+	require.Equal(t, "messaging-outbox", props["name"])
+	delete(props, "name")
+	require.Equal(t, parsed.Config, props, "JSON and properties carry the same settings")
+}
+
+func TestWritePropertiesEscapesForJavaProperties(t *testing.T) {
+	t.Parallel()
+	var p bytes.Buffer
+	require.NoError(t, debezium.Generate(debezium.Options{Name: "naïve #1", DatabasePassword: `a\b=c`}).WriteProperties(&p))
+	require.Contains(t, p.String(), "\nname=na\\u00EFve #1\n")
+	require.Contains(t, p.String(), "\ndatabase.password=a\\\\b=c\n")
+}
+
+func TestShippedFilesAreGeneratedByTheCode(t *testing.T) {
+	t.Parallel()
+	want, err := debezium.ShippedFiles()
+	require.NoError(t, err)
+	require.Len(t, want, 2)
+	for name, content := range want {
+		got, err := os.ReadFile(filepath.Join(".", name))
+		require.NoError(t, err, "shipped file %s is missing: run `go run ./debezium/internal/gen`", name)
+		require.Equal(t, string(content), string(got), "debezium/%s differs from what the code generates: run `go run ./debezium/internal/gen` (or `go generate ./debezium`) and commit the result", name)
+	}
+}
+
+func TestInvalidOptionsAreRefused(t *testing.T) {
+	t.Parallel()
+	cases := map[string]debezium.Options{
+		"dollar in prefix":       {TopicPrefix: "a$b"},
+		"backslash in prefix":    {TopicPrefix: `a\1`},
+		"space in prefix":        {TopicPrefix: "a b"},
+		"bad server name":        {ServerName: "srv/1"},
+		"upper-case schema":      {Schema: "Public"},
+		"quote in schema":        {Schema: `a"b`},
+		"dash in slot":           {SlotName: "my-slot"},
+		"dash in publication":    {PublicationName: "my-pub"},
+		"newline in name":        {Name: "a\nb"},
+		"newline in password":    {DatabasePassword: "a\nb=c"},
+		"NUL in database name":   {DatabaseName: "a\x00"},
+		"too long a publication": {PublicationName: strings.Repeat("p", 64)},
+	}
+	for name, opts := range cases {
+		t.Run(name, func(t *testing.T) {
+			require.ErrorIs(t, opts.Validate(), outbox.ErrInvalidConfig)
+			c := debezium.Generate(opts)
+			require.ErrorIs(t, c.Err(), outbox.ErrInvalidConfig)
+			var buf bytes.Buffer
+			require.ErrorIs(t, c.WriteJSON(&buf), outbox.ErrInvalidConfig)
+			require.ErrorIs(t, c.WriteProperties(&buf), outbox.ErrInvalidConfig)
+			require.Zero(t, buf.Len(), "nothing is written for invalid options")
+			_, err := debezium.PublicationSQL(opts)
+			require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+			require.Equal(t, outbox.Code("OUTBOX_INVALID_CONFIG"), outbox.CodeOf(err))
+		})
+	}
+}
+
+// Every column of messaging_outbox is either placed as a header, used by the
+// router itself, or relay state that must not travel. A column added to the
+// schema fails this test until someone decides which it is.
+func TestEveryColumnIsPlacedOrDeliberatelyLeftOut(t *testing.T) {
+	t.Parallel()
+	s := testdb.New(t)
+	rows, err := s.DB.Query(`SELECT column_name FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'messaging_outbox'`, s.Name)
+	require.NoError(t, err)
+	defer rows.Close()
+	columns := map[string]bool{}
+	for rows.Next() {
+		var c string
+		require.NoError(t, rows.Scan(&c))
+		columns[c] = true
+	}
+	require.NoError(t, rows.Err())
+
+	placed := map[string]bool{}
+	for _, p := range debezium.Placements {
+		require.True(t, columns[p.Column], "placed column %s does not exist in messaging_outbox", p.Column)
+		placed[p.Column] = true
+	}
+	var rest []string
+	for c := range columns {
+		if !placed[c] {
+			rest = append(rest, c)
+		}
+	}
+	sort.Strings(rest)
+	require.Equal(t, sortedCopy([]string{
+		// used by the router as id/key/payload/topic/timestamp
+		"created_at", "created_at_utc", "destination", "payload", "routing_key",
+		// relay state: meaningless to a consumer, and NULL/initial at insert
+		"attempts", "last_attempt_at", "last_failure_code", "last_failure_detail",
+		"lease_expires_at", "lease_owner", "lease_token", "next_attempt_at",
+		"parked_at", "published_at", "seq", "status",
+	}), rest)
+}
+
+func sortedCopy(in []string) []string {
+	out := append([]string(nil), in...)
+	sort.Strings(out)
+	return out
+}
+
+func TestPublicationSQLCreatesAnInsertOnlyPublication(t *testing.T) {
+	t.Parallel()
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(2)
+	pub := "h4_pub_" + strings.TrimPrefix(s.Name, "outbox_test_")
+	stmt, err := debezium.PublicationSQL(debezium.Options{Schema: s.Name, PublicationName: pub})
+	require.NoError(t, err)
+	require.Equal(t, `CREATE PUBLICATION "`+pub+`" FOR TABLE "`+s.Name+`"."messaging_outbox" WITH (publish = 'insert')`, stmt)
+	_, err = s.DB.Exec(stmt)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = s.DB.Exec(`DROP PUBLICATION IF EXISTS "` + pub + `"`) })
+
+	var ins, upd, del, trunc bool
+	require.NoError(t, s.DB.QueryRow(`SELECT pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1`, pub).Scan(&ins, &upd, &del, &trunc))
+	require.True(t, ins, "inserts are published")
+	require.False(t, upd, "the forwarder's updates must not become events")
+	require.False(t, del, "retention's deletes must not become events")
+	require.False(t, trunc)
+	var table string
+	require.NoError(t, s.DB.QueryRow(`SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1`, pub).Scan(&table))
+	require.Equal(t, s.Name+".messaging_outbox", table)
+}
