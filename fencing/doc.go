@@ -1,0 +1,46 @@
+// Package fencing moves outbox rows between states under a lease, and is the
+// only code that does.
+//
+// A relay takes rows with [Claim]: one statement, run by the server, that picks
+// claimable rows in seq order with FOR UPDATE SKIP LOCKED, marks them
+// IN_FLIGHT for the caller (owner) until now + lease, and increments each row's
+// lease_token. The owner and the token together are the [Lease]; every
+// transition out of IN_FLIGHT ([MarkPublished], [MarkAmbiguous],
+// [MarkExhausted], [MarkFailed], [Release] and the batch form [Apply]) matches
+// message_id AND status = 'IN_FLIGHT' AND lease_owner AND lease_token, so a
+// relay whose lease expired and whose row was claimed again by another relay
+// cannot overwrite what that relay wrote. Such a write matches no row and is
+// reported as [Stale]: a possible duplicate publication, never an error that
+// is swallowed. There is no unfenced way to change a row's state here.
+//
+// Guarantees, each shown by a test against a real PostgreSQL:
+//
+//   - Concurrent claims get disjoint rows (SKIP LOCKED) and every claim of a
+//     row advances its token, so an expiry reclaim keeps the message id and
+//     fences off the previous holder.
+//   - A row is claimable when it is PENDING or AMBIGUOUS, has attempts left
+//     (attempts < max) and its next_attempt_at is due; or when it is IN_FLIGHT
+//     and its lease has expired.
+//   - An expired lease is an attempt whose outcome nobody knows (the relay may
+//     have sent the message before it died), so the reclaim counts it
+//     (attempts + 1). When that spends the budget the same statement parks the
+//     row EXHAUSTED with code LEASE_EXPIRED instead of claiming it, and returns
+//     it so the relay reports it. A message that crashes every relay that
+//     touches it therefore stops after max attempts, and no row stays
+//     IN_FLIGHT with an expired lease once a claim has run.
+//   - Per-key ordering: a row with an ordering_key is not claimable while an
+//     earlier (lower seq) row with the same key is unpublished, so at most one
+//     row per key is ever in flight, across any number of relays. The
+//     [OrderingPolicy] says what a parked (FAILED/EXHAUSTED) earlier row does:
+//     [BlockKey] (the default) holds the key until an operator redrives or
+//     purges it; [SkipParked] lets later rows go past it.
+//   - The attempt budget is judged on attempts after the attempt being
+//     recorded (attempts + 1), so the last attempt is not spent twice; the
+//     caller picks [MarkExhausted] instead of [MarkAmbiguous] when
+//     Row.Attempts + 1 >= max.
+//
+// Times: every statement takes an optional now (zero time = the server's
+// now()), so lease expiry and retry schedules are tested without sleeping.
+// Terminal transitions clear lease_expires_at but keep lease_owner and
+// lease_token as the record of the last holder (outboxctl inspect shows it).
+package fencing

@@ -1,0 +1,478 @@
+package fencing_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+)
+
+var t0 = time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+
+const insertSQL = `INSERT INTO messaging_outbox (message_id, destination, payload, ordering_key) VALUES ($1, $2, $3, nullif($4, ''))`
+
+func insert(t *testing.T, db *sql.DB, id, key string) {
+	t.Helper()
+	_, err := db.Exec(insertSQL, id, "orders", []byte("p-"+id), key)
+	require.NoError(t, err)
+}
+
+func newDB(t *testing.T) *testdb.Schema {
+	t.Helper()
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(4)
+	return s
+}
+
+func params(owner string, now time.Time) fencing.ClaimParams {
+	return fencing.ClaimParams{Owner: owner, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 3, Now: now}
+}
+
+func ids(cs []fencing.Claimed) []string {
+	out := make([]string, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, c.Row.MessageID)
+	}
+	return out
+}
+
+type rowState struct {
+	Status, Owner, Code string
+	Attempts            int
+	Token               int64
+	Parked, Published   bool
+	Next                sql.NullTime
+}
+
+func state(t *testing.T, db *sql.DB, id string) rowState {
+	t.Helper()
+	var s rowState
+	var owner, code sql.NullString
+	var parked, published sql.NullTime
+	err := db.QueryRow(`SELECT status, lease_owner, last_failure_code, attempts, lease_token, parked_at, published_at, next_attempt_at
+		FROM messaging_outbox WHERE message_id = $1`, id).
+		Scan(&s.Status, &owner, &code, &s.Attempts, &s.Token, &parked, &published, &s.Next)
+	require.NoError(t, err)
+	s.Owner, s.Code, s.Parked, s.Published = owner.String, code.String, parked.Valid, published.Valid
+	return s
+}
+
+func TestTwoRelaysClaimDisjointRowsWithTheirOwnTokens(t *testing.T) {
+	s := newDB(t)
+	const total = 300
+	for i := range total {
+		insert(t, s.DB, fmt.Sprintf("m%03d", i), "")
+	}
+	dbA, dbB := s.Open(t), s.Open(t)
+	dbA.SetMaxOpenConns(2)
+	dbB.SetMaxOpenConns(2)
+
+	var mu sync.Mutex
+	got := map[string]fencing.Lease{}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for _, r := range []struct {
+		owner string
+		db    *sql.DB
+	}{{"relay-a", dbA}, {"relay-b", dbB}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for {
+				p := params(r.owner, time.Time{})
+				p.Limit = 7
+				cs, err := fencing.Claim(context.Background(), r.db, p)
+				if err != nil {
+					t.Errorf("claim: %v", err)
+					return
+				}
+				if len(cs) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, c := range cs {
+					if prev, dup := got[c.Row.MessageID]; dup {
+						t.Errorf("row %s claimed twice: %+v and %+v", c.Row.MessageID, prev, c.Lease)
+					}
+					got[c.Row.MessageID] = c.Lease
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	require.Len(t, got, total)
+	owners := map[string]int{}
+	for id, l := range got {
+		require.Equal(t, id, l.MessageID)
+		require.Equal(t, int64(1), l.Token, "first claim of a row issues token 1")
+		owners[l.Owner]++
+	}
+	// Both relays made progress on the same table at the same time.
+	require.Len(t, owners, 2, "both relays should have claimed rows: %v", owners)
+	require.Equal(t, total, s.Count(t, "status = 'IN_FLIGHT'"))
+}
+
+func TestSupersededRelayCannotOverwrite(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	insert(t, s.DB, "m1", "")
+
+	a, err := fencing.Claim(ctx, s.DB, params("relay-a", t0))
+	require.NoError(t, err)
+	require.Len(t, a, 1)
+	require.Equal(t, t0.Add(30*time.Second), a[0].Lease.ExpiresAt.UTC())
+
+	// Before expiry nobody else can take it.
+	none, err := fencing.Claim(ctx, s.DB, params("relay-b", t0.Add(29*time.Second)))
+	require.NoError(t, err)
+	require.Empty(t, none)
+
+	// At expiry relay B reclaims: same message id, next token, the lost
+	// attempt counted and explained.
+	b, err := fencing.Claim(ctx, s.DB, params("relay-b", t0.Add(30*time.Second)))
+	require.NoError(t, err)
+	require.Len(t, b, 1)
+	require.True(t, b[0].Held())
+	require.Equal(t, "m1", b[0].Lease.MessageID)
+	require.Equal(t, a[0].Lease.Token+1, b[0].Lease.Token)
+	require.Equal(t, 1, b[0].Row.Attempts)
+	require.Equal(t, fencing.CodeLeaseExpired, b[0].Row.LastFailureCode)
+	require.Contains(t, b[0].Row.LastFailureDetail, "relay-a")
+
+	res, err := fencing.MarkPublished(ctx, s.DB, b[0].Lease, t0.Add(31*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, fencing.Applied, res)
+
+	// Relay A wakes up: every write it tries is stale and changes nothing.
+	for _, o := range []fencing.Outcome{
+		{Lease: a[0].Lease, To: envelope.StatusPublished},
+		{Lease: a[0].Lease, To: envelope.StatusAmbiguous},
+		{Lease: a[0].Lease, To: envelope.StatusFailed, Code: "X"},
+		{Lease: a[0].Lease, To: envelope.StatusExhausted, Code: "X"},
+		{Lease: a[0].Lease, To: envelope.StatusPending},
+	} {
+		res, err := fencing.Apply(ctx, s.DB, []fencing.Outcome{o})
+		require.NoError(t, err)
+		require.Equal(t, []fencing.Result{fencing.Stale}, res, "write to %s", o.To)
+	}
+	st := state(t, s.DB, "m1")
+	require.Equal(t, "PUBLISHED", st.Status)
+	require.Equal(t, 2, st.Attempts)
+	require.Equal(t, "relay-b", st.Owner)
+	require.True(t, st.Published)
+}
+
+func TestAmbiguousRowWaitsForNextAttempt(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	insert(t, s.DB, "m1", "")
+	c, err := fencing.Claim(ctx, s.DB, params("r", t0))
+	require.NoError(t, err)
+	require.Len(t, c, 1)
+	res, err := fencing.MarkAmbiguous(ctx, s.DB, c[0].Lease, t0.Add(10*time.Second), "PUBLISH_TIMEOUT", "no answer", t0.Add(time.Second))
+	require.NoError(t, err)
+	require.Equal(t, fencing.Applied, res)
+	st := state(t, s.DB, "m1")
+	require.Equal(t, "AMBIGUOUS", st.Status)
+	require.Equal(t, "PUBLISH_TIMEOUT", st.Code)
+	require.Equal(t, 1, st.Attempts)
+	require.Equal(t, t0.Add(10*time.Second), st.Next.Time.UTC())
+
+	early, err := fencing.Claim(ctx, s.DB, params("r", t0.Add(9*time.Second)))
+	require.NoError(t, err)
+	require.Empty(t, early)
+	due, err := fencing.Claim(ctx, s.DB, params("r", t0.Add(10*time.Second)))
+	require.NoError(t, err)
+	require.Equal(t, []string{"m1"}, ids(due))
+	require.Equal(t, int64(2), due[0].Lease.Token)
+}
+
+func TestRowOutOfAttemptsIsNotClaimed(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	insert(t, s.DB, "m1", "")
+	p := params("r", t0)
+	p.MaxAttempts = 2
+	for i := range 2 {
+		c, err := fencing.Claim(ctx, s.DB, p)
+		require.NoError(t, err)
+		require.Len(t, c, 1, "attempt %d", i+1)
+		_, err = fencing.MarkAmbiguous(ctx, s.DB, c[0].Lease, time.Time{}, "X", "", t0)
+		require.NoError(t, err)
+	}
+	c, err := fencing.Claim(ctx, s.DB, p)
+	require.NoError(t, err)
+	require.Empty(t, c, "a row with attempts >= max is never claimed")
+}
+
+func TestExpiredLeaseThatSpendsTheBudgetIsParked(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	insert(t, s.DB, "m1", "")
+	p := params("r1", t0)
+	p.MaxAttempts = 1
+	c, err := fencing.Claim(ctx, s.DB, p)
+	require.NoError(t, err)
+	require.Len(t, c, 1)
+
+	// The relay died mid-publish. The reclaim counts that attempt, which was
+	// the last one: the same statement parks the row and reports it.
+	p.Owner, p.Now = "r2", t0.Add(time.Minute)
+	c2, err := fencing.Claim(ctx, s.DB, p)
+	require.NoError(t, err)
+	require.Len(t, c2, 1)
+	require.False(t, c2[0].Held())
+	require.Equal(t, envelope.StatusExhausted, c2[0].Row.Status)
+	require.Equal(t, fencing.Lease{}, c2[0].Lease)
+	st := state(t, s.DB, "m1")
+	require.Equal(t, "EXHAUSTED", st.Status)
+	require.Equal(t, fencing.CodeLeaseExpired, st.Code)
+	require.Equal(t, 1, st.Attempts)
+	require.True(t, st.Parked)
+	require.Zero(t, s.Count(t, "status = 'IN_FLIGHT'"))
+
+	// The old holder is fenced off.
+	res, err := fencing.MarkPublished(ctx, s.DB, c[0].Lease, time.Time{})
+	require.NoError(t, err)
+	require.Equal(t, fencing.Stale, res)
+}
+
+func TestExhaustedAndFailedAreDistinct(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	insert(t, s.DB, "ex", "")
+	insert(t, s.DB, "fa", "")
+	c, err := fencing.Claim(ctx, s.DB, params("r", t0))
+	require.NoError(t, err)
+	require.Len(t, c, 2)
+	res, err := fencing.Apply(ctx, s.DB, []fencing.Outcome{
+		{Lease: c[0].Lease, To: envelope.StatusExhausted, Code: "PUBLISH_TIMEOUT", Detail: "budget spent", Now: t0},
+		{Lease: c[1].Lease, To: envelope.StatusFailed, Code: "INVALID_ARGUMENT", Detail: "broker refused"},
+	})
+	require.NoError(t, err)
+	require.Equal(t, []fencing.Result{fencing.Applied, fencing.Applied}, res)
+	ex, fa := state(t, s.DB, "ex"), state(t, s.DB, "fa")
+	require.Equal(t, "EXHAUSTED", ex.Status)
+	require.Equal(t, "PUBLISH_TIMEOUT", ex.Code)
+	require.Equal(t, "FAILED", fa.Status)
+	require.Equal(t, "INVALID_ARGUMENT", fa.Code)
+	require.True(t, ex.Parked)
+	require.True(t, fa.Parked)
+	require.Equal(t, 1, ex.Attempts)
+	require.Equal(t, 1, fa.Attempts)
+	later, err := fencing.Claim(ctx, s.DB, params("r", t0.Add(time.Hour)))
+	require.NoError(t, err)
+	require.Empty(t, later, "parked rows are never claimed")
+}
+
+func TestApplyBatchMixesAppliedAndStale(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	for i := range 5 {
+		insert(t, s.DB, fmt.Sprintf("m%d", i), "")
+	}
+	c, err := fencing.Claim(ctx, s.DB, params("r", t0))
+	require.NoError(t, err)
+	require.Len(t, c, 5)
+	forged := c[3].Lease
+	forged.Token++
+	wrongOwner := c[4].Lease
+	wrongOwner.Owner = "someone-else"
+	res, err := fencing.Apply(ctx, s.DB, []fencing.Outcome{
+		{Lease: c[0].Lease, To: envelope.StatusPublished},
+		{Lease: c[1].Lease, To: envelope.StatusAmbiguous, Code: "X", Detail: strings.Repeat("é", 2000)},
+		{Lease: c[2].Lease, To: envelope.StatusPending},
+		{Lease: forged, To: envelope.StatusPublished},
+		{Lease: wrongOwner, To: envelope.StatusPublished},
+	})
+	require.NoError(t, err)
+	require.Equal(t, []fencing.Result{fencing.Applied, fencing.Applied, fencing.Applied, fencing.Stale, fencing.Stale}, res)
+	require.Equal(t, "PUBLISHED", state(t, s.DB, "m0").Status)
+	require.Equal(t, "AMBIGUOUS", state(t, s.DB, "m1").Status)
+	var detail string
+	require.NoError(t, s.DB.QueryRow(`SELECT last_failure_detail FROM messaging_outbox WHERE message_id = 'm1'`).Scan(&detail))
+	require.LessOrEqual(t, len(detail), fencing.MaxFailureDetail)
+	require.True(t, strings.HasPrefix(detail, "é"))
+	rel := state(t, s.DB, "m2")
+	require.Equal(t, "PENDING", rel.Status, "a released row that never had an attempt is PENDING again")
+	require.Equal(t, 0, rel.Attempts)
+	require.Equal(t, "IN_FLIGHT", state(t, s.DB, "m3").Status)
+	require.Equal(t, "IN_FLIGHT", state(t, s.DB, "m4").Status)
+}
+
+func TestReleaseKeepsAmbiguityAndAttempts(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	insert(t, s.DB, "m1", "")
+	c, err := fencing.Claim(ctx, s.DB, params("r", t0))
+	require.NoError(t, err)
+	_, err = fencing.MarkAmbiguous(ctx, s.DB, c[0].Lease, time.Time{}, "X", "", t0)
+	require.NoError(t, err)
+	c, err = fencing.Claim(ctx, s.DB, params("r", t0))
+	require.NoError(t, err)
+	require.Len(t, c, 1)
+	res, err := fencing.Release(ctx, s.DB, c[0].Lease, t0)
+	require.NoError(t, err)
+	require.Equal(t, fencing.Applied, res)
+	st := state(t, s.DB, "m1")
+	require.Equal(t, "AMBIGUOUS", st.Status)
+	require.Equal(t, 1, st.Attempts)
+}
+
+func TestOrderingKeyOnlyHeadIsClaimable(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	insert(t, s.DB, "a1", "K")
+	insert(t, s.DB, "b1", "")
+	insert(t, s.DB, "a2", "K")
+	insert(t, s.DB, "a3", "K")
+	insert(t, s.DB, "c1", "L")
+
+	c, err := fencing.Claim(ctx, s.DB, params("r", t0))
+	require.NoError(t, err)
+	require.Equal(t, []string{"a1", "b1", "c1"}, ids(c), "one row per key, the head")
+	res, err := fencing.Apply(ctx, s.DB, []fencing.Outcome{{Lease: c[1].Lease, To: envelope.StatusPublished}, {Lease: c[2].Lease, To: envelope.StatusPublished}})
+	require.NoError(t, err)
+	require.Equal(t, []fencing.Result{fencing.Applied, fencing.Applied}, res)
+
+	// While a1 is in flight, or ambiguous, a2 waits.
+	_, err = fencing.MarkAmbiguous(ctx, s.DB, c[0].Lease, t0.Add(time.Minute), "X", "", t0)
+	require.NoError(t, err)
+	c2, err := fencing.Claim(ctx, s.DB, params("r", t0.Add(time.Second)))
+	require.NoError(t, err)
+	require.Empty(t, c2)
+
+	c3, err := fencing.Claim(ctx, s.DB, params("r", t0.Add(time.Minute)))
+	require.NoError(t, err)
+	require.Equal(t, []string{"a1"}, ids(c3))
+	_, err = fencing.MarkPublished(ctx, s.DB, c3[0].Lease, time.Time{})
+	require.NoError(t, err)
+
+	c4, err := fencing.Claim(ctx, s.DB, params("r", t0.Add(time.Minute)))
+	require.NoError(t, err)
+	require.Equal(t, []string{"a2"}, ids(c4))
+	_, err = fencing.MarkFailed(ctx, s.DB, c4[0].Lease, "REJECTED", "", time.Time{})
+	require.NoError(t, err)
+
+	// BlockKey: the parked a2 holds a3 back.
+	block, err := fencing.Claim(ctx, s.DB, params("r", t0.Add(time.Hour)))
+	require.NoError(t, err)
+	require.Empty(t, block)
+
+	// SkipParked: a3 goes past it.
+	p := params("r", t0.Add(time.Hour))
+	p.Policy = fencing.SkipParked
+	skip, err := fencing.Claim(ctx, s.DB, p)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a3"}, ids(skip))
+}
+
+func TestCorruptRowIsHeldAndReported(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, headers) VALUES ('bad', 'd', '', '{"n": 1}')`)
+	require.NoError(t, err)
+	c, err := fencing.Claim(ctx, s.DB, params("r", t0))
+	require.NoError(t, err)
+	require.Len(t, c, 1)
+	require.True(t, c[0].Held())
+	require.ErrorIs(t, c[0].Err, outbox.ErrCorruptRow)
+	res, err := fencing.MarkFailed(ctx, s.DB, c[0].Lease, string(outbox.CodeCorruptRow), c[0].Err.Error(), time.Time{})
+	require.NoError(t, err)
+	require.Equal(t, fencing.Applied, res)
+	require.Equal(t, "FAILED", state(t, s.DB, "bad").Status)
+}
+
+func TestClaimPlanUsesTheClaimableIndex(t *testing.T) {
+	s := newDB(t)
+	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, status, ordering_key)
+		SELECT 'm' || g, 'd', '', CASE WHEN g % 50 = 0 THEN 'PENDING' ELSE 'PUBLISHED' END,
+		       CASE WHEN g % 3 = 0 THEN 'k' || (g % 17) END
+		  FROM generate_series(1, 20000) g`)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`ANALYZE messaging_outbox`)
+	require.NoError(t, err)
+	for name, q := range map[string]string{"block": fencing.ClaimBlockKeySQL, "skip": fencing.ClaimSkipParkedSQL} {
+		rows, err := s.DB.Query("EXPLAIN "+q, t0, "r", 30.0, 10, 100)
+		require.NoError(t, err)
+		var plan []string
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			plan = append(plan, line)
+		}
+		require.NoError(t, rows.Err())
+		text := strings.Join(plan, "\n")
+		require.Contains(t, text, "messaging_outbox_claimable_idx", "%s plan:\n%s", name, text)
+		require.Contains(t, text, "messaging_outbox_ordering_head_idx", "%s plan:\n%s", name, text)
+		// The candidate scan (o_1, inside the CTE) walks the claimable index in
+		// seq order; no sort, no bitmap over the backlog index. (How the
+		// UPDATE joins back by primary key is the planner's business: on a
+		// small table a hash join over a seq scan is cheaper.)
+		require.Contains(t, text, "Index Scan using messaging_outbox_claimable_idx on messaging_outbox o_1", "%s plan:\n%s", name, text)
+		require.NotContains(t, text, "Sort Key", "%s plan:\n%s", name, text)
+	}
+}
+
+func TestInvalidArgumentsAreRefused(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	good := params("r", t0)
+	for name, mut := range map[string]func(*fencing.ClaimParams){
+		"owner":    func(p *fencing.ClaimParams) { p.Owner = "" },
+		"limit":    func(p *fencing.ClaimParams) { p.Limit = 0 },
+		"lease":    func(p *fencing.ClaimParams) { p.Lease = 0 },
+		"attempts": func(p *fencing.ClaimParams) { p.MaxAttempts = 0 },
+		"policy":   func(p *fencing.ClaimParams) { p.Policy = 7 },
+	} {
+		p := good
+		mut(&p)
+		_, err := fencing.Claim(ctx, s.DB, p)
+		require.ErrorIs(t, err, fencing.ErrInvalidArgument, name)
+	}
+	l := fencing.Lease{MessageID: "m", Owner: "r", Token: 1}
+	for name, o := range map[string][]fencing.Outcome{
+		"in-flight target": {{Lease: l, To: envelope.StatusInFlight}},
+		"unknown target":   {{Lease: l, To: "DONE"}},
+		"failed no code":   {{Lease: l, To: envelope.StatusFailed}},
+		"exhaust no code":  {{Lease: l, To: envelope.StatusExhausted}},
+		"zero token":       {{Lease: fencing.Lease{MessageID: "m", Owner: "r"}, To: envelope.StatusPublished}},
+		"no owner":         {{Lease: fencing.Lease{MessageID: "m", Token: 1}, To: envelope.StatusPublished}},
+		"duplicate":        {{Lease: l, To: envelope.StatusPublished}, {Lease: l, To: envelope.StatusPublished}},
+	} {
+		_, err := fencing.Apply(ctx, s.DB, o)
+		require.ErrorIs(t, err, fencing.ErrInvalidArgument, name)
+	}
+	res, err := fencing.Apply(ctx, s.DB, nil)
+	require.NoError(t, err)
+	require.Empty(t, res)
+}
+
+func TestCleanText(t *testing.T) {
+	require.Equal(t, "a\uFFFDb", fencing.CleanText("a\x00b", 10))
+	require.Equal(t, "a\uFFFD", fencing.CleanText("a\xff", 10))
+	require.Equal(t, "é", fencing.CleanText("éé", 3), "never cuts inside a rune")
+	require.Equal(t, "abc", fencing.CleanText("abc", 3))
+}
+
+func TestPolicyAndResultNames(t *testing.T) {
+	require.Equal(t, "block-key", fencing.BlockKey.String())
+	require.Equal(t, "skip-parked", fencing.SkipParked.String())
+	require.Equal(t, "OrderingPolicy(9)", fencing.OrderingPolicy(9).String())
+	require.Equal(t, "applied", fencing.Applied.String())
+	require.Equal(t, "stale", fencing.Stale.String())
+	require.Equal(t, "Result(0)", fencing.Result(0).String())
+}
