@@ -1,0 +1,231 @@
+package status
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+)
+
+// OtherDestination is the destination label under which the collector folds
+// the destinations beyond CollectorOptions.MaxDestinations.
+const OtherDestination = "_other"
+
+// CollectorOptions tune [NewCollector]. The zero value is valid.
+type CollectorOptions struct {
+	// Interval is how long one database sample serves scrapes. Scrapes
+	// within it (however many, from however many scrapers) read the cached
+	// sample; the first scrape after it queries again. Default 15s.
+	Interval time.Duration
+	// Timeout bounds one sample query. Default 5s.
+	Timeout time.Duration
+	// MaxDestinations caps the destination label values: the largest
+	// destinations by backlog keep their own label, the rest are summed under
+	// "_other". Default 50.
+	MaxDestinations int
+	// MaxGroups bounds the (status, destination) rows one sample reads.
+	// Default 10000.
+	MaxGroups int
+	// Namespace prefixes the metric names. Default "outbox".
+	Namespace string
+	// Clock decides when the cache expires. Default time.Now. Tests pass a
+	// fake clock to step past the interval without sleeping.
+	Clock func() time.Time
+}
+
+func (o CollectorOptions) withDefaults() CollectorOptions {
+	o.Interval = cmp.Or(o.Interval, 15*time.Second)
+	o.Timeout = cmp.Or(o.Timeout, 5*time.Second)
+	o.MaxDestinations = cmp.Or(o.MaxDestinations, 50)
+	o.MaxGroups = cmp.Or(o.MaxGroups, 10000)
+	o.Namespace = cmp.Or(o.Namespace, "outbox")
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	return o
+}
+
+// Validate refuses negative values.
+func (o CollectorOptions) Validate() error {
+	if o.Interval < 0 || o.Timeout < 0 || o.MaxDestinations < 0 || o.MaxGroups < 0 {
+		return outbox.Errorf(outbox.CodeInvalidConfig, "status.CollectorOptions", "Interval, Timeout, MaxDestinations and MaxGroups must be >= 0 (0 = default)")
+	}
+	return nil
+}
+
+// backlogStatuses are the label values of outbox_backlog_messages: every
+// status but PUBLISHED, which is history, not backlog.
+var backlogStatuses = []envelope.Status{
+	envelope.StatusPending, envelope.StatusInFlight, envelope.StatusAmbiguous,
+	envelope.StatusFailed, envelope.StatusExhausted,
+}
+
+// Collector is a prometheus.Collector exposing the outbox backlog:
+//
+//	<ns>_backlog_messages{status,destination}   gauge, non-PUBLISHED rows
+//	<ns>_oldest_pending_age_seconds             gauge, 0 when nothing is pending
+//	<ns>_parked_messages{status}                gauge, FAILED and EXHAUSTED
+//	<ns>_backlog_sample_errors_total            counter, failed samples
+//	<ns>_backlog_sample_age_seconds             gauge, age of the sample served
+//
+// A failed sample does not fail the scrape: the last good sample is served
+// (its age shows it) and the error counter grows.
+type Collector struct {
+	db   *sql.DB
+	opts CollectorOptions
+
+	backlog, oldest, parked, errs, sampleAge *prometheus.Desc
+
+	mu      sync.Mutex // serialises samples: a scrape storm waits for one query
+	sample  sample
+	taken   time.Time
+	have    bool
+	errorsN float64
+}
+
+type sample struct {
+	backlog      map[[2]string]float64 // (status, destination) -> rows
+	destinations []string
+	oldestAge    float64
+	parked       map[envelope.Status]float64
+}
+
+// NewCollector returns a Collector over db. Register it with a
+// prometheus.Registerer; it queries only when scraped.
+func NewCollector(db *sql.DB, opts CollectorOptions) (*Collector, error) {
+	if db == nil {
+		return nil, outbox.Errorf(outbox.CodeInvalidConfig, "status.NewCollector", "db is nil")
+	}
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+	ns := opts.Namespace
+	return &Collector{
+		db:   db,
+		opts: opts,
+		backlog: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "backlog_messages"),
+			"Outbox rows not yet PUBLISHED, by status and destination (destinations beyond the cap summed under _other).",
+			[]string{"status", "destination"}, nil),
+		oldest: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "oldest_pending_age_seconds"),
+			"Age of the oldest PENDING, IN_FLIGHT or AMBIGUOUS row by the database clock; 0 when none.", nil, nil),
+		parked: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "parked_messages"),
+			"Rows parked for an operator (FAILED rejected, EXHAUSTED out of attempts).", []string{"status"}, nil),
+		errs: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "backlog_sample_errors_total"),
+			"Backlog samples that failed; the previous sample was served instead.", nil, nil),
+		sampleAge: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "backlog_sample_age_seconds"),
+			"Seconds since the backlog sample being served was read from the database.", nil, nil),
+	}, nil
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.backlog
+	ch <- c.oldest
+	ch <- c.parked
+	ch <- c.errs
+	ch <- c.sampleAge
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	now := c.opts.Clock()
+	if !c.have || now.Sub(c.taken) >= c.opts.Interval {
+		s, err := c.read()
+		if err != nil {
+			c.errorsN++
+		} else {
+			c.sample, c.taken, c.have = s, now, true
+		}
+	}
+	s, taken, have, errorsN := c.sample, c.taken, c.have, c.errorsN
+	c.mu.Unlock()
+
+	ch <- prometheus.MustNewConstMetric(c.errs, prometheus.CounterValue, errorsN)
+	if !have {
+		return // never sampled successfully: expose nothing rather than zeros that look like an empty outbox
+	}
+	ch <- prometheus.MustNewConstMetric(c.sampleAge, prometheus.GaugeValue, max(0, now.Sub(taken).Seconds()))
+	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, s.oldestAge)
+	for _, st := range []envelope.Status{envelope.StatusFailed, envelope.StatusExhausted} {
+		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, s.parked[st], string(st))
+	}
+	// Every status for each destination present, zeros included, so a
+	// status that drains to nothing reads 0 instead of vanishing.
+	for _, d := range s.destinations {
+		for _, st := range backlogStatuses {
+			ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, s.backlog[[2]string{string(st), d}], string(st), d)
+		}
+	}
+}
+
+func (c *Collector) read() (sample, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.opts.Timeout)
+	defer cancel()
+	rows, err := c.db.QueryContext(ctx, backlogByDestinationQuery, c.opts.MaxGroups, nil)
+	if err != nil {
+		return sample{}, err
+	}
+	defer rows.Close()
+	type group struct {
+		status, dest string
+		n, age       float64
+	}
+	var groups []group
+	perDest := map[string]float64{}
+	s := sample{backlog: map[[2]string]float64{}, parked: map[envelope.Status]float64{}}
+	for rows.Next() {
+		var g group
+		if err := rows.Scan(&g.status, &g.dest, &g.n, &g.age); err != nil {
+			return sample{}, err
+		}
+		groups = append(groups, g)
+		perDest[g.dest] += g.n
+		switch envelope.Status(g.status) {
+		case envelope.StatusPending, envelope.StatusInFlight, envelope.StatusAmbiguous:
+			s.oldestAge = max(s.oldestAge, g.age)
+		case envelope.StatusFailed, envelope.StatusExhausted:
+			s.parked[envelope.Status(g.status)] += g.n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return sample{}, err
+	}
+	// Keep the largest destinations; fold the tail so label cardinality is
+	// bounded whatever the number of topics.
+	dests := make([]string, 0, len(perDest))
+	for d := range perDest {
+		dests = append(dests, d)
+	}
+	slices.SortFunc(dests, func(a, b string) int {
+		return cmp.Or(cmp.Compare(perDest[b], perDest[a]), cmp.Compare(a, b))
+	})
+	kept := map[string]bool{}
+	for i, d := range dests {
+		if i < c.opts.MaxDestinations {
+			kept[d] = true
+		}
+	}
+	folded := false
+	for _, g := range groups {
+		d := g.dest
+		if !kept[d] {
+			d, folded = OtherDestination, true
+		}
+		s.backlog[[2]string{g.status, d}] += g.n
+	}
+	s.destinations = dests[:min(len(dests), c.opts.MaxDestinations)]
+	slices.Sort(s.destinations)
+	if folded {
+		s.destinations = append(s.destinations, OtherDestination)
+	}
+	return s, nil
+}

@@ -1,0 +1,163 @@
+package status
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+)
+
+// fakeClock is a clock the test steps by hand.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *fakeClock) Add(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d); c.mu.Unlock() }
+
+const backlogExpected = `
+# HELP outbox_backlog_messages Outbox rows not yet PUBLISHED, by status and destination (destinations beyond the cap summed under _other).
+# TYPE outbox_backlog_messages gauge
+outbox_backlog_messages{destination="billing",status="AMBIGUOUS"} 1
+outbox_backlog_messages{destination="billing",status="EXHAUSTED"} 1
+outbox_backlog_messages{destination="billing",status="FAILED"} 0
+outbox_backlog_messages{destination="billing",status="IN_FLIGHT"} 0
+outbox_backlog_messages{destination="billing",status="PENDING"} 1
+outbox_backlog_messages{destination="orders",status="AMBIGUOUS"} 0
+outbox_backlog_messages{destination="orders",status="EXHAUSTED"} 0
+outbox_backlog_messages{destination="orders",status="FAILED"} 2
+outbox_backlog_messages{destination="orders",status="IN_FLIGHT"} 1
+outbox_backlog_messages{destination="orders",status="PENDING"} 2
+# HELP outbox_parked_messages Rows parked for an operator (FAILED rejected, EXHAUSTED out of attempts).
+# TYPE outbox_parked_messages gauge
+outbox_parked_messages{status="EXHAUSTED"} 1
+outbox_parked_messages{status="FAILED"} 2
+`
+
+func TestCollectorExposesBacklogFromRealRows(t *testing.T) {
+	t.Parallel()
+	s := fixture(t)
+	clock := &fakeClock{now: t0}
+	c, err := NewCollector(s.DB, CollectorOptions{Interval: time.Minute, Clock: clock.Now})
+	require.NoError(t, err)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(backlogExpected),
+		"outbox_backlog_messages", "outbox_parked_messages"))
+	// The oldest pending row (AMBIGUOUS, created 3h before t0) is aged by the
+	// database clock, which runs years before t0 here: the gauge is >= 0 and
+	// finite; the SQL's age arithmetic is pinned in TestCollectorOldestAge.
+	n, err := testutil.GatherAndCount(reg, "outbox_oldest_pending_age_seconds", "outbox_backlog_sample_errors_total", "outbox_backlog_sample_age_seconds")
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+
+	// Within the interval, new rows are not seen: scrapes read the cache.
+	insert(t, s.DB, seed{id: "late", dest: "orders", status: "FAILED", age: time.Second})
+	clock.Add(59 * time.Second)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(backlogExpected),
+		"outbox_backlog_messages", "outbox_parked_messages"))
+
+	// Past it, the next scrape samples again.
+	clock.Add(time.Second)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP outbox_parked_messages Rows parked for an operator (FAILED rejected, EXHAUSTED out of attempts).
+# TYPE outbox_parked_messages gauge
+outbox_parked_messages{status="EXHAUSTED"} 1
+outbox_parked_messages{status="FAILED"} 3
+`), "outbox_parked_messages"))
+}
+
+func TestCollectorOldestAge(t *testing.T) {
+	t.Parallel()
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(2)
+	// Created one hour before the database's now(): the gauge reads about 3600.
+	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, created_at) VALUES ('old', 'd', 'x', now() - interval '1 hour')`)
+	require.NoError(t, err)
+	c, err := NewCollector(s.DB, CollectorOptions{})
+	require.NoError(t, err)
+	age := testutil.ToFloat64(prometheus.CollectorFunc(func(ch chan<- prometheus.Metric) {
+		all := make(chan prometheus.Metric, 32)
+		c.Collect(all)
+		close(all)
+		for m := range all {
+			if strings.Contains(m.Desc().String(), "oldest_pending_age_seconds") {
+				ch <- m
+			}
+		}
+	}))
+	require.InDelta(t, 3600, age, 60)
+}
+
+func TestCollectorCapsDestinations(t *testing.T) {
+	t.Parallel()
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(2)
+	insert(t, s.DB,
+		seed{id: "1", dest: "big", status: "PENDING"}, seed{id: "2", dest: "big", status: "PENDING"},
+		seed{id: "3", dest: "big", status: "FAILED"},
+		seed{id: "4", dest: "small-a", status: "PENDING"}, seed{id: "5", dest: "small-b", status: "EXHAUSTED"},
+	)
+	c, err := NewCollector(s.DB, CollectorOptions{MaxDestinations: 1})
+	require.NoError(t, err)
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP outbox_backlog_messages Outbox rows not yet PUBLISHED, by status and destination (destinations beyond the cap summed under _other).
+# TYPE outbox_backlog_messages gauge
+outbox_backlog_messages{destination="_other",status="AMBIGUOUS"} 0
+outbox_backlog_messages{destination="_other",status="EXHAUSTED"} 1
+outbox_backlog_messages{destination="_other",status="FAILED"} 0
+outbox_backlog_messages{destination="_other",status="IN_FLIGHT"} 0
+outbox_backlog_messages{destination="_other",status="PENDING"} 1
+outbox_backlog_messages{destination="big",status="AMBIGUOUS"} 0
+outbox_backlog_messages{destination="big",status="EXHAUSTED"} 0
+outbox_backlog_messages{destination="big",status="FAILED"} 1
+outbox_backlog_messages{destination="big",status="IN_FLIGHT"} 0
+outbox_backlog_messages{destination="big",status="PENDING"} 2
+`), "outbox_backlog_messages"))
+}
+
+func TestCollectorServesLastSampleWhenTheDatabaseFails(t *testing.T) {
+	t.Parallel()
+	s := testdb.New(t)
+	db := s.Open(t)
+	db.SetMaxOpenConns(2)
+	insert(t, db, seed{id: "1", dest: "d", status: "FAILED"})
+	clock := &fakeClock{now: t0}
+	c, err := NewCollector(db, CollectorOptions{Interval: time.Second, Clock: clock.Now})
+	require.NoError(t, err)
+	parked := `
+# HELP outbox_backlog_sample_errors_total Backlog samples that failed; the previous sample was served instead.
+# TYPE outbox_backlog_sample_errors_total counter
+outbox_backlog_sample_errors_total %s
+# HELP outbox_parked_messages Rows parked for an operator (FAILED rejected, EXHAUSTED out of attempts).
+# TYPE outbox_parked_messages gauge
+outbox_parked_messages{status="EXHAUSTED"} 0
+outbox_parked_messages{status="FAILED"} 1
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(strings.Replace(parked, "%s", "0", 1)),
+		"outbox_parked_messages", "outbox_backlog_sample_errors_total"))
+	require.NoError(t, db.Close()) // the database goes away
+	clock.Add(time.Minute)
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(strings.Replace(parked, "%s", "1", 1)),
+		"outbox_parked_messages", "outbox_backlog_sample_errors_total"))
+}
+
+func TestNewCollectorRefusesBadOptions(t *testing.T) {
+	t.Parallel()
+	_, err := NewCollector(nil, CollectorOptions{})
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+	s := testdb.New(t)
+	for _, o := range []CollectorOptions{{Interval: -1}, {Timeout: -1}, {MaxDestinations: -1}, {MaxGroups: -1}} {
+		_, err := NewCollector(s.DB, o)
+		require.ErrorIs(t, err, outbox.ErrInvalidConfig, "%+v", o)
+	}
+}

@@ -1,0 +1,38 @@
+// Package status answers operators' questions about an outbox from the
+// database alone: what is waiting, for how long, what is parked and why,
+// which business flows are stuck, which relays are alive, and which relay
+// mode is active. `outboxctl status` and `outboxctl inspect` print what this
+// package reads; [NewCollector] exposes the same backlog as Prometheus gauges.
+//
+// # Guarantees
+//
+//   - One place: every query `outboxctl status` runs is a named constant in
+//     queries.go, and [Collect] is the only code that runs them.
+//   - Consistent: [Collect] reads everything in one read-only REPEATABLE
+//     READ transaction with one pinned clock, so the totals, the failure
+//     codes and the stuck correlations describe the same instant.
+//   - Cheap: every query against messaging_outbox is bounded (a LIMIT on the
+//     rows it returns) and served by an index, mostly the partial
+//     messaging_outbox_backlog_idx (status, destination, tenant, created_at)
+//     WHERE status <> 'PUBLISHED', so the cost follows the backlog, not the
+//     published history. TestQueriesUseIndexes asserts it against 20,000
+//     published rows on every run; EXPLAIN.md shows the plans.
+//   - Read-only: nothing here writes.
+//
+// # Metrics
+//
+// [Collector] samples the backlog at most once per CollectorOptions.Interval
+// whatever the scrape rate (scrapes inside the interval read the cached
+// sample; concurrent scrapes wait for one query). Labels are bounded: the
+// destination label is capped at CollectorOptions.MaxDestinations (the rest
+// summed under "_other"), tenants and message ids never become labels. A
+// failed sample does not fail the scrape: the previous sample is served and
+// outbox_backlog_sample_errors_total grows. The forwarder's own counters,
+// latency histograms and spans live in the forwarder package.
+//
+// # Errors
+//
+// [Message] returns STATUS_MESSAGE_NOT_FOUND ([ErrMessageNotFound]) for an
+// unknown id and OUTBOX_MESSAGE_ID_REQUIRED for an empty one. Negative
+// options are refused with OUTBOX_INVALID_CONFIG.
+package status

@@ -1,0 +1,304 @@
+package status
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+)
+
+// CodeMessageNotFound is returned by [Message] when no row has the id.
+const CodeMessageNotFound outbox.Code = "STATUS_MESSAGE_NOT_FOUND"
+
+// ErrMessageNotFound matches [CodeMessageNotFound] with errors.Is.
+var ErrMessageNotFound = &outbox.Error{Code: CodeMessageNotFound}
+
+// Options tune [CollectWith]. The zero value is valid: every zero field takes
+// the default named beside it.
+type Options struct {
+	// Now pins the snapshot's clock (ages, "stuck" threshold, live relays).
+	// Zero means the database's now(), so ages never mix two clocks.
+	Now time.Time
+	// StuckAfter is how long a row may stay unpublished before its
+	// correlation id counts as stuck. Default 15m.
+	StuckAfter time.Duration
+	// MaxGroups bounds the (status, destination, tenant) groups read.
+	// Default 1000; Snapshot.Truncated says when the bound was hit.
+	MaxGroups int
+	// MaxFailureCodes bounds the (status, failure code) pairs read. Default 10.
+	MaxFailureCodes int
+	// MaxStuck bounds the stuck correlation ids read (oldest first). Default 20.
+	MaxStuck int
+}
+
+func (o Options) withDefaults() Options {
+	o.StuckAfter = cmp.Or(o.StuckAfter, 15*time.Minute)
+	o.MaxGroups = cmp.Or(o.MaxGroups, 1000)
+	o.MaxFailureCodes = cmp.Or(o.MaxFailureCodes, 10)
+	o.MaxStuck = cmp.Or(o.MaxStuck, 20)
+	return o
+}
+
+// Validate refuses negative bounds and thresholds.
+func (o Options) Validate() error {
+	switch {
+	case o.StuckAfter < 0:
+		return outbox.Errorf(outbox.CodeInvalidConfig, "status.Options", "StuckAfter is %s; use a positive duration or 0 for the default", o.StuckAfter)
+	case o.MaxGroups < 0, o.MaxFailureCodes < 0, o.MaxStuck < 0:
+		return outbox.Errorf(outbox.CodeInvalidConfig, "status.Options", "MaxGroups, MaxFailureCodes and MaxStuck must be >= 0 (0 = default)")
+	}
+	return nil
+}
+
+// Group is one (status, destination, tenant) slice of the unpublished rows.
+type Group struct {
+	Status      envelope.Status `json:"status"`
+	Destination string          `json:"destination"`
+	Tenant      string          `json:"tenant,omitempty"` // "" = no tenant
+	Count       int64           `json:"count"`
+	Oldest      time.Time       `json:"oldest_created_at"`
+}
+
+// Count is a labelled total.
+type Count struct {
+	Key   string `json:"key"`
+	Count int64  `json:"count"`
+}
+
+// FailureCode is how many rows of a status carry a last_failure_code.
+type FailureCode struct {
+	Status envelope.Status `json:"status"`
+	Code   string          `json:"code"` // "" = no code recorded
+	Count  int64           `json:"count"`
+}
+
+// StuckCorrelation is a correlation id with parked rows or rows unpublished
+// for longer than Options.StuckAfter.
+type StuckCorrelation struct {
+	CorrelationID string    `json:"correlation_id"`
+	Parked        int64     `json:"parked"`       // FAILED + EXHAUSTED
+	LongPending   int64     `json:"long_pending"` // PENDING, IN_FLIGHT, AMBIGUOUS past the threshold
+	Oldest        time.Time `json:"oldest_created_at"`
+}
+
+// Relay is a polling relay with a live heartbeat.
+type Relay struct {
+	Owner       string    `json:"owner"`
+	StartedAt   time.Time `json:"started_at"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+	ExpiresAt   time.Time `json:"expires_at"`
+}
+
+// Snapshot is everything `outboxctl status` shows, read in one read-only
+// repeatable-read transaction, so the numbers agree with each other.
+type Snapshot struct {
+	At            time.Time `json:"at"` // the clock the snapshot was taken by
+	Mode          string    `json:"relay_mode"`
+	ModeChangedAt time.Time `json:"relay_mode_changed_at"`
+	ModeChangedBy string    `json:"relay_mode_changed_by"`
+
+	Unpublished   int64   `json:"unpublished"` // every non-PUBLISHED row
+	ByStatus      []Count `json:"by_status"`
+	ByDestination []Count `json:"by_destination"`
+	ByTenant      []Count `json:"by_tenant"` // key "" = no tenant
+	Groups        []Group `json:"groups"`
+	Truncated     bool    `json:"truncated"` // Groups hit Options.MaxGroups; totals cover only what was read
+
+	// Pending counts rows still on their way: PENDING, IN_FLIGHT, AMBIGUOUS.
+	Pending                 int64     `json:"pending"`
+	OldestPendingAt         time.Time `json:"oldest_pending_created_at"` // zero when nothing is pending
+	OldestPendingAgeSeconds float64   `json:"oldest_pending_age_seconds"`
+
+	Ambiguous         int64              `json:"ambiguous"`
+	Failed            int64              `json:"failed"`
+	Exhausted         int64              `json:"exhausted"`
+	FailureCodes      []FailureCode      `json:"failure_codes"`
+	StuckAfterSeconds float64            `json:"stuck_after_seconds"`
+	StuckCorrelations []StuckCorrelation `json:"stuck_correlations"`
+	Relays            []Relay            `json:"live_relays"`
+}
+
+// Collect reads a [Snapshot] with default [Options].
+func Collect(ctx context.Context, db *sql.DB) (Snapshot, error) {
+	return CollectWith(ctx, db, Options{})
+}
+
+// CollectWith reads a [Snapshot]. Every query is bounded and served by an
+// index of messaging_outbox (see EXPLAIN.md).
+func CollectWith(ctx context.Context, db *sql.DB, opts Options) (Snapshot, error) {
+	if err := opts.Validate(); err != nil {
+		return Snapshot{}, err
+	}
+	opts = opts.withDefaults()
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("status: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }() // read-only: nothing to keep
+
+	var now any
+	if !opts.Now.IsZero() {
+		now = opts.Now
+	}
+	s := Snapshot{StuckAfterSeconds: opts.StuckAfter.Seconds()}
+	if err := tx.QueryRowContext(ctx, dbNowQuery, now).Scan(&s.At); err != nil {
+		return Snapshot{}, fmt.Errorf("status: clock: %w", err)
+	}
+	// From here on every query uses the pinned instant, so a row cannot be
+	// "stuck" by one query's clock and not by another's.
+	err = tx.QueryRowContext(ctx, relayModeQuery).Scan(&s.Mode, &s.ModeChangedAt, &s.ModeChangedBy)
+	if errors.Is(err, sql.ErrNoRows) {
+		s.Mode = "POLLING" // the migration inserts the row; absent means nobody switched
+	} else if err != nil {
+		return Snapshot{}, fmt.Errorf("status: relay mode: %w", err)
+	}
+	if err := readGroups(ctx, tx, opts, &s); err != nil {
+		return Snapshot{}, err
+	}
+	if err := readFailureCodes(ctx, tx, opts, &s); err != nil {
+		return Snapshot{}, err
+	}
+	if err := readStuck(ctx, tx, opts, &s); err != nil {
+		return Snapshot{}, err
+	}
+	if err := readRelays(ctx, tx, &s); err != nil {
+		return Snapshot{}, err
+	}
+	return s, tx.Commit()
+}
+
+func readGroups(ctx context.Context, tx *sql.Tx, opts Options, s *Snapshot) error {
+	rows, err := tx.QueryContext(ctx, backlogQuery, opts.MaxGroups+1)
+	if err != nil {
+		return fmt.Errorf("status: backlog: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var g Group
+		var st string
+		if err := rows.Scan(&st, &g.Destination, &g.Tenant, &g.Count, &g.Oldest); err != nil {
+			return fmt.Errorf("status: backlog: %w", err)
+		}
+		g.Status = envelope.Status(st)
+		if len(s.Groups) == opts.MaxGroups {
+			s.Truncated = true
+			break
+		}
+		s.Groups = append(s.Groups, g)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("status: backlog: %w", err)
+	}
+	byStatus, byDest, byTenant := map[string]int64{}, map[string]int64{}, map[string]int64{}
+	for _, g := range s.Groups {
+		s.Unpublished += g.Count
+		byStatus[string(g.Status)] += g.Count
+		byDest[g.Destination] += g.Count
+		byTenant[g.Tenant] += g.Count
+		switch g.Status {
+		case envelope.StatusPending, envelope.StatusInFlight, envelope.StatusAmbiguous:
+			s.Pending += g.Count
+			if s.OldestPendingAt.IsZero() || g.Oldest.Before(s.OldestPendingAt) {
+				s.OldestPendingAt = g.Oldest
+			}
+		}
+		switch g.Status {
+		case envelope.StatusAmbiguous:
+			s.Ambiguous += g.Count
+		case envelope.StatusFailed:
+			s.Failed += g.Count
+		case envelope.StatusExhausted:
+			s.Exhausted += g.Count
+		}
+	}
+	if !s.OldestPendingAt.IsZero() {
+		s.OldestPendingAgeSeconds = max(0, s.At.Sub(s.OldestPendingAt).Seconds())
+	}
+	s.ByStatus, s.ByDestination, s.ByTenant = sortedCounts(byStatus), sortedCounts(byDest), sortedCounts(byTenant)
+	return nil
+}
+
+// sortedCounts orders by count, largest first, then by key, so the output is
+// stable between runs.
+func sortedCounts(m map[string]int64) []Count {
+	out := make([]Count, 0, len(m))
+	for k, v := range m {
+		out = append(out, Count{Key: k, Count: v})
+	}
+	slices.SortFunc(out, func(a, b Count) int {
+		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(a.Key, b.Key))
+	})
+	return out
+}
+
+func readFailureCodes(ctx context.Context, tx *sql.Tx, opts Options, s *Snapshot) error {
+	rows, err := tx.QueryContext(ctx, failureCodesQuery, opts.MaxFailureCodes)
+	if err != nil {
+		return fmt.Errorf("status: failure codes: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var f FailureCode
+		var st string
+		if err := rows.Scan(&st, &f.Code, &f.Count); err != nil {
+			return fmt.Errorf("status: failure codes: %w", err)
+		}
+		f.Status = envelope.Status(st)
+		s.FailureCodes = append(s.FailureCodes, f)
+	}
+	return rows.Err()
+}
+
+func readStuck(ctx context.Context, tx *sql.Tx, opts Options, s *Snapshot) error {
+	rows, err := tx.QueryContext(ctx, stuckCorrelationsQuery, s.At, opts.StuckAfter.Seconds(), opts.MaxStuck)
+	if err != nil {
+		return fmt.Errorf("status: stuck correlations: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c StuckCorrelation
+		if err := rows.Scan(&c.CorrelationID, &c.Parked, &c.LongPending, &c.Oldest); err != nil {
+			return fmt.Errorf("status: stuck correlations: %w", err)
+		}
+		s.StuckCorrelations = append(s.StuckCorrelations, c)
+	}
+	return rows.Err()
+}
+
+func readRelays(ctx context.Context, tx *sql.Tx, s *Snapshot) error {
+	rows, err := tx.QueryContext(ctx, relaysQuery, s.At)
+	if err != nil {
+		return fmt.Errorf("status: relays: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var r Relay
+		if err := rows.Scan(&r.Owner, &r.StartedAt, &r.HeartbeatAt, &r.ExpiresAt); err != nil {
+			return fmt.Errorf("status: relays: %w", err)
+		}
+		s.Relays = append(s.Relays, r)
+	}
+	return rows.Err()
+}
+
+// Message reads one outbox row by message id, every column included. An
+// empty id is refused with OUTBOX_MESSAGE_ID_REQUIRED; an unknown id returns
+// STATUS_MESSAGE_NOT_FOUND. A row the envelope cannot decode is returned with
+// its OUTBOX_CORRUPT_ROW error, identity fields filled, so an operator can
+// still see it.
+func Message(ctx context.Context, db *sql.DB, messageID string) (envelope.Row, error) {
+	if messageID == "" {
+		return envelope.Row{}, outbox.Errorf(outbox.CodeMessageIDRequired, "status.Message", "give the message id to inspect")
+	}
+	row, err := envelope.ScanRow(db.QueryRowContext(ctx, messageQuery, messageID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return envelope.Row{}, outbox.Errorf(CodeMessageNotFound, "status.Message", "no outbox row has message_id %q (it may have been published and removed by retention)", messageID)
+	}
+	return row, err
+}
