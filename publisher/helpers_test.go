@@ -51,3 +51,11 @@ func readRow(t *testing.T, db *sql.DB, id string) envelope.Row {
 	require.NoError(t, err)
 	return r
 }
+
+func msgs(t testing.TB, n int) []*message.Message {
+	out := make([]*message.Message, n)
+	for i := range out {
+		out[i] = newMsg(t, "m")
+	}
+	return out
+}

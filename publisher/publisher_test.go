@@ -19,10 +19,6 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/publisher"
 )
 
-func TestPublisherIsAWatermillPublisher(t *testing.T) {
-	var _ message.Publisher = &publisher.Publisher{}
-}
-
 func TestCommitMakesBusinessChangeAndRowVisibleTogether(t *testing.T) {
 	s := newSchema(t)
 	_, err := s.DB.Exec(`CREATE TABLE orders (id int PRIMARY KEY, paid bool NOT NULL)`)
