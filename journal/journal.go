@@ -1,0 +1,407 @@
+package journal
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+)
+
+// Codes returned by this package, each beside the calls that return it.
+const (
+	// CodeAlreadyExecuted: Begin (and Redrive/Purge) on an operation whose
+	// journal row is COMPLETED. An approval runs once.
+	CodeAlreadyExecuted outbox.Code = "JOURNAL_ALREADY_EXECUTED"
+	// CodeInFlight: Begin when the operation is STARTED under a live lease
+	// of another owner, or when another replica took it over between Begin's
+	// read and its conditional update.
+	CodeInFlight outbox.Code = "JOURNAL_IN_FLIGHT"
+	// CodeLeaseLost: Checkpoint, Complete, Fail or a batch of Redrive/Purge
+	// by an owner whose lease token is no longer the row's (another replica
+	// took the operation over). Nothing of the refused call was applied.
+	CodeLeaseLost outbox.Code = "JOURNAL_LEASE_LOST"
+	// CodeNotFound: Find for a ticket with no journal row.
+	CodeNotFound outbox.Code = "JOURNAL_NOT_FOUND"
+	// CodeTicketRequired: an empty approval ticket.
+	CodeTicketRequired outbox.Code = "JOURNAL_TICKET_REQUIRED"
+	// CodePlanMismatch: Begin with a ticket already bound to a different
+	// plan digest (the same approval cannot run a different plan).
+	CodePlanMismatch outbox.Code = "JOURNAL_PLAN_MISMATCH"
+	// CodeInvalidFilter: a redrive or purge filter that names a status other
+	// than FAILED or EXHAUSTED, an empty message id, or an empty time range.
+	CodeInvalidFilter outbox.Code = "JOURNAL_INVALID_FILTER"
+	// CodeOperationRequired: Begin with an empty operation name.
+	CodeOperationRequired outbox.Code = "JOURNAL_OPERATION_REQUIRED"
+)
+
+// Sentinels for errors.Is.
+var (
+	ErrAlreadyExecuted   = &outbox.Error{Code: CodeAlreadyExecuted}
+	ErrInFlight          = &outbox.Error{Code: CodeInFlight}
+	ErrLeaseLost         = &outbox.Error{Code: CodeLeaseLost}
+	ErrNotFound          = &outbox.Error{Code: CodeNotFound}
+	ErrTicketRequired    = &outbox.Error{Code: CodeTicketRequired}
+	ErrPlanMismatch      = &outbox.Error{Code: CodePlanMismatch}
+	ErrInvalidFilter     = &outbox.Error{Code: CodeInvalidFilter}
+	ErrOperationRequired = &outbox.Error{Code: CodeOperationRequired}
+)
+
+// Operation states (the state column).
+const (
+	StateStarted   = "STARTED"
+	StateCompleted = "COMPLETED"
+	StateFailed    = "FAILED"
+)
+
+// Defaults for zero Config fields.
+const (
+	DefaultLeaseDuration = 30 * time.Second
+	DefaultBatchSize     = 500
+)
+
+// Config configures a [Journal]. Zero fields take the documented default.
+type Config struct {
+	// Owner identifies this replica in the journal. Zero means
+	// "<hostname>-<pid>-<random>", unique per process. Two Journals with the
+	// same Owner are the same replica: one may take over the other's live
+	// operation (its lease token then fences the other out).
+	Owner string
+	// LeaseDuration is how long an operation stays this owner's without a
+	// checkpoint. Every batch extends it. Zero means 30s.
+	LeaseDuration time.Duration
+	// BatchSize is how many rows one Redrive/Purge batch (one transaction
+	// with its checkpoint) changes. Zero means 500.
+	BatchSize int
+	// Now is the clock for leases and timestamps. Nil means the database's
+	// now().
+	Now func() time.Time
+}
+
+func (c Config) withDefaults() Config {
+	if c.Owner == "" {
+		host, _ := os.Hostname()
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		c.Owner = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+	}
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = DefaultLeaseDuration
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	return c
+}
+
+// Validate reports an invalid field as OUTBOX_INVALID_CONFIG.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	const op = "journal.Config.Validate"
+	switch {
+	case c.LeaseDuration < time.Second:
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "LeaseDuration is %s; use at least 1s (or 0 for %s)", c.LeaseDuration, DefaultLeaseDuration)
+	case c.BatchSize < 0:
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "BatchSize is %d; use a positive number (or 0 for %d)", c.BatchSize, DefaultBatchSize)
+	}
+	return nil
+}
+
+// Journal records admin operations in messaging_admin_operation and runs
+// them at most once per approval across all replicas.
+type Journal struct {
+	db  *sql.DB
+	cfg Config
+
+	afterRead func() // test hook: between Begin's read and its takeover UPDATE
+}
+
+// New returns a Journal, or OUTBOX_INVALID_CONFIG for a nil db or an invalid
+// cfg.
+func New(db *sql.DB, cfg Config) (*Journal, error) {
+	if db == nil {
+		return nil, outbox.Errorf(outbox.CodeInvalidConfig, "journal.New", "db is nil")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Journal{db: db, cfg: cfg.withDefaults()}, nil
+}
+
+// Owner is this replica's owner id.
+func (j *Journal) Owner() string { return j.cfg.Owner }
+
+// Run is one owner's hold on an operation. Its LeaseToken fences every later
+// write: a replica that took the operation over has a larger token.
+type Run struct {
+	Ticket         string
+	Digest         string
+	Operation      string
+	Owner          string
+	LeaseToken     int64
+	LeaseExpiresAt time.Time
+	ItemsCompleted int64
+	Checkpoint     string // opaque cursor of the last committed batch; "" before the first
+	TookOver       bool   // true when Begin resumed a FAILED, lease-expired or own operation
+}
+
+// Record is a journal row as Find returns it.
+type Record struct {
+	Ticket         string
+	Digest         string
+	Operation      string
+	Plan           []byte // canonical JSON of the plan
+	State          string
+	Owner          string
+	LeaseToken     int64
+	LeaseExpiresAt time.Time
+	ItemsCompleted int64
+	Checkpoint     string
+	StartedAt      time.Time
+	UpdatedAt      time.Time
+	CompletedAt    time.Time // zero unless COMPLETED
+	FailureCode    string
+	FailureDetail  string
+}
+
+// Every statement takes the clock as coalesce($now::timestamptz, now()), so
+// lease expiry is testable without sleeping.
+const (
+	sqlInsert = `
+INSERT INTO messaging_admin_operation
+    (approval_ticket, plan_digest, operation, plan, state, owner, lease_token, lease_expires_at,
+     items_completed, started_at, updated_at)
+VALUES ($1, $2, $3, $4, 'STARTED', $5, 1,
+     coalesce($6::timestamptz, now()) + make_interval(secs => $7), 0,
+     coalesce($6::timestamptz, now()), coalesce($6::timestamptz, now()))
+ON CONFLICT DO NOTHING
+RETURNING lease_token, lease_expires_at, items_completed, coalesce(checkpoint, '')`
+
+	sqlFind = `
+SELECT approval_ticket, plan_digest, operation, plan, state, owner, lease_token, lease_expires_at,
+       items_completed, coalesce(checkpoint, ''), started_at, updated_at, completed_at,
+       coalesce(failure_code, ''), coalesce(failure_detail, ''),
+       lease_expires_at > coalesce($2::timestamptz, now())
+  FROM messaging_admin_operation WHERE approval_ticket = $1`
+
+	// The takeover is conditional on what Begin read (state, owner, token)
+	// and re-checks, on the row as it is now, that the operation is still
+	// takeable: a replica that took it over, or an owner that checkpointed
+	// (extending its lease), in between makes this match nothing.
+	sqlTakeOver = `
+UPDATE messaging_admin_operation
+   SET owner = $3, lease_token = lease_token + 1,
+       lease_expires_at = coalesce($6::timestamptz, now()) + make_interval(secs => $7),
+       state = 'STARTED', updated_at = coalesce($6::timestamptz, now()),
+       failure_code = NULL, failure_detail = NULL
+ WHERE approval_ticket = $1 AND plan_digest = $2
+   AND state = $4 AND lease_token = $5 AND owner = $8
+   AND (state = 'FAILED' OR lease_expires_at <= coalesce($6::timestamptz, now()) OR owner = $3)
+RETURNING lease_token, lease_expires_at, items_completed, coalesce(checkpoint, '')`
+
+	// Fenced by owner + token + STARTED. items_completed only grows.
+	sqlCheckpoint = `
+UPDATE messaging_admin_operation
+   SET items_completed = GREATEST(items_completed, $5), checkpoint = $6,
+       lease_expires_at = coalesce($3::timestamptz, now()) + make_interval(secs => $4),
+       updated_at = coalesce($3::timestamptz, now())
+ WHERE approval_ticket = $1 AND plan_digest = $2 AND owner = $7 AND lease_token = $8 AND state = 'STARTED'
+RETURNING items_completed, lease_expires_at`
+
+	// Taken first in every batch transaction: it fails fast when the lease
+	// is lost, and its row lock orders the batch against a takeover.
+	sqlFence = `
+SELECT 1 FROM messaging_admin_operation
+ WHERE approval_ticket = $1 AND plan_digest = $2 AND owner = $3 AND lease_token = $4 AND state = 'STARTED'
+   FOR UPDATE`
+
+	sqlComplete = `
+UPDATE messaging_admin_operation
+   SET state = 'COMPLETED', completed_at = coalesce($3::timestamptz, now()), updated_at = coalesce($3::timestamptz, now())
+ WHERE approval_ticket = $1 AND plan_digest = $2 AND owner = $4 AND lease_token = $5 AND state = 'STARTED'`
+
+	// A failed operation releases its lease at once (lease_expires_at = now)
+	// so any replica may take it over without waiting.
+	sqlFail = `
+UPDATE messaging_admin_operation
+   SET state = 'FAILED', failure_code = $6, failure_detail = $7,
+       lease_expires_at = coalesce($3::timestamptz, now()), updated_at = coalesce($3::timestamptz, now())
+ WHERE approval_ticket = $1 AND plan_digest = $2 AND owner = $4 AND lease_token = $5 AND state = 'STARTED'`
+)
+
+func (j *Journal) now() any {
+	if j.cfg.Now == nil {
+		return nil
+	}
+	return j.cfg.Now()
+}
+
+// Begin starts (or resumes) the operation op with the given plan under an
+// approval ticket. The plan is encoded as canonical JSON; its digest
+// ([Digest]) and the ticket are the operation's identity.
+//
+// Exactly one replica wins an INSERT ... ON CONFLICT DO NOTHING. Otherwise
+// the row is read and Begin returns JOURNAL_ALREADY_EXECUTED (COMPLETED),
+// JOURNAL_PLAN_MISMATCH (the ticket is bound to another digest),
+// JOURNAL_IN_FLIGHT (STARTED under another owner's live lease), or takes
+// over a FAILED or lease-expired operation with a conditional UPDATE that
+// itself returns JOURNAL_IN_FLIGHT if another replica got there first.
+// JOURNAL_TICKET_REQUIRED and JOURNAL_OPERATION_REQUIRED refuse empty input.
+func (j *Journal) Begin(ctx context.Context, ticket, op string, plan any) (*Run, error) {
+	const opName = "journal.Begin"
+	if ticket == "" {
+		return nil, outbox.Errorf(CodeTicketRequired, opName, "an approval ticket is required for %q", op)
+	}
+	if op == "" {
+		return nil, outbox.Errorf(CodeOperationRequired, opName, "the operation name is empty")
+	}
+	digest, canonical, err := Digest(op, plan)
+	if err != nil {
+		return nil, err
+	}
+	run := &Run{Ticket: ticket, Digest: digest, Operation: op, Owner: j.cfg.Owner}
+	lease := j.cfg.LeaseDuration.Seconds()
+
+	// Two rounds at most: the row we conflicted with may vanish (an operator
+	// deleting journal rows) between the INSERT and the read.
+	for range 2 {
+		err := j.db.QueryRowContext(ctx, sqlInsert, ticket, digest, op, canonical, j.cfg.Owner, j.now(), lease).
+			Scan(&run.LeaseToken, &run.LeaseExpiresAt, &run.ItemsCompleted, &run.Checkpoint)
+		if err == nil {
+			return run, nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return nil, fmt.Errorf("journal: begin %s/%s: %w", ticket, op, err)
+		}
+		rec, live, err := j.find(ctx, ticket)
+		if outbox.CodeOf(err) == CodeNotFound {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case rec.Digest != digest:
+			return nil, outbox.Errorf(CodePlanMismatch, opName,
+				"ticket %q approved plan %s (%s); this plan is %s (%s): get a new approval for a different plan",
+				ticket, rec.Digest, rec.Operation, digest, op)
+		case rec.State == StateCompleted:
+			return nil, outbox.Errorf(CodeAlreadyExecuted, opName,
+				"ticket %q already ran %s to completion (%d items) at %s", ticket, op, rec.ItemsCompleted, rec.CompletedAt.Format(time.RFC3339))
+		case rec.State == StateStarted && live && rec.Owner != j.cfg.Owner:
+			return nil, outbox.Errorf(CodeInFlight, opName,
+				"ticket %q is running on %s until %s", ticket, rec.Owner, rec.LeaseExpiresAt.Format(time.RFC3339Nano))
+		}
+		if j.afterRead != nil {
+			j.afterRead()
+		}
+		err = j.db.QueryRowContext(ctx, sqlTakeOver, ticket, digest, j.cfg.Owner, rec.State, rec.LeaseToken, j.now(), lease, rec.Owner).
+			Scan(&run.LeaseToken, &run.LeaseExpiresAt, &run.ItemsCompleted, &run.Checkpoint)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, outbox.Errorf(CodeInFlight, opName,
+				"ticket %q was taken over by another replica while this one tried to", ticket)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("journal: take over %s/%s: %w", ticket, op, err)
+		}
+		run.TookOver = true
+		return run, nil
+	}
+	return nil, outbox.Errorf(CodeInFlight, opName, "ticket %q: its journal row kept disappearing; retry", ticket)
+}
+
+// Find returns the journal row of a ticket, or JOURNAL_NOT_FOUND.
+func (j *Journal) Find(ctx context.Context, ticket string) (Record, error) {
+	if ticket == "" {
+		return Record{}, outbox.Errorf(CodeTicketRequired, "journal.Find", "an approval ticket is required")
+	}
+	rec, _, err := j.find(ctx, ticket)
+	return rec, err
+}
+
+func (j *Journal) find(ctx context.Context, ticket string) (Record, bool, error) {
+	var (
+		r         Record
+		completed sql.NullTime
+		live      bool
+	)
+	err := j.db.QueryRowContext(ctx, sqlFind, ticket, j.now()).Scan(&r.Ticket, &r.Digest, &r.Operation, &r.Plan,
+		&r.State, &r.Owner, &r.LeaseToken, &r.LeaseExpiresAt, &r.ItemsCompleted, &r.Checkpoint,
+		&r.StartedAt, &r.UpdatedAt, &completed, &r.FailureCode, &r.FailureDetail, &live)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Record{}, false, outbox.Errorf(CodeNotFound, "journal.Find", "no operation for ticket %q", ticket)
+	}
+	if err != nil {
+		return Record{}, false, fmt.Errorf("journal: find %q: %w", ticket, err)
+	}
+	r.CompletedAt = completed.Time
+	return r, live, nil
+}
+
+type execQuerier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Checkpoint records progress: items_completed becomes the larger of the
+// stored value and itemsCompleted (it never goes backwards), the cursor is
+// stored, and the lease is extended. JOURNAL_LEASE_LOST when run no longer
+// holds the operation. Redrive and Purge checkpoint inside each batch
+// transaction themselves; this is for callers running their own operation.
+func (j *Journal) Checkpoint(ctx context.Context, run *Run, itemsCompleted int64, cursor string) error {
+	return j.checkpoint(ctx, j.db, run, itemsCompleted, cursor)
+}
+
+func (j *Journal) checkpoint(ctx context.Context, q execQuerier, run *Run, items int64, cursor string) error {
+	var got int64
+	var exp time.Time
+	err := q.QueryRowContext(ctx, sqlCheckpoint, run.Ticket, run.Digest, j.now(), j.cfg.LeaseDuration.Seconds(),
+		items, cursor, run.Owner, run.LeaseToken).Scan(&got, &exp)
+	if errors.Is(err, sql.ErrNoRows) {
+		return lost("journal.Checkpoint", run)
+	}
+	if err != nil {
+		return fmt.Errorf("journal: checkpoint %s: %w", run.Ticket, err)
+	}
+	run.ItemsCompleted, run.Checkpoint, run.LeaseExpiresAt = got, cursor, exp
+	return nil
+}
+
+// Complete marks the operation COMPLETED: it can never run again under its
+// ticket. JOURNAL_LEASE_LOST when run no longer holds it.
+func (j *Journal) Complete(ctx context.Context, run *Run) error {
+	res, err := j.db.ExecContext(ctx, sqlComplete, run.Ticket, run.Digest, j.now(), run.Owner, run.LeaseToken)
+	return j.fencedResult("journal.Complete", run, res, err)
+}
+
+// Fail marks the operation FAILED with a code and detail and releases its
+// lease: any replica may take it over (resuming from its checkpoint) at
+// once. JOURNAL_LEASE_LOST when run no longer holds it.
+func (j *Journal) Fail(ctx context.Context, run *Run, code, detail string) error {
+	res, err := j.db.ExecContext(ctx, sqlFail, run.Ticket, run.Digest, j.now(), run.Owner, run.LeaseToken, code, detail)
+	return j.fencedResult("journal.Fail", run, res, err)
+}
+
+func (j *Journal) fencedResult(op string, run *Run, res sql.Result, err error) error {
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", op, run.Ticket, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", op, run.Ticket, err)
+	}
+	if n == 0 {
+		return lost(op, run)
+	}
+	return nil
+}
+
+func lost(op string, run *Run) error {
+	return outbox.Errorf(CodeLeaseLost, op, "ticket %q: owner %s with lease token %d no longer holds the operation",
+		run.Ticket, run.Owner, run.LeaseToken)
+}

@@ -1,0 +1,353 @@
+package journal
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/lib/pq"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+)
+
+// The operations this package runs through the journal.
+const (
+	OpRedrive = "redrive"
+	OpPurge   = "purge"
+)
+
+// Digest returns the plan digest of op with plan: hex sha256 over the
+// operation name, a newline and the plan's canonical JSON (encoding/json:
+// struct fields in declaration order, map keys sorted), and that JSON.
+func Digest(op string, plan any) (string, []byte, error) {
+	if f, ok := plan.(Filter); ok {
+		plan = f.Normalize()
+	}
+	canonical, err := json.Marshal(plan)
+	if err != nil {
+		return "", nil, fmt.Errorf("journal: encode plan of %s: %w", op, err)
+	}
+	h := sha256.New()
+	h.Write([]byte(op))
+	h.Write([]byte{'\n'})
+	h.Write(canonical)
+	return hex.EncodeToString(h.Sum(nil)), canonical, nil
+}
+
+// Filter selects parked rows for Redrive and Purge. Empty fields do not
+// filter; all set fields must match.
+type Filter struct {
+	// Statuses is a subset of FAILED and EXHAUSTED; empty means both. Any
+	// other status is refused (JOURNAL_INVALID_FILTER): these operations
+	// touch parked rows only.
+	Statuses      []envelope.Status `json:"statuses"`
+	Destination   string            `json:"destination,omitempty"`
+	Tenant        string            `json:"tenant,omitempty"`
+	FailureCode   string            `json:"failure_code,omitempty"`
+	MessageIDs    []string          `json:"message_ids,omitempty"`
+	CreatedAfter  time.Time         `json:"created_after,omitzero"`  // created_at >= CreatedAfter
+	CreatedBefore time.Time         `json:"created_before,omitzero"` // created_at < CreatedBefore
+}
+
+// Normalize returns the canonical form the digest is computed over: statuses
+// defaulted, sorted and de-duplicated, message ids sorted and de-duplicated,
+// times in UTC. Two filters that select the same rows by the same criteria
+// written differently have the same digest.
+func (f Filter) Normalize() Filter {
+	n := f
+	if len(n.Statuses) == 0 {
+		n.Statuses = []envelope.Status{envelope.StatusExhausted, envelope.StatusFailed}
+	} else {
+		n.Statuses = slices.Clone(n.Statuses)
+		slices.Sort(n.Statuses)
+		n.Statuses = slices.Compact(n.Statuses)
+	}
+	if len(n.MessageIDs) > 0 {
+		n.MessageIDs = slices.Clone(n.MessageIDs)
+		slices.Sort(n.MessageIDs)
+		n.MessageIDs = slices.Compact(n.MessageIDs)
+	}
+	if !n.CreatedAfter.IsZero() {
+		n.CreatedAfter = n.CreatedAfter.UTC()
+	}
+	if !n.CreatedBefore.IsZero() {
+		n.CreatedBefore = n.CreatedBefore.UTC()
+	}
+	return n
+}
+
+// Validate refuses filters these operations must not run
+// (JOURNAL_INVALID_FILTER).
+func (f Filter) Validate() error {
+	const op = "journal.Filter.Validate"
+	for _, s := range f.Statuses {
+		if !s.Parked() {
+			return outbox.Errorf(CodeInvalidFilter, op, "status %q is not parked; redrive and purge touch only FAILED and EXHAUSTED rows", s)
+		}
+	}
+	if slices.Contains(f.MessageIDs, "") {
+		return outbox.Errorf(CodeInvalidFilter, op, "an empty message id")
+	}
+	if !f.CreatedAfter.IsZero() && !f.CreatedBefore.IsZero() && !f.CreatedAfter.Before(f.CreatedBefore) {
+		return outbox.Errorf(CodeInvalidFilter, op, "CreatedAfter %s is not before CreatedBefore %s: the range is empty",
+			f.CreatedAfter.Format(time.RFC3339Nano), f.CreatedBefore.Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+func (f Filter) args() []any {
+	n := f.Normalize()
+	statuses := make([]string, len(n.Statuses))
+	for i, s := range n.Statuses {
+		statuses[i] = string(s)
+	}
+	var ids any // NULL: no id filter
+	if len(n.MessageIDs) > 0 {
+		ids = pq.Array(n.MessageIDs)
+	}
+	return []any{pq.Array(statuses), nullString(n.Destination), nullString(n.Tenant), nullString(n.FailureCode),
+		ids, nullTime(n.CreatedAfter), nullTime(n.CreatedBefore)}
+}
+
+func nullString(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func nullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
+}
+
+// filterWhere is the filter as SQL over $1..$7 (see Filter.args); $8 is the
+// keyset cursor. A NULL parameter does not filter.
+const filterWhere = `
+       status = ANY($1::text[]) AND status IN ('FAILED', 'EXHAUSTED')
+   AND ($2::text IS NULL OR destination = $2)
+   AND ($3::text IS NULL OR tenant = $3)
+   AND ($4::text IS NULL OR last_failure_code = $4)
+   AND ($5::text[] IS NULL OR message_id = ANY($5::text[]))
+   AND ($6::timestamptz IS NULL OR created_at >= $6)
+   AND ($7::timestamptz IS NULL OR created_at < $7)`
+
+const (
+	sqlCount = `SELECT count(*) FROM messaging_outbox WHERE` + filterWhere
+
+	// Plain FOR UPDATE, not SKIP LOCKED: skipping a locked parked row would
+	// move the cursor past it and skip it for good. Parked rows are not
+	// claimed by relays, so the wait is short and rare.
+	sqlRedriveBatch = `
+WITH picked AS (
+    SELECT message_id FROM messaging_outbox
+     WHERE` + filterWhere + `
+       AND seq > $8
+     ORDER BY seq
+     LIMIT $9
+       FOR UPDATE
+), changed AS (
+    UPDATE messaging_outbox o
+       SET status = 'PENDING', attempts = 0, next_attempt_at = coalesce($10::timestamptz, now()),
+           parked_at = NULL, lease_owner = NULL, lease_expires_at = NULL
+      FROM picked
+     WHERE o.message_id = picked.message_id
+    RETURNING o.seq
+)
+SELECT count(*), coalesce(max(seq), $8) FROM changed`
+
+	sqlPurgeBatch = `
+WITH picked AS (
+    SELECT message_id FROM messaging_outbox
+     WHERE` + filterWhere + `
+       AND seq > $8
+     ORDER BY seq
+     LIMIT $9
+       FOR UPDATE
+), gone AS (
+    DELETE FROM messaging_outbox o USING picked
+     WHERE o.message_id = picked.message_id
+    RETURNING o.seq
+)
+SELECT count(*), coalesce(max(seq), $8) FROM gone`
+)
+
+// Plan is what an operation would do: its identity (operation, canonical
+// filter, digest) and how many rows match now.
+type Plan struct {
+	Operation string
+	Filter    Filter // normalized
+	Digest    string
+	Matching  int64 // rows matching the filter when the plan was made
+}
+
+// Progress is reported after each committed batch.
+type Progress struct {
+	Ticket    string
+	Operation string
+	Batch     int   // batches committed by this call
+	Items     int64 // items_completed of the operation (all owners, all calls)
+	Planned   int64 // Plan.Matching when this call started
+}
+
+// Options tune one Redrive or Purge call.
+type Options struct {
+	// Progress, when set, is called after each committed batch. Returning an
+	// error stops the call with that error and leaves the operation STARTED
+	// at its checkpoint, exactly as a crash would: it resumes (by this owner
+	// at once, by another replica when the lease expires) where it stopped.
+	Progress func(Progress) error
+}
+
+// Outcome reports a finished Redrive or Purge.
+type Outcome struct {
+	Plan    Plan
+	Run     *Run
+	Batches int   // batches committed by this call
+	Items   int64 // items_completed of the operation, including earlier owners
+}
+
+// PlanRedrive returns the redrive plan for f without changing anything (the
+// dry run): its digest and the number of rows it matches now.
+func (j *Journal) PlanRedrive(ctx context.Context, f Filter) (Plan, error) {
+	return j.plan(ctx, OpRedrive, f)
+}
+
+// PlanPurge is PlanRedrive for Purge.
+func (j *Journal) PlanPurge(ctx context.Context, f Filter) (Plan, error) {
+	return j.plan(ctx, OpPurge, f)
+}
+
+func (j *Journal) plan(ctx context.Context, op string, f Filter) (Plan, error) {
+	if err := f.Validate(); err != nil {
+		return Plan{}, err
+	}
+	n := f.Normalize()
+	digest, _, err := Digest(op, n)
+	if err != nil {
+		return Plan{}, err
+	}
+	p := Plan{Operation: op, Filter: n, Digest: digest}
+	if err := j.db.QueryRowContext(ctx, sqlCount, f.args()...).Scan(&p.Matching); err != nil {
+		return Plan{}, fmt.Errorf("journal: plan %s: %w", op, err)
+	}
+	return p, nil
+}
+
+// Redrive moves parked rows (FAILED and/or EXHAUSTED) matching f back to
+// PENDING under the approval ticket: attempts = 0, next_attempt_at = now,
+// parked_at and the lease (owner, expiry) cleared. lease_token is kept (it
+// only ever grows, so a relay that still holds an old token stays fenced
+// out), and last_failure_code/detail are kept so the operator can still see
+// why the row was parked until its next attempt overwrites them.
+//
+// Rows are walked in seq order with a keyset cursor; each batch changes its
+// rows and checkpoints (cursor, items) in one transaction, so a crash resumes
+// exactly after the last committed batch. It returns Begin's refusals, and
+// JOURNAL_LEASE_LOST if another replica took the operation over mid-way.
+func (j *Journal) Redrive(ctx context.Context, ticket string, f Filter, opts Options) (Outcome, error) {
+	return j.execute(ctx, OpRedrive, sqlRedriveBatch, ticket, f, opts)
+}
+
+// Purge deletes parked rows (FAILED and/or EXHAUSTED) matching f under the
+// approval ticket, in checkpointed batches like Redrive.
+func (j *Journal) Purge(ctx context.Context, ticket string, f Filter, opts Options) (Outcome, error) {
+	return j.execute(ctx, OpPurge, sqlPurgeBatch, ticket, f, opts)
+}
+
+func (j *Journal) execute(ctx context.Context, op, batchSQL, ticket string, f Filter, opts Options) (Outcome, error) {
+	if ticket == "" {
+		return Outcome{}, outbox.Errorf(CodeTicketRequired, "journal."+op, "an approval ticket is required")
+	}
+	plan, err := j.plan(ctx, op, f)
+	if err != nil {
+		return Outcome{}, err
+	}
+	out := Outcome{Plan: plan}
+	run, err := j.Begin(ctx, ticket, op, plan.Filter)
+	if err != nil {
+		return out, err
+	}
+	out.Run = run
+	out.Items = run.ItemsCompleted
+
+	var cursor int64
+	if run.Checkpoint != "" {
+		cursor, err = strconv.ParseInt(run.Checkpoint, 10, 64)
+		if err != nil {
+			return out, fmt.Errorf("journal: %s %s: checkpoint %q is not a seq cursor: %w", op, ticket, run.Checkpoint, err)
+		}
+	}
+	for {
+		n, next, err := j.batch(ctx, batchSQL, run, f, cursor)
+		if err != nil {
+			if ctx.Err() == nil && outbox.CodeOf(err) != CodeLeaseLost {
+				// Release the operation for any replica to resume; a lost
+				// lease is someone else's now, and a cancelled call is
+				// left to its lease like a crash.
+				_ = j.Fail(context.WithoutCancel(ctx), run, "JOURNAL_BATCH_FAILED", err.Error())
+			}
+			return out, err
+		}
+		out.Batches++
+		out.Items = run.ItemsCompleted
+		cursor = next
+		if opts.Progress != nil {
+			if err := opts.Progress(Progress{Ticket: ticket, Operation: op, Batch: out.Batches, Items: out.Items, Planned: plan.Matching}); err != nil {
+				return out, err
+			}
+		}
+		if n < int64(j.cfg.BatchSize) {
+			break
+		}
+	}
+	if err := j.Complete(ctx, run); err != nil {
+		return out, err
+	}
+	return out, nil
+}
+
+// batch applies one batch and its checkpoint in one transaction.
+func (j *Journal) batch(ctx context.Context, batchSQL string, run *Run, f Filter, cursor int64) (int64, int64, error) {
+	tx, err := j.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	var one int
+	err = tx.QueryRowContext(ctx, sqlFence, run.Ticket, run.Digest, run.Owner, run.LeaseToken).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, 0, lost("journal."+run.Operation, run)
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("journal: %s batch: %w", run.Operation, err)
+	}
+	args := append(f.args(), cursor, j.cfg.BatchSize)
+	if run.Operation == OpRedrive {
+		args = append(args, j.now()) // $10, the redriven rows' next_attempt_at
+	}
+	var n, next int64
+	if err := tx.QueryRowContext(ctx, batchSQL, args...).Scan(&n, &next); err != nil {
+		return 0, 0, fmt.Errorf("journal: %s batch: %w", run.Operation, err)
+	}
+	// Work on a copy: the run only advances if the transaction commits.
+	staged := *run
+	if err := j.checkpoint(ctx, tx, &staged, run.ItemsCompleted+n, strconv.FormatInt(next, 10)); err != nil {
+		return 0, 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, 0, fmt.Errorf("journal: %s batch commit: %w", run.Operation, err)
+	}
+	*run = staged
+	return n, next, nil
+}
