@@ -1,0 +1,87 @@
+package envelope_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
+	"github.com/stretchr/testify/require"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+)
+
+// TestTenantRuleAgreesWithTheDatabase inserts every case with a raw INSERT,
+// bypassing Go entirely, and checks the CHECK constraint and ValidateTenant
+// give the same answer; the database's refusal is SQLSTATE 23514.
+func TestTenantRuleAgreesWithTheDatabase(t *testing.T) {
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(2)
+	cases := []string{
+		"a", "0", "acme", "acme-eu", "acme.eu_1", "a-", "9lives", strings.Repeat("a", 64),
+		"", "A", "Acme", "-acme", ".acme", "_acme", "acme corp", "acme/eu", strings.Repeat("a", 65),
+		"acmé", "acme\n", "\nacme", "acme!", "ＡＣＭＥ",
+	}
+	ctx := context.Background()
+	for i, tenant := range cases {
+		goOK := envelope.ValidateTenant(tenant) == nil
+		if !goOK {
+			require.ErrorIs(t, envelope.ValidateTenant(tenant), outbox.ErrInvalidTenant)
+		}
+		_, err := s.DB.ExecContext(ctx, `INSERT INTO messaging_outbox (message_id, destination, payload, tenant) VALUES ($1, 't', '', $2)`,
+			"tenant-"+string(rune('a'+i)), tenant)
+		if goOK {
+			require.NoError(t, err, "tenant %q", tenant)
+			continue
+		}
+		require.Error(t, err, "the database must refuse tenant %q", tenant)
+		pqErr := pq.As(err, pqerror.CheckViolation)
+		require.NotNil(t, pqErr, "tenant %q: %v", tenant, err)
+		require.Equal(t, "messaging_outbox_tenant_check", pqErr.Constraint)
+	}
+	// NULL is allowed by the schema and means "no tenant"; Go stores "" as NULL.
+	_, err := s.DB.ExecContext(ctx, `INSERT INTO messaging_outbox (message_id, destination, payload) VALUES ('no-tenant', 't', '')`)
+	require.NoError(t, err)
+}
+
+// TestHeaderCodecThroughJSONB stores EncodeHeaders output in the real jsonb
+// column and decodes what PostgreSQL gives back.
+func TestHeaderCodecThroughJSONB(t *testing.T) {
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(2)
+	h := map[string]string{}
+	for i, v := range nastyStrings {
+		if textOK(v) {
+			h["k"+string(rune('A'+i))+v] = v
+		}
+	}
+	enc, err := envelope.EncodeHeaders(h)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, headers) VALUES ('h', 't', '', $1::jsonb)`, string(enc))
+	require.NoError(t, err)
+	r, err := envelope.ScanRow(s.DB.QueryRow(`SELECT ` + envelope.SelectColumns + ` FROM messaging_outbox WHERE message_id = 'h'`))
+	require.NoError(t, err)
+	require.Equal(t, h, r.Headers)
+
+	// What the codec refuses, jsonb could not hold either.
+	_, err = envelope.EncodeHeaders(map[string]string{"k": "a\x00b"})
+	require.ErrorIs(t, err, outbox.ErrInvalidHeader)
+	_, err = s.DB.Exec(`SELECT '{"k":"a\u0000b"}'::jsonb`)
+	require.Error(t, err, "PostgreSQL refuses \\u0000 in jsonb")
+}
+
+// TestScanRowReportsCorruptRows: a row the envelope cannot decode is returned
+// with OUTBOX_CORRUPT_ROW and its identity, so a relay can park it.
+func TestScanRowReportsCorruptRows(t *testing.T) {
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(2)
+	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, headers) VALUES ('bad', 't', '', '{"n": 1}')`)
+	require.NoError(t, err)
+	r, err := envelope.ScanRow(s.DB.QueryRow(`SELECT ` + envelope.SelectColumns + ` FROM messaging_outbox WHERE message_id = 'bad'`))
+	require.ErrorIs(t, err, outbox.ErrCorruptRow)
+	require.Equal(t, "bad", r.MessageID)
+	require.Equal(t, "t", r.Destination)
+}

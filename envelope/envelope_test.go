@@ -1,0 +1,133 @@
+package envelope_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+)
+
+func spanContext(t *testing.T) trace.SpanContext {
+	t.Helper()
+	tid, err := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
+	require.NoError(t, err)
+	sid, err := trace.SpanIDFromHex("b7ad6b7169203331")
+	require.NoError(t, err)
+	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled})
+}
+
+func TestTraceContextFromMessageContextRoundTrips(t *testing.T) {
+	sc := spanContext(t)
+	msg := message.NewMessage("id-1", []byte("p"))
+	msg.SetContext(trace.ContextWithSpanContext(context.Background(), sc))
+
+	r, err := envelope.ToRow("t", msg, envelope.Options{})
+	require.NoError(t, err)
+	require.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", r.Traceparent)
+
+	back, err := envelope.ToMessage(r, envelope.Options{})
+	require.NoError(t, err)
+	got := trace.SpanContextFromContext(back.Context())
+	require.Equal(t, sc.TraceID(), got.TraceID())
+	require.Equal(t, sc.SpanID(), got.SpanID())
+	require.True(t, got.IsRemote())
+}
+
+func TestExplicitTraceparentWinsOverContext(t *testing.T) {
+	msg := message.NewMessage("id-1", nil)
+	msg.SetContext(trace.ContextWithSpanContext(context.Background(), spanContext(t)))
+	msg.Metadata.Set(envelope.KeyTraceparent, "00-11111111111111111111111111111111-2222222222222222-00")
+	r, err := envelope.ToRow("t", msg, envelope.Options{})
+	require.NoError(t, err)
+	require.Equal(t, "00-11111111111111111111111111111111-2222222222222222-00", r.Traceparent)
+}
+
+func TestNoTraceContextStoresNothing(t *testing.T) {
+	r, err := envelope.ToRow("t", message.NewMessage("id", nil), envelope.Options{})
+	require.NoError(t, err)
+	require.Empty(t, r.Traceparent)
+	require.Empty(t, r.Tracestate)
+	require.Empty(t, r.Baggage)
+}
+
+func TestCorrelationIDConventions(t *testing.T) {
+	msg := message.NewMessage("id", nil)
+	msg.Metadata.Set(envelope.WatermillCorrelationKey, "from-watermill")
+	r, err := envelope.ToRow("t", msg, envelope.Options{})
+	require.NoError(t, err)
+	require.Equal(t, "from-watermill", r.CorrelationID)
+	require.Empty(t, r.Headers, "correlation_id is a column, not a header")
+
+	envelope.SetCorrelationID(msg, "canonical")
+	r, err = envelope.ToRow("t", msg, envelope.Options{})
+	require.NoError(t, err)
+	require.Equal(t, "canonical", r.CorrelationID, "the canonical key wins")
+
+	back, err := envelope.ToMessage(r, envelope.Options{})
+	require.NoError(t, err)
+	require.Equal(t, "canonical", back.Metadata.Get(envelope.WatermillCorrelationKey), "watermill's middleware keeps working downstream")
+	require.Equal(t, "canonical", back.Metadata.Get(envelope.KeyCorrelationID))
+}
+
+func TestProducerAndOccurredAtFallbacks(t *testing.T) {
+	created := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	r := envelope.Row{MessageID: "id", Destination: "t", Status: envelope.StatusPending, CreatedAt: created}
+	back, err := envelope.ToMessage(r, envelope.Options{Producer: "relay-1"})
+	require.NoError(t, err)
+	require.Equal(t, "relay-1", back.Metadata.Get(envelope.KeyProducer))
+	require.Equal(t, created.Format(time.RFC3339Nano), back.Metadata.Get(envelope.KeyOccurredAt))
+	require.NotNil(t, back.Payload)
+
+	r.Producer = "billing"
+	back, err = envelope.ToMessage(r, envelope.Options{Producer: "relay-1"})
+	require.NoError(t, err)
+	require.Equal(t, "billing", back.Metadata.Get(envelope.KeyProducer), "the stored producer wins")
+}
+
+func TestToMessageRefusesReservedStoredHeaders(t *testing.T) {
+	for _, k := range []string{envelope.KeyTenant, "msg.anything", envelope.WatermillCorrelationKey} {
+		r := envelope.Row{MessageID: "id", Headers: map[string]string{k: "sneaky"}}
+		_, err := envelope.ToMessage(r, envelope.Options{})
+		require.ErrorIs(t, err, outbox.ErrReservedHeader, k)
+	}
+	_, err := envelope.ToMessage(envelope.Row{}, envelope.Options{})
+	require.ErrorIs(t, err, outbox.ErrCorruptRow)
+}
+
+func TestDecodeHeadersRefusesWhatIsNotAFlatStringObject(t *testing.T) {
+	for _, raw := range []string{`[]`, `"s"`, `{"a":1}`, `{"a":{"b":"c"}}`, `{"a":null}`, `{`, `nul`} {
+		_, err := envelope.DecodeHeaders([]byte(raw))
+		require.ErrorIs(t, err, outbox.ErrCorruptRow, raw)
+	}
+	h, err := envelope.DecodeHeaders(nil)
+	require.NoError(t, err)
+	require.Empty(t, h)
+}
+
+func TestTypedSettersRemoveOnEmpty(t *testing.T) {
+	msg := message.NewMessage("id", nil)
+	envelope.SetTenant(msg, "acme")
+	envelope.SetTenant(msg, "")
+	envelope.SetOccurredAt(msg, time.Time{})
+	_, ok := msg.Metadata[envelope.KeyTenant]
+	require.False(t, ok)
+	_, ok = msg.Metadata[envelope.KeyOccurredAt]
+	require.False(t, ok)
+}
+
+func TestStatus(t *testing.T) {
+	for _, s := range []envelope.Status{envelope.StatusPending, envelope.StatusInFlight, envelope.StatusPublished,
+		envelope.StatusAmbiguous, envelope.StatusFailed, envelope.StatusExhausted} {
+		require.True(t, s.Valid(), s)
+	}
+	require.False(t, envelope.Status("DONE").Valid())
+	require.True(t, envelope.StatusFailed.Parked())
+	require.True(t, envelope.StatusExhausted.Parked())
+	require.False(t, envelope.StatusAmbiguous.Parked())
+}
