@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/retention"
+)
+
+func (a *app) cleanupCommand() *cobra.Command {
+	var (
+		cfg         retention.Config
+		byCreatedAt bool
+	)
+	cmd := &cobra.Command{
+		Use:   "cleanup",
+		Short: "Run retention once: delete (or archive) old rows in bounded batches",
+		Long: `Run one retention pass: remove PUBLISHED rows whose published_at is past the
+horizon, in batches of --batch-size rows, at most --max-batches batches, each
+batch in its own transaction under its own statement timeout. Parked and
+pending rows are never touched. --archive moves rows to
+messaging_outbox_archive instead of deleting them.
+
+In CDC relay mode nothing marks rows PUBLISHED, so retention goes by
+created_at instead: --by-created-at, which removes rows of ANY status past the
+horizon. It is refused unless the database's relay mode is CDC (exit 3).
+Progress is printed per batch on stderr.`,
+		Args: cobra.NoArgs,
+		RunE: a.withDB(func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
+			mode, err := debezium.CurrentMode(ctx, db)
+			if err != nil {
+				return err
+			}
+			if byCreatedAt {
+				if mode != debezium.ModeCDC {
+					return outbox.Errorf(CodeRetentionMode, "outboxctl cleanup",
+						"--by-created-at removes rows of any status and is for CDC relay mode only; the database's relay mode is %s", mode)
+				}
+				cfg.Mode = retention.ByCreatedAt
+			} else if mode == debezium.ModeCDC {
+				a.progress("warning: relay mode is CDC: rows are never marked PUBLISHED, so this run removes nothing; use --by-created-at")
+			}
+			cfg.OnBatch = func(b retention.Batch) {
+				a.progress("batch %d on %s: %d rows", b.Number, b.Table, b.Removed)
+			}
+			c, err := retention.New(db, nil, cfg)
+			if err != nil {
+				return err
+			}
+			res, err := c.Run(ctx)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printJSON(map[string]any{
+					"skipped": res.Skipped, "batches": res.Batches, "deleted": res.Deleted, "archived": res.Archived,
+					"inbox_batches": res.InboxBatches, "inbox_deleted": res.InboxDeleted, "more": res.More,
+					"duration_seconds": res.Duration.Seconds(), "mode": string(c.Config().Mode),
+				})
+			}
+			if res.Skipped {
+				fmt.Fprintln(a.stdout, "skipped: another cleaner holds the retention lock")
+				return nil
+			}
+			t := newTable(a.stdout)
+			t.row("mode", string(c.Config().Mode))
+			t.row("batches", res.Batches)
+			t.row("deleted", res.Deleted)
+			t.row("archived", res.Archived)
+			t.row("inbox batches", res.InboxBatches)
+			t.row("inbox deleted", res.InboxDeleted)
+			t.row("more past horizon", res.More)
+			t.row("duration", res.Duration)
+			return t.flush()
+		}),
+	}
+	f := cmd.Flags()
+	f.DurationVar(&cfg.Horizon, "horizon", retention.DefaultHorizon, "remove rows older than this")
+	f.IntVar(&cfg.BatchSize, "batch-size", retention.DefaultBatchSize, "rows per batch (one transaction)")
+	f.IntVar(&cfg.MaxBatches, "max-batches", retention.DefaultMaxBatches, "most batches in this run, per table")
+	f.DurationVar(&cfg.StatementTimeout, "statement-timeout", retention.DefaultStatementTimeout, "statement timeout of each batch")
+	f.BoolVar(&cfg.Archive, "archive", false, "move rows to messaging_outbox_archive instead of deleting them")
+	f.DurationVar(&cfg.InboxHorizon, "inbox-horizon", 0, "also remove inbox rows processed longer ago than this (0 = leave the inbox alone)")
+	f.BoolVar(&byCreatedAt, "by-created-at", false, "CDC mode: remove rows by created_at whatever their status (refused unless the relay mode is CDC)")
+	return cmd
+}

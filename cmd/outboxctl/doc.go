@@ -1,0 +1,38 @@
+// Command outboxctl operates a watermill-outbox database.
+//
+//	outboxctl [--database-url URL] [--json] [--timeout D] <command>
+//
+// The database comes from --database-url or OUTBOX_DATABASE_URL; commands
+// that need it refuse clearly (OUTBOXCTL_DATABASE_URL_REQUIRED, exit 2) when
+// neither is set. Output is an aligned table by default; --json prints one
+// JSON document on stdout and errors as {"error","code","exit_code"} on
+// stderr. Progress of long operations goes to stderr, so stdout stays
+// parseable.
+//
+// Commands:
+//
+//	migrate                     apply the embedded migrations; print the versions applied
+//	status                      backlog by status, destination and tenant; oldest pending age;
+//	                            ambiguous/failed/exhausted counts and top failure codes;
+//	                            stuck correlations; live relays; relay mode (package status)
+//	inspect <message-id>        every column of one row, headers, lease, failure
+//	cleanup                     one retention run (package retention): --horizon, --batch-size,
+//	                            --max-batches, --archive, --inbox-horizon, --by-created-at (CDC only)
+//	debezium config             the generated connector configuration (--format json|properties,
+//	                            --topic-prefix, -o file); needs no database
+//	debezium enable|disable     switch the relay mode (enable refused while polling relays are live)
+//	debezium status             relay mode and live polling relays
+//
+// # Exit codes
+//
+//	0  ok
+//	1  the operation failed (a database error, STATUS_MESSAGE_NOT_FOUND, ...)
+//	2  usage error: unknown command or flag, bad argument count or value, a configuration the
+//	   package refuses (OUTBOX_INVALID_CONFIG), OUTBOXCTL_DATABASE_URL_REQUIRED
+//	3  refused by a guard: RELAY_MODE_CONFLICT, OUTBOXCTL_RETENTION_MODE_MISMATCH (and the
+//	   journal's refusals when redrive/purge are present)
+//	4  OUTBOXCTL_DATABASE_UNREACHABLE: the first ping failed; safe to retry
+//
+// Every typed refusal prints its stable code on a line of its own
+// ("code: RELAY_MODE_CONFLICT").
+package main

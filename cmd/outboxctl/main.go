@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	_ "github.com/lib/pq" // database/sql driver "postgres"
+	"github.com/spf13/cobra"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/debezium"
+)
+
+// Exit codes. They are part of the CLI's contract (see doc.go and --help).
+const (
+	ExitOK          = 0 // the command did what it was asked
+	ExitFailed      = 1 // the operation failed (a database error, a row not found, a write that did not happen)
+	ExitUsage       = 2 // bad flags or arguments, invalid configuration, missing --database-url
+	ExitRefused     = 3 // a guard refused: journal already executed / in flight, plan mismatch, relay mode conflict
+	ExitUnreachable = 4 // the database could not be reached
+)
+
+// Codes of the refusals the CLI itself makes.
+const (
+	CodeDatabaseURLRequired outbox.Code = "OUTBOXCTL_DATABASE_URL_REQUIRED"
+	CodeDatabaseUnreachable outbox.Code = "OUTBOXCTL_DATABASE_UNREACHABLE"
+	CodeUsage               outbox.Code = "OUTBOXCTL_USAGE"
+	CodeRetentionMode       outbox.Code = "OUTBOXCTL_RETENTION_MODE_MISMATCH"
+)
+
+// Sentinels for the CLI's codes.
+var (
+	ErrDatabaseURLRequired = &outbox.Error{Code: CodeDatabaseURLRequired}
+	ErrDatabaseUnreachable = &outbox.Error{Code: CodeDatabaseUnreachable}
+	ErrUsage               = &outbox.Error{Code: CodeUsage}
+	ErrRetentionMode       = &outbox.Error{Code: CodeRetentionMode}
+)
+
+// guardCodes are refusals by a guard (exit 3): the request was well formed
+// and the database was reachable, but running it would break a guarantee.
+var guardCodes = map[outbox.Code]bool{
+	debezium.CodeRelayModeConflict: true,
+	CodeRetentionMode:              true,
+}
+
+// usageCodes are typed errors that mean "change the command line" (exit 2).
+var usageCodes = map[outbox.Code]bool{
+	outbox.CodeInvalidConfig:      true,
+	outbox.CodeLeaseTooShort:      true,
+	outbox.CodeMessageIDRequired:  true,
+	outbox.CodeInvalidTenant:      true,
+	debezium.CodeOperatorRequired: true,
+	CodeDatabaseURLRequired:       true,
+	CodeUsage:                     true,
+}
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+}
+
+// app holds the global flags and the process's streams, shared by every
+// subcommand.
+type app struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+
+	databaseURL string
+	json        bool
+	timeout     time.Duration
+}
+
+// runError marks an error returned by a command's own code, as opposed to
+// one cobra returns while parsing the command line (a usage error).
+type runError struct{ err error }
+
+func (e runError) Error() string { return e.err.Error() }
+func (e runError) Unwrap() error { return e.err }
+
+// exitCode maps an error to the documented exit codes.
+func exitCode(err error) int {
+	if err == nil {
+		return ExitOK
+	}
+	var re runError
+	if !errors.As(err, &re) {
+		return ExitUsage // cobra: unknown flag, bad argument count, bad flag value
+	}
+	code := outbox.CodeOf(err)
+	switch {
+	case code == CodeDatabaseUnreachable:
+		return ExitUnreachable
+	case guardCodes[code]:
+		return ExitRefused
+	case usageCodes[code]:
+		return ExitUsage
+	}
+	return ExitFailed
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	a := &app{stdout: stdout, stderr: stderr, getenv: getenv}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	code := exitCode(err)
+	if err != nil {
+		a.printError(err, code)
+	}
+	return code
+}
+
+func (a *app) printError(err error, exit int) {
+	code := outbox.CodeOf(err)
+	if a.json {
+		_ = json.NewEncoder(a.stderr).Encode(map[string]any{"error": err.Error(), "code": code, "exit_code": exit})
+		return
+	}
+	fmt.Fprintf(a.stderr, "error: %v\n", err)
+	if code != "" {
+		fmt.Fprintf(a.stderr, "code: %s\n", code)
+	}
+	if exit == ExitUsage {
+		fmt.Fprintln(a.stderr, "Run 'outboxctl --help' for usage.")
+	}
+}
+
+const rootLong = `outboxctl operates a watermill-outbox database: migrate the schema, look at
+the backlog, inspect a message, redrive or purge parked rows exactly once,
+run retention, run a standalone relay, and manage the Debezium CDC mode.
+
+The database comes from --database-url or OUTBOX_DATABASE_URL (a lib/pq URL or
+key=value string; set search_path in it to select a schema).
+
+Output is an aligned table by default; --json prints one JSON document on
+stdout (and errors as JSON on stderr).
+
+Exit codes:
+  0  ok
+  1  the operation failed (database error, message not found, ...)
+  2  usage error: bad flags or arguments, invalid configuration, missing database URL
+  3  refused by a guard: journal already executed or in flight, plan mismatch,
+     relay mode conflict, retention mode that does not match the relay mode
+  4  the database is unreachable
+Typed refusals print their stable code ("code: JOURNAL_ALREADY_EXECUTED").`
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "outboxctl",
+		Short:         "Operate a watermill-outbox database",
+		Long:          rootLong,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL (default $OUTBOX_DATABASE_URL)")
+	root.PersistentFlags().BoolVar(&a.json, "json", false, "print JSON instead of tables")
+	root.PersistentFlags().DurationVar(&a.timeout, "timeout", 5*time.Minute, "bound for the whole command (0 = none; relay ignores it and runs until SIGINT/SIGTERM)")
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
+	root.AddCommand(
+		a.migrateCommand(),
+		a.statusCommand(),
+		a.inspectCommand(),
+		a.cleanupCommand(),
+		a.debeziumCommand(),
+	)
+	return root
+}
+
+// runE wraps a command body: it applies --timeout and marks the body's errors
+// as run errors (not usage errors) for exitCode.
+func (a *app) runE(fn func(ctx context.Context, cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		ctx := cmd.Context()
+		if a.timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, a.timeout)
+			defer cancel()
+		}
+		if err := fn(ctx, cmd, args); err != nil {
+			return runError{err}
+		}
+		return nil
+	}
+}
+
+// openDB opens and pings the database. A missing URL is a usage error; a
+// ping that fails is "unreachable" (exit 4) so scripts can retry on it alone.
+func (a *app) openDB(ctx context.Context) (*sql.DB, error) {
+	url := strings.TrimSpace(a.databaseURL)
+	if url == "" {
+		url = strings.TrimSpace(a.getenv("OUTBOX_DATABASE_URL"))
+	}
+	if url == "" {
+		return nil, outbox.Errorf(CodeDatabaseURLRequired, "outboxctl", "set --database-url or OUTBOX_DATABASE_URL")
+	}
+	db, err := sql.Open("postgres", url)
+	if err != nil {
+		return nil, outbox.Wrap(CodeDatabaseURLRequired, "outboxctl", err, "the database URL does not parse")
+	}
+	// An operator tool needs few connections; keep the shared server's
+	// connection budget for the applications.
+	db.SetMaxOpenConns(4)
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(pingCtx); err != nil {
+		_ = db.Close()
+		return nil, outbox.Wrap(CodeDatabaseUnreachable, "outboxctl", err, "cannot reach the database")
+	}
+	return db, nil
+}
+
+// withDB runs fn with an open database, closing it afterwards.
+func (a *app) withDB(fn func(ctx context.Context, db *sql.DB, cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
+	return a.runE(func(ctx context.Context, cmd *cobra.Command, args []string) error {
+		db, err := a.openDB(ctx)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		return fn(ctx, db, cmd, args)
+	})
+}
+
+// printJSON writes v as indented JSON on stdout.
+func (a *app) printJSON(v any) error {
+	enc := json.NewEncoder(a.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// progress writes a progress line on stderr (stdout stays machine-readable).
+func (a *app) progress(format string, args ...any) {
+	fmt.Fprintf(a.stderr, format+"\n", args...)
+}

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fencedoutbox/watermill-outbox/status"
+)
+
+func (a *app) statusCommand() *cobra.Command {
+	var opts status.Options
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Backlog by status, destination and tenant; parked rows and why; stuck flows; live relays; relay mode",
+		Long: `Print the outbox backlog (rows not PUBLISHED) by status, destination and
+tenant, the age of the oldest pending row, the AMBIGUOUS / FAILED / EXHAUSTED
+counts with their most frequent failure codes, correlation ids with parked or
+long-pending rows, the live polling relays and the relay mode. Everything is
+read in one read-only transaction by bounded, index-served queries (see
+status/EXPLAIN.md).`,
+		Args: cobra.NoArgs,
+		RunE: a.withDB(func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
+			snap, err := status.CollectWith(ctx, db, opts)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printJSON(snap)
+			}
+			return a.printStatus(snap)
+		}),
+	}
+	f := cmd.Flags()
+	f.DurationVar(&opts.StuckAfter, "stuck-after", 15*time.Minute, "a correlation id is stuck when one of its rows stays unpublished this long")
+	f.IntVar(&opts.MaxGroups, "max-groups", 1000, "most (status, destination, tenant) groups to read")
+	f.IntVar(&opts.MaxFailureCodes, "top-failures", 10, "how many (status, failure code) pairs to show")
+	f.IntVar(&opts.MaxStuck, "max-stuck", 20, "how many stuck correlation ids to show (oldest first)")
+	return cmd
+}
+
+func (a *app) printStatus(s status.Snapshot) error {
+	out := a.stdout
+	fmt.Fprintf(out, "relay mode:   %s (since %s by %s)\n", s.Mode, cell(s.ModeChangedAt), cell(s.ModeChangedBy))
+	fmt.Fprintf(out, "unpublished:  %d\n", s.Unpublished)
+	age := "-"
+	if !s.OldestPendingAt.IsZero() {
+		age = cell(time.Duration(s.OldestPendingAgeSeconds*float64(time.Second))) + " (created " + cell(s.OldestPendingAt) + ")"
+	}
+	fmt.Fprintf(out, "pending:      %d, oldest %s\n", s.Pending, age)
+	fmt.Fprintf(out, "ambiguous:    %d\nfailed:       %d\nexhausted:    %d\n", s.Ambiguous, s.Failed, s.Exhausted)
+	if s.Truncated {
+		fmt.Fprintln(out, "(backlog groups truncated at --max-groups; totals cover the groups read)")
+	}
+
+	section(out, "BACKLOG")
+	t := newTable(out)
+	t.row("STATUS", "DESTINATION", "TENANT", "COUNT", "OLDEST")
+	for _, g := range s.Groups {
+		t.row(string(g.Status), g.Destination, g.Tenant, g.Count, g.Oldest)
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	for _, c := range []struct {
+		title  string
+		counts []status.Count
+	}{{"BY DESTINATION", s.ByDestination}, {"BY TENANT", s.ByTenant}} {
+		section(out, c.title)
+		t = newTable(out)
+		t.row("KEY", "COUNT")
+		for _, n := range c.counts {
+			t.row(n.Key, n.Count)
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
+	}
+
+	section(out, "TOP FAILURE CODES")
+	t = newTable(out)
+	t.row("STATUS", "CODE", "COUNT")
+	for _, f := range s.FailureCodes {
+		t.row(string(f.Status), f.Code, f.Count)
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+
+	section(out, fmt.Sprintf("STUCK CORRELATIONS (parked, or unpublished for more than %s)", time.Duration(s.StuckAfterSeconds*float64(time.Second))))
+	t = newTable(out)
+	t.row("CORRELATION_ID", "PARKED", "LONG_PENDING", "OLDEST")
+	for _, c := range s.StuckCorrelations {
+		t.row(c.CorrelationID, c.Parked, c.LongPending, c.Oldest)
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+
+	section(out, "LIVE RELAYS")
+	t = newTable(out)
+	t.row("OWNER", "STARTED", "HEARTBEAT", "EXPIRES")
+	for _, r := range s.Relays {
+		t.row(r.Owner, r.StartedAt, r.HeartbeatAt, r.ExpiresAt)
+	}
+	return t.flush()
+}
