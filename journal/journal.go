@@ -38,6 +38,11 @@ const (
 	CodeInvalidFilter outbox.Code = "JOURNAL_INVALID_FILTER"
 	// CodeOperationRequired: Begin with an empty operation name.
 	CodeOperationRequired outbox.Code = "JOURNAL_OPERATION_REQUIRED"
+	// CodeBatchFailed is not returned: it is the failure_code Redrive and
+	// Purge record (with the error as failure_detail) when a batch fails
+	// for a reason other than a lost lease or a cancelled context. The
+	// operation is then FAILED and any replica may resume it at once.
+	CodeBatchFailed outbox.Code = "JOURNAL_BATCH_FAILED"
 )
 
 // Sentinels for errors.Is.

@@ -572,3 +572,45 @@ func TestPurgeDeletesOnlyMatchingParkedRows(t *testing.T) {
 	_, err = j.Purge(ctx, "T-P", f, journal.Options{})
 	require.ErrorIs(t, err, journal.ErrAlreadyExecuted)
 }
+
+// A batch that fails (here: a trigger rejecting one row) rolls back, marks
+// the operation FAILED with its checkpoint intact, and another replica resumes
+// it at once, without waiting for the lease.
+func TestFailedBatchReleasesOperation(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	logRedrives(t, s.DB)
+	parked(t, s.DB, "x", 9, "FAILED", "orders", "", "REJECTED", t0)
+	for _, q := range []string{
+		`CREATE FUNCTION refuse_x7() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF NEW.message_id = 'x-7' THEN RAISE EXCEPTION 'x-7 is not welcome'; END IF; RETURN NEW; END $$`,
+		`CREATE TRIGGER refuse_x7 BEFORE UPDATE ON messaging_outbox FOR EACH ROW EXECUTE FUNCTION refuse_x7()`,
+	} {
+		_, err := s.DB.Exec(q)
+		require.NoError(t, err)
+	}
+	clk := newClock(t0)
+	a := newJournal(t, s.DB, "a", clk, 3)
+	b := newJournal(t, s.DB, "b", clk, 3)
+	ctx := context.Background()
+
+	out, err := a.Redrive(ctx, "T-F", journal.Filter{}, journal.Options{})
+	require.ErrorContains(t, err, "x-7 is not welcome")
+	require.Equal(t, 2, out.Batches)
+	rec, err := a.Find(ctx, "T-F")
+	require.NoError(t, err)
+	require.Equal(t, journal.StateFailed, rec.State)
+	require.Equal(t, string(journal.CodeBatchFailed), rec.FailureCode)
+	require.Contains(t, rec.FailureDetail, "x-7 is not welcome")
+	require.EqualValues(t, 6, rec.ItemsCompleted)
+	require.Equal(t, 6, count(t, s.DB, `SELECT count(*) FROM redrive_log`), "the failed batch rolled back")
+
+	_, err = s.DB.Exec(`DROP TRIGGER refuse_x7 ON messaging_outbox`)
+	require.NoError(t, err)
+	out, err = b.Redrive(ctx, "T-F", journal.Filter{}, journal.Options{})
+	require.NoError(t, err)
+	require.True(t, out.Run.TookOver)
+	require.EqualValues(t, 9, out.Items)
+	require.Equal(t, 9, count(t, s.DB, `SELECT count(DISTINCT message_id) FROM redrive_log`))
+	require.Equal(t, 9, count(t, s.DB, `SELECT count(*) FROM redrive_log`))
+}

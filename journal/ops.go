@@ -295,7 +295,7 @@ func (j *Journal) execute(ctx context.Context, op, batchSQL, ticket string, f Fi
 				// Release the operation for any replica to resume; a lost
 				// lease is someone else's now, and a cancelled call is
 				// left to its lease like a crash.
-				_ = j.Fail(context.WithoutCancel(ctx), run, "JOURNAL_BATCH_FAILED", err.Error())
+				_ = j.Fail(context.WithoutCancel(ctx), run, string(CodeBatchFailed), err.Error())
 			}
 			return out, err
 		}
