@@ -1,0 +1,184 @@
+package forwarder
+
+import (
+	"cmp"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+)
+
+// NotifyChannel is the PostgreSQL NOTIFY channel the transactional publisher
+// signals after a commit when notify is enabled; the forwarder LISTENs on it
+// when Config.ListenURL is set.
+const NotifyChannel = "messaging_outbox_wakeup"
+
+// Defaults. Each satisfies the rules Validate enforces (a test says so).
+const (
+	DefaultBatchSize         = 100
+	DefaultLeaseDuration     = 30 * time.Second
+	DefaultPublishTimeout    = 5 * time.Second
+	DefaultPollInterval      = 500 * time.Millisecond
+	DefaultMaxPollInterval   = 5 * time.Second
+	DefaultMaxAttempts       = 10
+	DefaultBackoffBase       = time.Second
+	DefaultBackoffMax        = time.Minute
+	DefaultConcurrency       = 8
+	DefaultHeartbeatInterval = 10 * time.Second
+)
+
+// Config tunes a Forwarder. The zero value of every field means "use the
+// default"; negative numbers are refused by Validate.
+type Config struct {
+	// BatchSize is how many rows one pass claims. Default 100.
+	BatchSize int
+	// LeaseDuration is how long a claimed row belongs to this relay. It must
+	// be at least 2 x PublishTimeout, so that a relay waiting for a confirm
+	// cannot see another relay publish the same row meanwhile. Default 30s.
+	LeaseDuration time.Duration
+	// PublishTimeout bounds one downstream Publish, enforced even when the
+	// publisher ignores its context; a publish that runs out is AMBIGUOUS.
+	// Default 5s.
+	PublishTimeout time.Duration
+	// PollInterval is the wait after a pass that found work but not a full
+	// batch, and the start of the idle backoff. Default 500ms.
+	PollInterval time.Duration
+	// MaxPollInterval caps the idle backoff (passes that find nothing).
+	// Default 5s; LISTEN/NOTIFY wakes the relay earlier.
+	MaxPollInterval time.Duration
+	// MaxAttempts is the attempt budget per row; a row whose attempt budget
+	// is spent is parked EXHAUSTED. Default 10.
+	MaxAttempts int
+	// BackoffBase and BackoffMax shape the exponential retry delay of
+	// AMBIGUOUS rows (and of the loop after a failing pass). Defaults 1s, 1m.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+	// Concurrency is how many publishes run at once in a pass. Rows of one
+	// ordering key are never in flight together (the claim returns only the
+	// head of each key), so this never reorders a key. Default 8.
+	Concurrency int
+	// OrderingPolicy: what a parked row does to later rows of its key.
+	// Default fencing.BlockKey.
+	OrderingPolicy fencing.OrderingPolicy
+	// Owner identifies this relay in leases and heartbeats. It must be
+	// unique across replicas. Default: hostname-pid-random, fixed for the
+	// life of the Forwarder.
+	Owner string
+	// Producer is restored as msg.producer on rows that carry none.
+	Producer string
+	// Classifier turns a publish error into an outcome. Default
+	// DefaultClassifier: errors wrapped with Reject are rejections, every
+	// other error is ambiguous.
+	Classifier Classifier
+	// ListenURL is a PostgreSQL DSN for LISTEN on NotifyChannel. Empty:
+	// polling only.
+	ListenURL string
+	// Now is the clock for leases, retry schedules and row timestamps. Nil:
+	// the database's clock for rows and time.Now for local deadlines. Tests
+	// inject a clock instead of sleeping.
+	Now func() time.Time
+	// Metrics, when set, receives the forwarder's Prometheus collectors.
+	Metrics prometheus.Registerer
+	// TracerProvider for publish spans. Nil: the otel global provider.
+	TracerProvider trace.TracerProvider
+	// HeartbeatInterval is how often the relay renews its relay-mode
+	// heartbeat (which lives 3 intervals). Default 10s.
+	HeartbeatInterval time.Duration
+	// DrainTimeout bounds how long Close (or cancelling Run) waits for the
+	// publishes in progress before it records them as ambiguous. It must not
+	// exceed LeaseDuration - PublishTimeout, so outcomes are written while
+	// the leases still hold. Default PublishTimeout.
+	DrainTimeout time.Duration
+	// OnReport, when set, is called after every pass (also failing ones).
+	OnReport func(Report)
+}
+
+// withDefaults fills every unset field. The one place defaults live.
+func (c Config) withDefaults() Config {
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.LeaseDuration = cmp.Or(c.LeaseDuration, DefaultLeaseDuration)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.MaxPollInterval = cmp.Or(c.MaxPollInterval, max(DefaultMaxPollInterval, c.PollInterval))
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.BackoffBase = cmp.Or(c.BackoffBase, DefaultBackoffBase)
+	c.BackoffMax = cmp.Or(c.BackoffMax, max(DefaultBackoffMax, c.BackoffBase))
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, c.PublishTimeout)
+	c.Owner = cmp.Or(c.Owner, defaultOwner())
+	if c.Classifier == nil {
+		c.Classifier = DefaultClassifier
+	}
+	return c
+}
+
+// Validate reports the first rule the configuration (with defaults filled
+// in) breaks, as OUTBOX_LEASE_TOO_SHORT or OUTBOX_INVALID_CONFIG with a
+// message that says what to change.
+func (c Config) Validate() error {
+	_, err := c.validated()
+	return err
+}
+
+func (c Config) validated() (Config, error) {
+	const op = "forwarder.Config"
+	c = c.withDefaults()
+	bad := func(format string, args ...any) (Config, error) {
+		return Config{}, outbox.Errorf(outbox.CodeInvalidConfig, op, format, args...)
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"BatchSize", int64(c.BatchSize)}, {"MaxAttempts", int64(c.MaxAttempts)}, {"Concurrency", int64(c.Concurrency)},
+		{"LeaseDuration", int64(c.LeaseDuration)}, {"PublishTimeout", int64(c.PublishTimeout)},
+		{"PollInterval", int64(c.PollInterval)}, {"MaxPollInterval", int64(c.MaxPollInterval)},
+		{"BackoffBase", int64(c.BackoffBase)}, {"BackoffMax", int64(c.BackoffMax)},
+		{"HeartbeatInterval", int64(c.HeartbeatInterval)}, {"DrainTimeout", int64(c.DrainTimeout)},
+	} {
+		if f.v < 0 {
+			return bad("%s must be positive (or zero for the default), got %d", f.name, f.v)
+		}
+	}
+	if c.LeaseDuration < 2*c.PublishTimeout {
+		return Config{}, outbox.Errorf(outbox.CodeLeaseTooShort, op,
+			"LeaseDuration %s is shorter than 2 x PublishTimeout (%s): another relay could publish a row while this one still waits for a confirm; raise LeaseDuration to at least %s or lower PublishTimeout",
+			c.LeaseDuration, c.PublishTimeout, 2*c.PublishTimeout)
+	}
+	if c.BackoffMax < c.BackoffBase {
+		return bad("BackoffMax %s is below BackoffBase %s; raise BackoffMax or lower BackoffBase", c.BackoffMax, c.BackoffBase)
+	}
+	if c.MaxPollInterval < c.PollInterval {
+		return bad("MaxPollInterval %s is below PollInterval %s; raise MaxPollInterval", c.MaxPollInterval, c.PollInterval)
+	}
+	if c.DrainTimeout > c.LeaseDuration-c.PublishTimeout {
+		return bad("DrainTimeout %s exceeds LeaseDuration - PublishTimeout (%s): outcomes would be written after the leases expire; lower DrainTimeout or raise LeaseDuration",
+			c.DrainTimeout, c.LeaseDuration-c.PublishTimeout)
+	}
+	if !c.OrderingPolicy.Valid() {
+		return bad("OrderingPolicy %d is unknown; use fencing.BlockKey or fencing.SkipParked", int(c.OrderingPolicy))
+	}
+	if strings.ContainsRune(c.Owner, 0) || len(c.Owner) > 200 {
+		return bad("Owner must be at most 200 bytes without NUL characters")
+	}
+	return c, nil
+}
+
+func defaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "relay"
+	}
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+}

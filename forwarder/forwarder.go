@@ -1,0 +1,713 @@
+package forwarder
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/lib/pq"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+)
+
+// Codes returned by the forwarder (configuration refusals use
+// OUTBOX_INVALID_CONFIG and OUTBOX_LEASE_TOO_SHORT; a CDC database refuses
+// Run with debezium's RELAY_MODE_CONFLICT).
+const (
+	CodeClosed         outbox.Code = "FORWARDER_CLOSED"          // Run after Close
+	CodeAlreadyRunning outbox.Code = "FORWARDER_ALREADY_RUNNING" // Run twice
+	CodeUnknownOutcome outbox.Code = "FORWARDER_UNKNOWN_OUTCOME" // a classifier returned an Outcome the forwarder does not know
+)
+
+// Sentinels for errors.Is.
+var (
+	ErrClosed         = &outbox.Error{Code: CodeClosed}
+	ErrAlreadyRunning = &outbox.Error{Code: CodeAlreadyRunning}
+	ErrUnknownOutcome = &outbox.Error{Code: CodeUnknownOutcome}
+)
+
+const tracerName = "github.com/fencedoutbox/watermill-outbox/forwarder"
+
+// dbTimeout bounds the forwarder's own statements (claim, outcome batch). They
+// run on a context that stopping does not cancel: a claim cancelled half way
+// could leave rows claimed but never published until their lease expires.
+const dbTimeout = 15 * time.Second
+
+// Report counts what one pass did. Stale rows are possible duplicate
+// publications: this relay's lease was gone when it wrote the outcome.
+type Report struct {
+	Claimed   int // rows the claim returned (including rows it parked)
+	Published int
+	Ambiguous int
+	Failed    int
+	Exhausted int // parked by this pass, or by the claim (expired lease, budget spent)
+	Stale     int
+	Released  int // claimed but not attempted (stopping, lease too short to start)
+	Duration  time.Duration
+}
+
+// Forwarder is the fenced relay: it moves committed outbox rows to a
+// watermill publisher. Create it with New, run it with Run (or a Router via
+// RouterPlugin), stop it with Close.
+type Forwarder struct {
+	db     *sql.DB
+	out    message.Publisher
+	logger watermill.LoggerAdapter
+	cfg    Config
+
+	baseLogger watermill.LoggerAdapter // as given, for the optional Warner
+	tracer     trace.Tracer
+	metrics    *metrics
+	seed       uint64 // from the owner: per-relay jitter, deterministic per owner
+
+	mu      sync.Mutex
+	started bool
+	closed  bool
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	running  chan struct{}
+	done     chan struct{}
+}
+
+// New builds a forwarder. It refuses a nil database or publisher and any
+// configuration Validate refuses; with cfg.Metrics set it registers its
+// collectors there.
+func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg Config) (*Forwarder, error) {
+	const op = "forwarder.New"
+	if db == nil {
+		return nil, outbox.Errorf(outbox.CodeInvalidConfig, op, "db must not be nil")
+	}
+	if out == nil {
+		return nil, outbox.Errorf(outbox.CodeInvalidConfig, op, "downstream publisher must not be nil")
+	}
+	cfg, err := cfg.validated()
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	m, err := newMetrics(cfg.Metrics, cfg.BatchSize)
+	if err != nil {
+		return nil, outbox.Wrap(outbox.CodeInvalidConfig, op, err, "register metrics")
+	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(cfg.Owner))
+	return &Forwarder{
+		db: db, out: out, cfg: cfg, metrics: m,
+		logger:     logger.With(watermill.LogFields{"owner": cfg.Owner}),
+		baseLogger: logger,
+		tracer:     tp.Tracer(tracerName),
+		seed:       h.Sum64(),
+		stop:       make(chan struct{}),
+		running:    make(chan struct{}),
+		done:       make(chan struct{}),
+	}, nil
+}
+
+// Owner is the lease owner this forwarder writes.
+func (f *Forwarder) Owner() string { return f.cfg.Owner }
+
+// Config returns the configuration with defaults filled in.
+func (f *Forwarder) Config() Config { return f.cfg }
+
+// Running is closed once Run has passed its start-up checks and polls.
+func (f *Forwarder) Running() chan struct{} { return f.running }
+
+// Close stops the loop and waits for Run to return. The pass in progress is
+// drained: publishes already started get up to DrainTimeout to finish,
+// rows not yet started are released, and every outcome is written, so no
+// row is left IN_FLIGHT under this relay's name. Safe to call twice, or
+// before Run (Run then returns FORWARDER_CLOSED).
+func (f *Forwarder) Close() error {
+	f.mu.Lock()
+	f.closed = true
+	started := f.started
+	f.mu.Unlock()
+	f.stopOnce.Do(func() { close(f.stop) })
+	if started {
+		<-f.done
+	}
+	return nil
+}
+
+// Run relays until ctx is cancelled or Close is called; both drain the pass
+// in progress. It refuses to start with RELAY_MODE_CONFLICT when the database
+// records CDC mode, and stops with that error if a heartbeat finds the mode
+// switched. A failing pass is logged and counted and the loop goes on.
+func (f *Forwarder) Run(ctx context.Context) error {
+	f.mu.Lock()
+	switch {
+	case f.closed:
+		f.mu.Unlock()
+		return outbox.Errorf(CodeClosed, "forwarder.Run", "the forwarder was closed; create a new one")
+	case f.started:
+		f.mu.Unlock()
+		return outbox.Errorf(CodeAlreadyRunning, "forwarder.Run", "Run was already called on this forwarder")
+	}
+	f.started = true
+	f.mu.Unlock()
+	defer close(f.done)
+
+	ttl := 3 * f.cfg.HeartbeatInterval
+	if err := debezium.Beat(ctx, f.db, f.cfg.Owner, ttl); err != nil {
+		return err
+	}
+	defer func() {
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+		defer cancel()
+		if err := debezium.Leave(lctx, f.db, f.cfg.Owner); err != nil {
+			f.logger.Error("Relay heartbeat not removed", err, nil)
+		}
+	}()
+
+	exit := make(chan struct{})
+	defer close(exit)
+	stopping, drainExpired := f.stopSignals(ctx, exit)
+
+	// Heartbeat: a CDC switch made while this relay's heartbeat lapsed is
+	// fatal, anything else (database briefly down) is logged.
+	fatal := make(chan error, 1)
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		t := time.NewTicker(f.cfg.HeartbeatInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopping:
+				return
+			case <-t.C:
+				hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HeartbeatInterval)
+				err := debezium.Beat(hctx, f.db, f.cfg.Owner, ttl)
+				cancel()
+				if errors.Is(err, debezium.ErrRelayModeConflict) {
+					fatal <- err
+					return
+				}
+				if err != nil {
+					f.logger.Error("Relay heartbeat failed", err, nil)
+				}
+			}
+		}
+	}()
+
+	wake := f.listen(stopping, &bg)
+	close(f.running)
+	f.logger.Info("Outbox forwarder running", watermill.LogFields{
+		"batch_size": f.cfg.BatchSize, "concurrency": f.cfg.Concurrency, "ordering_policy": f.cfg.OrderingPolicy.String(),
+		"listen": f.cfg.ListenURL != "",
+	})
+
+	var idle, failures int
+	for {
+		rep, err := f.pass(ctx, stopping, drainExpired)
+		var delay time.Duration
+		switch {
+		case err != nil:
+			failures++
+			idle = 0
+			delay = f.jittered(f.cfg.BackoffBase, f.cfg.BackoffMax, failures, 0)
+			f.logger.Error("Outbox pass failed", err, watermill.LogFields{"consecutive_failures": failures, "retry_in": delay})
+		case rep.Claimed >= f.cfg.BatchSize:
+			failures, idle = 0, 0 // a full batch: more is waiting, go again at once
+		case rep.Claimed > 0:
+			failures, idle = 0, 0
+			delay = f.cfg.PollInterval
+		default:
+			failures = 0
+			idle++
+			delay = f.jittered(f.cfg.PollInterval, f.cfg.MaxPollInterval, idle, 1)
+		}
+		select {
+		case <-stopping:
+			f.logger.Info("Outbox forwarder stopped", nil)
+			return nil
+		case err := <-fatal:
+			f.stopOnce.Do(func() { close(f.stop) })
+			return err
+		default:
+		}
+		if delay == 0 {
+			continue
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-stopping:
+			t.Stop()
+			f.logger.Info("Outbox forwarder stopped", nil)
+			return nil
+		case err := <-fatal:
+			t.Stop()
+			f.stopOnce.Do(func() { close(f.stop) })
+			return err
+		case <-wake:
+			t.Stop()
+			idle = 0
+		case <-t.C:
+		}
+	}
+}
+
+// stopSignals returns a channel closed when ctx is cancelled or Close is
+// called, and one closed DrainTimeout after that.
+func (f *Forwarder) stopSignals(ctx context.Context, exit <-chan struct{}) (stopping, drainExpired chan struct{}) {
+	stopping, drainExpired = make(chan struct{}), make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-f.stop:
+		case <-exit:
+		}
+		close(stopping)
+		t := time.NewTimer(f.cfg.DrainTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-exit:
+		}
+		close(drainExpired)
+	}()
+	return stopping, drainExpired
+}
+
+// listen starts a LISTEN on NotifyChannel when ListenURL is set and returns
+// a channel that receives a value per wake-up (nil channel otherwise).
+func (f *Forwarder) listen(stopping <-chan struct{}, bg *sync.WaitGroup) <-chan struct{} {
+	if f.cfg.ListenURL == "" {
+		return nil
+	}
+	wake := make(chan struct{}, 1)
+	l := pq.NewListener(f.cfg.ListenURL, 100*time.Millisecond, 10*time.Second, func(ev pq.ListenerEventType, err error) {
+		if err != nil {
+			f.logger.Error("Outbox LISTEN connection problem; polling continues", err, watermill.LogFields{"event": int(ev)})
+		}
+	})
+	if err := l.Listen(NotifyChannel); err != nil {
+		// The listener keeps reconnecting in the background and re-issues
+		// LISTEN; meanwhile polling carries the load.
+		f.logger.Error("Outbox LISTEN failed; polling only until it succeeds", err, watermill.LogFields{"channel": NotifyChannel})
+	}
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		defer l.Close()
+		for {
+			select {
+			case <-stopping:
+				return
+			case _, ok := <-l.NotificationChannel():
+				if !ok {
+					return
+				}
+				// A nil notification means the connection was re-established:
+				// notifications may have been missed, so wake up too.
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	return wake
+}
+
+// RunOnce runs one pass: claim a batch, publish it, write the outcomes. It
+// does not check the relay mode or send heartbeats (Run does); tools and
+// tests use it. Cancelling ctx drains the pass like Close does.
+func (f *Forwarder) RunOnce(ctx context.Context) (Report, error) {
+	stopping, drainExpired := make(chan struct{}), make(chan struct{})
+	exit := make(chan struct{})
+	defer close(exit)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-exit:
+			return
+		}
+		close(stopping)
+		t := time.NewTimer(f.cfg.DrainTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			close(drainExpired)
+		case <-exit:
+		}
+	}()
+	return f.pass(ctx, stopping, drainExpired)
+}
+
+// dbNow is the clock passed to SQL: zero (server time) unless injected.
+func (f *Forwarder) dbNow() time.Time {
+	if f.cfg.Now != nil {
+		return f.cfg.Now()
+	}
+	return time.Time{}
+}
+
+func (f *Forwarder) localNow() time.Time {
+	if f.cfg.Now != nil {
+		return f.cfg.Now()
+	}
+	return time.Now()
+}
+
+// item is one claimed row on its way through a pass.
+type item struct {
+	claimed fencing.Claimed
+	msg     *message.Message
+	outcome fencing.Outcome
+	verdict string // for logs and metrics: published, ambiguous, failed, exhausted, released
+	err     error  // the publish error, for the log
+	unknown bool   // classifier returned an unknown Outcome
+}
+
+func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan struct{}) (rep Report, err error) {
+	start := time.Now()
+	defer func() {
+		rep.Duration = time.Since(start)
+		f.metrics.pass(rep.Claimed, err != nil)
+		if f.cfg.OnReport != nil {
+			f.cfg.OnReport(rep)
+		}
+	}()
+	select {
+	case <-stopping:
+		return rep, nil
+	default:
+	}
+	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+	defer cancel()
+
+	claimedAt := f.localNow()
+	claimed, err := fencing.Claim(dbctx, f.db, fencing.ClaimParams{
+		Owner: f.cfg.Owner, Limit: f.cfg.BatchSize, Lease: f.cfg.LeaseDuration,
+		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
+	})
+	if err != nil {
+		return rep, err
+	}
+	rep.Claimed = len(claimed)
+	if len(claimed) == 0 {
+		return rep, nil
+	}
+	// No publish starts unless it can end (PublishTimeout) and its outcome
+	// be written (a margin of half a PublishTimeout) before the lease
+	// expires; measured on the local clock from just before the claim, so
+	// clock skew with the database cannot stretch it.
+	startBy := claimedAt.Add(f.cfg.LeaseDuration - f.cfg.PublishTimeout - f.cfg.PublishTimeout/2)
+
+	items := make([]*item, 0, len(claimed))
+	var work []*item
+	for _, c := range claimed {
+		it := &item{claimed: c}
+		items = append(items, it)
+		switch {
+		case !c.Held():
+			// Parked by the claim: an expired lease spent the budget.
+			it.verdict = "exhausted"
+			f.logger.Error("Outbox row exhausted after an expired lease", nil, watermill.LogFields{
+				"message_id": c.Row.MessageID, "destination": c.Row.Destination, "attempts": c.Row.Attempts,
+				"code": c.Row.LastFailureCode,
+			})
+		case c.Err != nil:
+			f.park(it, c.Err)
+		default:
+			msg, err := envelope.ToMessage(c.Row, envelope.Options{Producer: f.cfg.Producer})
+			if err != nil {
+				f.park(it, err)
+				continue
+			}
+			it.msg = msg
+			work = append(work, it)
+		}
+	}
+
+	f.publishAll(work, startBy, stopping, drainExpired)
+
+	var outcomes []fencing.Outcome
+	var written []*item
+	for _, it := range items {
+		if it.claimed.Held() {
+			it.outcome.Lease = it.claimed.Lease
+			it.outcome.Now = f.dbNow()
+			outcomes = append(outcomes, it.outcome)
+			written = append(written, it)
+		}
+	}
+	results, err := fencing.Apply(dbctx, f.db, outcomes)
+	if err != nil {
+		return rep, fmt.Errorf("forwarder: write outcomes of %d rows: %w", len(outcomes), err)
+	}
+	stale := make(map[*item]bool)
+	for i, r := range results {
+		if r == fencing.Stale {
+			stale[written[i]] = true
+		}
+	}
+	var unknown error
+	for _, it := range items {
+		row := it.claimed.Row
+		if stale[it] {
+			rep.Stale++
+			f.metrics.message("stale", row.Destination)
+			f.warn("Outbox lease lost before the outcome was written: possible duplicate publication", watermill.LogFields{
+				"message_id": row.MessageID, "owner": it.claimed.Lease.Owner,
+				"lease_token": it.claimed.Lease.Token, "destination": row.Destination, "outcome": it.verdict,
+			})
+			continue
+		}
+		switch it.verdict {
+		case "published":
+			rep.Published++
+		case "ambiguous":
+			rep.Ambiguous++
+		case "failed":
+			rep.Failed++
+		case "exhausted":
+			rep.Exhausted++
+		case "released":
+			rep.Released++
+		}
+		f.metrics.message(it.verdict, row.Destination)
+		if it.unknown && unknown == nil {
+			unknown = outbox.Errorf(CodeUnknownOutcome, "forwarder.pass",
+				"the classifier returned an unknown outcome for row %s; it was recorded as AMBIGUOUS; fix the classifier to return Confirmed, Rejected or Ambiguous", row.MessageID)
+		}
+		if it.verdict == "ambiguous" || it.verdict == "failed" || (it.verdict == "exhausted" && it.claimed.Held()) {
+			f.logger.Info("Outbox publish not confirmed", watermill.LogFields{
+				"message_id": row.MessageID, "destination": row.Destination, "outcome": it.verdict,
+				"code": it.outcome.Code, "attempt": row.Attempts + 1, "lease_token": it.claimed.Lease.Token,
+				"next_attempt_at": it.outcome.NextAttemptAt, "error": fmt.Sprint(it.err),
+			})
+		}
+	}
+	return rep, unknown
+}
+
+// Warner is implemented by loggers that have a warning level; watermill's
+// LoggerAdapter has none, so warnings go to Info with severity=warn
+// otherwise.
+type Warner interface {
+	Warn(msg string, fields watermill.LogFields)
+}
+
+func (f *Forwarder) warn(msg string, fields watermill.LogFields) {
+	fields = watermill.LogFields{"owner": f.cfg.Owner}.Add(fields)
+	if w, ok := f.baseLogger.(Warner); ok {
+		w.Warn(msg, fields)
+		return
+	}
+	f.logger.Info(msg, fields.Add(watermill.LogFields{"severity": "warn"}))
+}
+
+// park records a row that cannot become a message (corrupt headers, a
+// reserved header name) as FAILED: retrying would fail the same way forever.
+func (f *Forwarder) park(it *item, err error) {
+	code := string(outbox.CodeOf(err))
+	if code == "" {
+		code = string(outbox.CodeCorruptRow)
+	}
+	it.verdict, it.err = "failed", err
+	it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: code, Detail: err.Error()}
+}
+
+func (f *Forwarder) publishAll(work []*item, startBy time.Time, stopping, drainExpired <-chan struct{}) {
+	jobs := make(chan *item)
+	var wg sync.WaitGroup
+	for range min(f.cfg.Concurrency, len(work)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for it := range jobs {
+				f.handle(it, startBy, stopping, drainExpired)
+			}
+		}()
+	}
+	for _, it := range work {
+		jobs <- it
+	}
+	close(jobs)
+	wg.Wait()
+}
+
+func (f *Forwarder) handle(it *item, startBy time.Time, stopping, drainExpired <-chan struct{}) {
+	row := it.claimed.Row
+	select {
+	case <-stopping:
+		it.verdict, it.outcome = "released", fencing.Outcome{To: envelope.StatusPending}
+		return
+	default:
+	}
+	if f.localNow().After(startBy) {
+		it.verdict, it.outcome = "released", fencing.Outcome{To: envelope.StatusPending}
+		return
+	}
+	attempt := row.Attempts + 1
+	err, code := f.publish(it.msg, row, attempt, drainExpired)
+	it.err = err
+	var v Verdict
+	switch {
+	case code != "":
+		v = Verdict{Outcome: Ambiguous, Code: code}
+	case err == nil:
+		v = Verdict{Outcome: Confirmed}
+	default:
+		v = f.cfg.Classifier(err)
+	}
+	switch v.Outcome {
+	case Confirmed:
+		it.verdict, it.outcome = "published", fencing.Outcome{To: envelope.StatusPublished}
+		return
+	case Rejected:
+		it.verdict, it.outcome = "failed", fencing.Outcome{To: envelope.StatusFailed, Code: cmpOr(v.Code, FailurePublishRejected), Detail: errText(err)}
+		return
+	case Ambiguous:
+		v.Code = cmpOr(v.Code, FailurePublishError)
+	default:
+		// Loud, but never silent: the row is written AMBIGUOUS (the safe
+		// reading of "we do not know") and the pass reports the error.
+		it.unknown = true
+		v.Code = FailureUnknownOutcome
+	}
+	if attempt >= f.cfg.MaxAttempts {
+		it.verdict, it.outcome = "exhausted", fencing.Outcome{To: envelope.StatusExhausted, Code: v.Code, Detail: errText(err)}
+		return
+	}
+	it.verdict = "ambiguous"
+	it.outcome = fencing.Outcome{
+		To: envelope.StatusAmbiguous, Code: v.Code, Detail: errText(err),
+		NextAttemptAt: f.localNow().Add(f.RetryDelay(row.MessageID, attempt)),
+	}
+}
+
+// publish sends msg downstream under a span continuing the row's trace. It
+// returns the publisher's error, or a failure code when the publish timed
+// out (PublishTimeout, or the drain deadline) or panicked.
+func (f *Forwarder) publish(msg *message.Message, row envelope.Row, attempt int, drainExpired <-chan struct{}) (error, string) {
+	ctx, span := f.tracer.Start(msg.Context(), "outbox.publish "+row.Destination,
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			attribute.String("messaging.message.id", row.MessageID),
+			attribute.String("messaging.destination.name", row.Destination),
+			attribute.Int("outbox.attempt", attempt),
+			attribute.Int64("outbox.lease_token", row.LeaseToken),
+		))
+	defer span.End()
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
+	defer cancel()
+	msg.SetContext(ctx)
+
+	began := time.Now()
+	done := make(chan error, 1) // buffered: a publisher returning after the timeout must not leak this goroutine
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				done <- &panicError{value: r}
+			}
+		}()
+		done <- f.out.Publish(row.Destination, msg)
+	}()
+	timer := time.NewTimer(f.cfg.PublishTimeout)
+	defer timer.Stop()
+	var err error
+	var code string
+	select {
+	case err = <-done:
+		var pe *panicError
+		if errors.As(err, &pe) {
+			code = FailurePublishPanic
+		}
+	case <-timer.C:
+		err, code = fmt.Errorf("publish did not return within %s", f.cfg.PublishTimeout), FailurePublishTimeout
+	case <-drainExpired:
+		err, code = errors.New("publish still running when the drain deadline passed"), FailurePublishTimeout
+	}
+	f.metrics.published(row.Destination, time.Since(began))
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, cmpOr(code, "publish failed"))
+	}
+	return err, code
+}
+
+type panicError struct{ value any }
+
+func (p *panicError) Error() string { return fmt.Sprintf("downstream publisher panicked: %v", p.value) }
+
+// RetryDelay is the wait before attempt+1 of a row whose attempt-th attempt
+// was ambiguous: BackoffBase x 2^(attempt-1), capped at BackoffMax, with
+// "equal jitter" (between half and all of it). The jitter is a hash of this
+// relay's owner, the message id and the attempt: replicas spread their
+// retries differently, and a given owner always computes the same delay.
+func (f *Forwarder) RetryDelay(messageID string, attempt int) time.Duration {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(f.cfg.Owner))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write([]byte(messageID))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write([]byte(strconv.Itoa(attempt)))
+	return spread(exp(f.cfg.BackoffBase, f.cfg.BackoffMax, attempt), h.Sum64())
+}
+
+// jittered is the loop's own backoff (idle passes, failing passes), seeded
+// by the owner so replicas do not poll in lockstep.
+func (f *Forwarder) jittered(base, ceiling time.Duration, n int, salt uint64) time.Duration {
+	x := f.seed ^ (uint64(n) * 0x9E3779B97F4A7C15) ^ (salt << 32)
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	return spread(exp(base, ceiling, n), x)
+}
+
+func exp(base, ceiling time.Duration, n int) time.Duration {
+	if n < 1 {
+		n = 1
+	}
+	d := float64(base) * math.Pow(2, float64(n-1))
+	if d > float64(ceiling) || math.IsInf(d, 0) {
+		return ceiling
+	}
+	return time.Duration(d)
+}
+
+func spread(d time.Duration, h uint64) time.Duration {
+	frac := float64(h>>11) / float64(1<<53)
+	return d/2 + time.Duration(frac*float64(d/2))
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
