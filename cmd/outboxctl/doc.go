@@ -16,6 +16,11 @@
 //	                            ambiguous/failed/exhausted counts and top failure codes;
 //	                            stuck correlations; live relays; relay mode (package status)
 //	inspect <message-id>        every column of one row, headers, lease, failure
+//	redrive | purge             parked rows (EXHAUSTED/FAILED) matching --status, --destination,
+//	                            --tenant, --failure-code, --message-id, --since/--until (RFC 3339),
+//	                            through the admin journal: --dry-run prints plan, count and digest;
+//	                            --ticket is required to execute; --expect-digest pins the approved plan;
+//	                            progress per batch on stderr (package journal)
 //	cleanup                     one retention run (package retention): --horizon, --batch-size,
 //	                            --max-batches, --archive, --inbox-horizon, --by-created-at (CDC only)
 //	debezium config             the generated connector configuration (--format json|properties,
@@ -28,9 +33,11 @@
 //	0  ok
 //	1  the operation failed (a database error, STATUS_MESSAGE_NOT_FOUND, ...)
 //	2  usage error: unknown command or flag, bad argument count or value, a configuration the
-//	   package refuses (OUTBOX_INVALID_CONFIG), OUTBOXCTL_DATABASE_URL_REQUIRED
-//	3  refused by a guard: RELAY_MODE_CONFLICT, OUTBOXCTL_RETENTION_MODE_MISMATCH (and the
-//	   journal's refusals when redrive/purge are present)
+//	   package refuses (OUTBOX_INVALID_CONFIG), JOURNAL_INVALID_FILTER, JOURNAL_TICKET_REQUIRED,
+//	   OUTBOXCTL_DATABASE_URL_REQUIRED
+//	3  refused by a guard: JOURNAL_ALREADY_EXECUTED, JOURNAL_IN_FLIGHT, JOURNAL_LEASE_LOST,
+//	   JOURNAL_PLAN_MISMATCH, OUTBOXCTL_DIGEST_MISMATCH, RELAY_MODE_CONFLICT,
+//	   OUTBOXCTL_RETENTION_MODE_MISMATCH
 //	4  OUTBOXCTL_DATABASE_UNREACHABLE: the first ping failed; safe to retry
 //
 // Every typed refusal prints its stable code on a line of its own

@@ -169,6 +169,8 @@ func (a *app) rootCommand() *cobra.Command {
 		a.migrateCommand(),
 		a.statusCommand(),
 		a.inspectCommand(),
+		a.redriveCommand(),
+		a.purgeCommand(),
 		a.cleanupCommand(),
 		a.debeziumCommand(),
 	)

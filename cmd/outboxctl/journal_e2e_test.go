@@ -1,0 +1,132 @@
+package main
+
+import (
+	"encoding/json"
+	"regexp"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+)
+
+func seedParked(t *testing.T, s *testdb.Schema) {
+	t.Helper()
+	exec1(t, s.DB, `
+INSERT INTO messaging_outbox (message_id, destination, payload, status, attempts, last_failure_code, parked_at, tenant)
+SELECT 'ex-' || g, CASE WHEN g <= 25 THEN 'orders' ELSE 'billing' END, 'x', 'EXHAUSTED', 10, 'PUBLISH_TIMEOUT', now(), 'acme'
+  FROM generate_series(1, 30) g`)
+	exec1(t, s.DB, `
+INSERT INTO messaging_outbox (message_id, destination, payload, status, attempts, last_failure_code, parked_at)
+VALUES ('fa-1', 'orders', 'x', 'FAILED', 1, 'REJECTED', now()),
+       ('fa-2', 'orders', 'x', 'FAILED', 1, 'REJECTED', now()),
+       ('pending-1', 'orders', 'x', 'PENDING', 0, NULL, NULL)`)
+}
+
+var digestRe = regexp.MustCompile(`(?m)^digest\s+([0-9a-f]{64})$`)
+
+func TestRedriveDryRunThenExactlyOnce(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	seedParked(t, s)
+	filter := []string{"--status", "exhausted", "--destination", "orders", "--tenant", "acme", "--failure-code", "PUBLISH_TIMEOUT"}
+
+	// Dry run: plan, count and digest; nothing changes.
+	r := db(t, s, append([]string{"redrive", "--dry-run"}, filter...)...)
+	requireCode(t, r, 0)
+	require.Regexp(t, `(?m)^operation\s+redrive$`, r.stdout)
+	require.Regexp(t, `(?m)^matching\s+25$`, r.stdout)
+	m := digestRe.FindStringSubmatch(r.stdout)
+	require.NotNil(t, m, r.stdout)
+	digest := m[1]
+	require.Equal(t, 30, s.Count(t, "status = 'EXHAUSTED'"))
+
+	// The JSON dry run gives the same digest.
+	r = db(t, s, append([]string{"--json", "redrive", "--dry-run"}, filter...)...)
+	requireCode(t, r, 0)
+	var dry struct {
+		Plan struct {
+			Digest   string `json:"digest"`
+			Matching int64  `json:"matching"`
+		} `json:"plan"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &dry))
+	require.Equal(t, digest, dry.Plan.Digest)
+	require.EqualValues(t, 25, dry.Plan.Matching)
+
+	// Executing needs a ticket.
+	r = db(t, s, append([]string{"redrive"}, filter...)...)
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "code: JOURNAL_TICKET_REQUIRED")
+
+	// A digest the flags do not produce is refused before anything runs.
+	r = db(t, s, append([]string{"redrive", "--ticket", "CHG-1", "--expect-digest", "deadbeef"}, filter...)...)
+	requireCode(t, r, 3)
+	require.Contains(t, r.stderr, "code: OUTBOXCTL_DIGEST_MISMATCH")
+	require.Equal(t, 30, s.Count(t, "status = 'EXHAUSTED'"))
+
+	// Execution: plan first, progress per batch on stderr.
+	r = db(t, s, append([]string{"redrive", "--ticket", "CHG-1", "--expect-digest", digest, "--batch-size", "10"}, filter...)...)
+	requireCode(t, r, 0)
+	require.Regexp(t, `(?m)^digest\s+`+digest+`$`, r.stdout)
+	require.Contains(t, r.stdout, "redrive complete under ticket CHG-1: 25 items (3 batches in this run)")
+	require.Contains(t, r.stderr, "redrive CHG-1: batch 1 committed, 10 of 25 items")
+	require.Contains(t, r.stderr, "redrive CHG-1: batch 3 committed, 25 of 25 items")
+	require.Equal(t, 25, s.Count(t, "status = 'PENDING' AND attempts = 0 AND parked_at IS NULL AND message_id LIKE 'ex-%'"))
+	require.Equal(t, 5, s.Count(t, "status = 'EXHAUSTED'"))
+
+	// The same approval never runs twice: park a matching row again and retry.
+	exec1(t, s.DB, `UPDATE messaging_outbox SET status = 'EXHAUSTED', parked_at = now() WHERE message_id = 'ex-1'`)
+	r = db(t, s, append([]string{"redrive", "--ticket", "CHG-1"}, filter...)...)
+	requireCode(t, r, 3)
+	require.Contains(t, r.stderr, "code: JOURNAL_ALREADY_EXECUTED")
+	require.Equal(t, 1, s.Count(t, "message_id = 'ex-1' AND status = 'EXHAUSTED'"))
+
+	// Nor can the ticket run a different plan.
+	r = db(t, s, "--json", "redrive", "--ticket", "CHG-1", "--status", "failed")
+	requireCode(t, r, 3)
+	var e map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stderr), &e), r.stderr)
+	require.Equal(t, "JOURNAL_PLAN_MISMATCH", e["code"])
+	require.Equal(t, 2, s.Count(t, "status = 'FAILED'"))
+}
+
+func TestPurgeDeletesOnlyParkedMatchingRows(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	seedParked(t, s)
+
+	r := db(t, s, "--json", "purge", "--ticket", "CHG-9", "--message-id", "fa-1", "--message-id", "ex-30", "--message-id", "pending-1")
+	requireCode(t, r, 0)
+	var out struct {
+		Items   int64 `json:"items"`
+		Batches int   `json:"batches"`
+		Plan    struct {
+			Matching int64 `json:"matching"`
+		} `json:"plan"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+	require.EqualValues(t, 2, out.Plan.Matching) // pending-1 is not parked
+	require.EqualValues(t, 2, out.Items)
+	require.Equal(t, 0, s.Count(t, "message_id IN ('fa-1', 'ex-30')"))
+	require.Equal(t, 1, s.Count(t, "message_id = 'pending-1'"))
+	require.Contains(t, r.stderr, "purge CHG-9: batch 1 committed, 2 of 2 items")
+
+	requireCode(t, db(t, s, "purge", "--ticket", "CHG-9", "--message-id", "fa-1", "--message-id", "ex-30", "--message-id", "pending-1"), 3)
+
+	// Bad filters are usage errors, and change nothing.
+	r = db(t, s, "purge", "--ticket", "CHG-10", "--status", "pending")
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "code: JOURNAL_INVALID_FILTER")
+	r = db(t, s, "purge", "--dry-run", "--since", "yesterday")
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "RFC 3339")
+	requireCode(t, db(t, s, "purge", "--dry-run", "--since", "2030-01-02T00:00:00Z", "--until", "2030-01-01T00:00:00Z"), 2)
+	requireCode(t, db(t, s, "purge", "--ticket", "x", "--batch-size", "-1"), 2)
+
+	// A time range selects by created_at.
+	r = db(t, s, "purge", "--dry-run", "--since", "2000-01-01T00:00:00Z", "--until", "2100-01-01T00:00:00Z")
+	requireCode(t, r, 0)
+	require.Regexp(t, `(?m)^matching\s+30$`, r.stdout)
+	require.Equal(t, 31, s.Count(t, ""))
+}
