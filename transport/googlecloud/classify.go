@@ -1,0 +1,118 @@
+package googlecloud
+
+import (
+	"errors"
+
+	"cloud.google.com/go/pubsub/v2"
+	wgc "github.com/ThreeDotsLabs/watermill-googlecloud/v2/pkg/googlecloud"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fencedoutbox/watermill-outbox/transport/internal/outcome"
+)
+
+// Codes stored in last_failure_code by Classify.
+const (
+	CodeTopicNotFound   = "PUBSUB_TOPIC_NOT_FOUND"
+	CodeMessageTooLarge = "PUBSUB_MESSAGE_TOO_LARGE"
+	CodeOrderingPaused  = "PUBSUB_ORDERING_KEY_PAUSED"
+	CodeUnknown         = "PUBSUB_UNKNOWN"
+)
+
+// gRPC codes that say the service refused this publish for good: the same
+// request would be refused again until someone changes the topic, the
+// permissions or the message (then redrives the FAILED row).
+var rejectedCodes = map[codes.Code]bool{
+	codes.NotFound:           true,
+	codes.InvalidArgument:    true,
+	codes.PermissionDenied:   true,
+	codes.FailedPrecondition: true,
+}
+
+func classify(err error) outcome.Result {
+	if err == nil {
+		return outcome.Result{Kind: outcome.Confirmed}
+	}
+	switch {
+	case errors.Is(err, ErrReservedAttribute):
+		return outcome.Result{Kind: outcome.Rejected, Code: string(CodeReservedAttribute)}
+	case errors.Is(err, wgc.ErrTopicDoesNotExist):
+		return outcome.Result{Kind: outcome.Rejected, Code: CodeTopicNotFound}
+	case errors.Is(err, pubsub.ErrOversizedMessage):
+		return outcome.Result{Kind: outcome.Rejected, Code: CodeMessageTooLarge}
+	}
+	var paused pubsub.ErrPublishingPaused
+	if errors.As(err, &paused) {
+		// An earlier publish with this ordering key failed; the key resumes
+		// (automatically with EnableMessageOrdering) and a retry can succeed.
+		return outcome.Result{Kind: outcome.Ambiguous, Code: CodeOrderingPaused}
+	}
+	// A gRPC status wins over the context rule: the client library reports a
+	// server-side deadline as codes.DeadlineExceeded, which is ambiguous too.
+	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
+		kind := outcome.Ambiguous
+		if rejectedCodes[st.Code()] {
+			kind = outcome.Rejected
+		}
+		return outcome.Result{Kind: kind, Code: "PUBSUB_" + grpcName(st.Code())}
+	}
+	if r, ok := outcome.Context(err); ok {
+		return r
+	}
+	return outcome.Result{Kind: outcome.Ambiguous, Code: CodeUnknown}
+}
+
+// grpcName spells a gRPC code the way the protocol does (NOT_FOUND), which
+// is what operators search for.
+func grpcName(c codes.Code) string {
+	switch c {
+	case codes.Canceled:
+		return "CANCELLED"
+	case codes.InvalidArgument:
+		return "INVALID_ARGUMENT"
+	case codes.DeadlineExceeded:
+		return "DEADLINE_EXCEEDED"
+	case codes.NotFound:
+		return "NOT_FOUND"
+	case codes.AlreadyExists:
+		return "ALREADY_EXISTS"
+	case codes.PermissionDenied:
+		return "PERMISSION_DENIED"
+	case codes.ResourceExhausted:
+		return "RESOURCE_EXHAUSTED"
+	case codes.FailedPrecondition:
+		return "FAILED_PRECONDITION"
+	case codes.Aborted:
+		return "ABORTED"
+	case codes.OutOfRange:
+		return "OUT_OF_RANGE"
+	case codes.Unimplemented:
+		return "UNIMPLEMENTED"
+	case codes.Internal:
+		return "INTERNAL"
+	case codes.Unavailable:
+		return "UNAVAILABLE"
+	case codes.DataLoss:
+		return "DATA_LOSS"
+	case codes.Unauthenticated:
+		return "UNAUTHENTICATED"
+	}
+	return "UNKNOWN"
+}
+
+// Kind and Result re-export the classifier's decision for callers and tests
+// that want it without the forwarder's types.
+type (
+	Kind   = outcome.Kind
+	Result = outcome.Result
+)
+
+// The three kinds ClassifyResult returns.
+const (
+	Confirmed = outcome.Confirmed
+	Rejected  = outcome.Rejected
+	Ambiguous = outcome.Ambiguous
+)
+
+// ClassifyResult is Classify before translation into the forwarder's verdict.
+func ClassifyResult(err error) Result { return classify(err) }

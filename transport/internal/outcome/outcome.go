@@ -1,0 +1,37 @@
+// Package outcome holds what every transport classifier shares: the context
+// rule and the translation of a transport's verdict into the forwarder's.
+package outcome
+
+import (
+	"context"
+	"errors"
+)
+
+// Kind is a classifier's decision before it becomes a forwarder verdict.
+type Kind int
+
+// The three outcomes a publish can have.
+const (
+	Confirmed Kind = iota // the broker acknowledged the message
+	Rejected              // the broker refused it for good: retrying the same bytes cannot succeed
+	Ambiguous             // we do not know whether the broker has it
+)
+
+// Result is a decision with the stable code stored in last_failure_code.
+type Result struct {
+	Kind Kind
+	Code string
+}
+
+// Context reports the verdict for cancellation and deadlines. They are
+// always ambiguous: the request may have reached the broker before the
+// caller stopped waiting for its answer.
+func Context(err error) (Result, bool) {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return Result{Ambiguous, "CONTEXT_DEADLINE_EXCEEDED"}, true
+	case errors.Is(err, context.Canceled):
+		return Result{Ambiguous, "CONTEXT_CANCELED"}, true
+	}
+	return Result{}, false
+}
