@@ -145,6 +145,10 @@ const filterWhere = `
 const (
 	sqlCount = `SELECT count(*) FROM messaging_outbox WHERE` + filterWhere
 
+	// The picked ids reach the UPDATE/DELETE as an array (= ANY), which
+	// plans as a primary-key Index Scan; a join with the CTE was planned as a
+	// Seq Scan of the whole outbox (see retention's statements).
+	//
 	// Plain FOR UPDATE, not SKIP LOCKED: skipping a locked parked row would
 	// move the cursor past it and skip it for good. Parked rows are not
 	// claimed by relays, so the wait is short and rare.
@@ -160,8 +164,7 @@ WITH picked AS (
     UPDATE messaging_outbox o
        SET status = 'PENDING', attempts = 0, next_attempt_at = coalesce($10::timestamptz, now()),
            parked_at = NULL, lease_owner = NULL, lease_expires_at = NULL
-      FROM picked
-     WHERE o.message_id = picked.message_id
+     WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked))
     RETURNING o.seq
 )
 SELECT count(*), coalesce(max(seq), $8) FROM changed`
@@ -175,8 +178,8 @@ WITH picked AS (
      LIMIT $9
        FOR UPDATE
 ), gone AS (
-    DELETE FROM messaging_outbox o USING picked
-     WHERE o.message_id = picked.message_id
+    DELETE FROM messaging_outbox o
+     WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked))
     RETURNING o.seq
 )
 SELECT count(*), coalesce(max(seq), $8) FROM gone`

@@ -11,3 +11,12 @@ import (
 func SetBeforeCommit(c *Config, f func(ctx context.Context, tx *sql.Tx, b Batch) error) {
 	c.beforeCommit = f
 }
+
+// Statements exposes the batch statements for EXPLAIN tests.
+var Statements = map[string]string{
+	"published":         sqlDeletePublished,
+	"created":           sqlDeleteCreated,
+	"archive-published": sqlArchivePublished,
+	"archive-created":   sqlArchiveCreated,
+	"inbox":             sqlDeleteInbox,
+}

@@ -531,3 +531,40 @@ func TestEvery(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, <-stopped, context.Canceled)
 }
+
+// Each batch statement finds its rows through an index, so a batch's cost is
+// bounded by its size and not by the table's.
+func TestBatchStatementsUseIndexes(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	insertPublished(t, s.DB, "old-", 20000, now.Add(-100*time.Hour))
+	_, err := s.DB.Exec(`
+INSERT INTO messaging_inbox (consumer, message_id, processed_at)
+SELECT 'c', 'm-' || g, $1::timestamptz - make_interval(secs => g) FROM generate_series(1, 20000) g`, now)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`ANALYZE messaging_outbox; ANALYZE messaging_inbox`)
+	require.NoError(t, err)
+	want := map[string]string{
+		"published":         "messaging_outbox_published_idx",
+		"archive-published": "messaging_outbox_published_idx",
+		"created":           "messaging_outbox_created_at_idx",
+		"archive-created":   "messaging_outbox_created_at_idx",
+		"inbox":             "messaging_inbox_processed_idx",
+	}
+	for name, q := range retention.Statements {
+		tx, err := s.DB.Begin()
+		require.NoError(t, err)
+		rows, err := tx.Query(`EXPLAIN `+q, now, 100, (72 * time.Hour).Seconds())
+		require.NoError(t, err, name)
+		var plan string
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			plan += line + "\n"
+		}
+		require.NoError(t, rows.Err())
+		require.NoError(t, tx.Rollback())
+		require.Contains(t, plan, want[name], "%s plan:\n%s", name, plan)
+		require.NotContains(t, plan, "Seq Scan", "%s plan:\n%s", name, plan)
+	}
+}
