@@ -14,12 +14,8 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
+	"github.com/fencedoutbox/watermill-outbox/publisher"
 )
-
-// NotifyChannel is the PostgreSQL NOTIFY channel the transactional publisher
-// signals after a commit when notify is enabled; the forwarder LISTENs on it
-// when Config.ListenURL is set.
-const NotifyChannel = "messaging_outbox_wakeup"
 
 // Defaults. Each satisfies the rules Validate enforces (a test says so).
 const (
@@ -79,8 +75,13 @@ type Config struct {
 	// other error is ambiguous.
 	Classifier Classifier
 	// ListenURL is a PostgreSQL DSN for LISTEN on NotifyChannel. Empty:
-	// polling only.
+	// polling only. Notifications only shorten the wait; polling continues,
+	// so a lost notification delays a message by at most MaxPollInterval.
 	ListenURL string
+	// NotifyChannel is the channel to LISTEN on; it must match the
+	// publisher's (publisher.Config.NotifyChannel). Default
+	// publisher.DefaultNotifyChannel.
+	NotifyChannel string
 	// Now is the clock for leases, retry schedules and row timestamps. Nil:
 	// the database's clock for rows and time.Now for local deadlines. Tests
 	// inject a clock instead of sleeping.
@@ -115,6 +116,7 @@ func (c Config) withDefaults() Config {
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, c.PublishTimeout)
 	c.Owner = cmp.Or(c.Owner, defaultOwner())
+	c.NotifyChannel = cmp.Or(c.NotifyChannel, publisher.DefaultNotifyChannel)
 	if c.Classifier == nil {
 		c.Classifier = DefaultClassifier
 	}
@@ -166,6 +168,9 @@ func (c Config) validated() (Config, error) {
 	}
 	if !c.OrderingPolicy.Valid() {
 		return bad("OrderingPolicy %d is unknown; use fencing.BlockKey or fencing.SkipParked", int(c.OrderingPolicy))
+	}
+	if len(c.NotifyChannel) > 63 || strings.ContainsRune(c.NotifyChannel, 0) {
+		return bad("NotifyChannel must be at most 63 bytes (a PostgreSQL identifier) without NUL characters")
 	}
 	if strings.ContainsRune(c.Owner, 0) || len(c.Owner) > 200 {
 		return bad("Owner must be at most 200 bytes without NUL characters")

@@ -293,7 +293,7 @@ func (f *Forwarder) stopSignals(ctx context.Context, exit <-chan struct{}) (stop
 	return stopping, drainExpired
 }
 
-// listen starts a LISTEN on NotifyChannel when ListenURL is set and returns
+// listen starts a LISTEN on Config.NotifyChannel when ListenURL is set and returns
 // a channel that receives a value per wake-up (nil channel otherwise).
 func (f *Forwarder) listen(stopping <-chan struct{}, bg *sync.WaitGroup) <-chan struct{} {
 	if f.cfg.ListenURL == "" {
@@ -305,10 +305,10 @@ func (f *Forwarder) listen(stopping <-chan struct{}, bg *sync.WaitGroup) <-chan 
 			f.logger.Error("Outbox LISTEN connection problem; polling continues", err, watermill.LogFields{"event": int(ev)})
 		}
 	})
-	if err := l.Listen(NotifyChannel); err != nil {
+	if err := l.Listen(f.cfg.NotifyChannel); err != nil {
 		// The listener keeps reconnecting in the background and re-issues
 		// LISTEN; meanwhile polling carries the load.
-		f.logger.Error("Outbox LISTEN failed; polling only until it succeeds", err, watermill.LogFields{"channel": NotifyChannel})
+		f.logger.Error("Outbox LISTEN failed; polling only until it succeeds", err, watermill.LogFields{"channel": f.cfg.NotifyChannel})
 	}
 	bg.Add(1)
 	go func() {

@@ -2,6 +2,7 @@ package forwarder_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -18,8 +19,8 @@ import (
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
-	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/publisher"
 )
 
 func TestDefaultsSatisfyTheirOwnRules(t *testing.T) {
@@ -58,6 +59,7 @@ func TestConfigRefusals(t *testing.T) {
 		"drain too long":    {forwarder.Config{DrainTimeout: 26 * time.Second}, outbox.CodeInvalidConfig, "lower DrainTimeout"},
 		"policy":            {forwarder.Config{OrderingPolicy: 9}, outbox.CodeInvalidConfig, "fencing.BlockKey"},
 		"owner NUL":         {forwarder.Config{Owner: "a\x00b"}, outbox.CodeInvalidConfig, "Owner"},
+		"channel too long":  {forwarder.Config{NotifyChannel: strings.Repeat("c", 64)}, outbox.CodeInvalidConfig, "NotifyChannel"},
 	} {
 		err := tc.cfg.Validate()
 		require.Error(t, err, name)
@@ -449,32 +451,6 @@ func TestRunRefusesACDCDatabase(t *testing.T) {
 	require.NoError(t, r.Close())
 }
 
-func TestAFailingPassDoesNotStopTheLoop(t *testing.T) {
-	s := newDB(t)
-	db := s.Open(t)
-	failures := make(chan struct{}, 100)
-	f := newForwarder(t, db, &recorder{}, forwarder.Config{
-		BackoffBase: time.Millisecond, BackoffMax: 2 * time.Millisecond, PollInterval: time.Millisecond,
-		MaxPollInterval: 2 * time.Millisecond,
-		OnReport: func(forwarder.Report) {
-			select {
-			case failures <- struct{}{}:
-			default:
-			}
-		},
-	})
-	// Stop the relay's database under it: every pass now fails.
-	done := make(chan error, 1)
-	go func() { done <- f.Run(context.Background()) }()
-	<-f.Running()
-	require.NoError(t, db.Close())
-	for range 5 {
-		<-failures // passes keep coming after the database went away
-	}
-	require.NoError(t, f.Close())
-	require.NoError(t, <-done)
-}
-
 func TestEndToEndThroughGoChannel(t *testing.T) {
 	s := newDB(t)
 	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 100}, watermill.NopLogger{})
@@ -483,27 +459,42 @@ func TestEndToEndThroughGoChannel(t *testing.T) {
 	require.NoError(t, err)
 
 	want := map[string]*message.Message{}
+	ctx := context.Background()
 	for i := range 3 {
-		tx, err := s.DB.Begin()
+		err := publisher.InTx(ctx, s.DB, publisher.Config{Notify: true}, func(ctx context.Context, tx *sql.Tx, pub *publisher.Publisher) error {
+			// The business change and its messages commit together.
+			if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders (id int PRIMARY KEY)`); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO orders VALUES ($1)`, i); err != nil {
+				return err
+			}
+			for j := range 2 {
+				m := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf(`{"n":%d}`, i*2+j)))
+				m.Metadata.Set("app-header", "v\\")
+				envelope.SetTenant(m, "acme")
+				envelope.SetMessageType(m, "OrderPaid")
+				envelope.SetAggregate(m, "order", fmt.Sprint(i), int64(j+1))
+				envelope.SetCorrelationID(m, "corr-1")
+				envelope.SetOccurredAt(m, t0)
+				if err := pub.Publish("orders", m); err != nil {
+					return err
+				}
+				want[m.UUID] = m
+			}
+			return nil
+		})
 		require.NoError(t, err)
-		for j := range 2 {
-			m := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf(`{"n":%d}`, i*2+j)))
-			m.Metadata.Set("app-header", "v\\")
-			envelope.SetTenant(m, "acme")
-			envelope.SetMessageType(m, "OrderPaid")
-			envelope.SetAggregate(m, "order", fmt.Sprint(i), int64(j+1))
-			envelope.SetCorrelationID(m, "corr-1")
-			envelope.SetOccurredAt(m, t0)
-			insert(t, tx, "orders", m)
-			want[m.UUID] = m
-		}
-		require.NoError(t, tx.Commit())
 	}
 	rolledBack := watermill.NewUUID()
-	tx, err := s.DB.Begin()
-	require.NoError(t, err)
-	insertN(t, tx, "orders", rolledBack)
-	require.NoError(t, tx.Rollback())
+	errAbort := errors.New("business rule failed")
+	err = publisher.InTx(ctx, s.DB, publisher.Config{Notify: true}, func(ctx context.Context, tx *sql.Tx, pub *publisher.Publisher) error {
+		if err := pub.Publish("orders", message.NewMessage(rolledBack, []byte("never"))); err != nil {
+			return err
+		}
+		return errAbort
+	})
+	require.ErrorIs(t, err, errAbort)
 
 	f := newForwarder(t, s.DB, ps, forwarder.Config{Producer: "relay-svc"})
 	done := make(chan error, 1)
@@ -553,7 +544,7 @@ func TestListenNotifyWakesAnIdleRelay(t *testing.T) {
 	insertN(t, s.DB, "orders", "m1")
 	require.Eventually(t, func() bool {
 		// NOTIFY again on every check: the listener may still be connecting.
-		_, err := s.DB.Exec(`SELECT pg_notify($1, '')`, forwarder.NotifyChannel)
+		_, err := s.DB.Exec(`SELECT pg_notify($1, '')`, publisher.DefaultNotifyChannel)
 		require.NoError(t, err)
 		return len(rec.ids()) == 1
 	}, 10*time.Second, 50*time.Millisecond)
@@ -599,5 +590,3 @@ func TestClassifierAndOutcomeNames(t *testing.T) {
 	require.Equal(t, "ambiguous", forwarder.Ambiguous.String())
 	require.Equal(t, "Outcome(0)", forwarder.Outcome(0).String())
 }
-
-var _ = fencing.BlockKey

@@ -1,0 +1,71 @@
+// Package forwarder is the relay of the fenced outbox: it publishes rows that
+// business transactions committed to messaging_outbox to any watermill
+// message.Publisher (Pub/Sub, Kafka, AMQP, NATS, GoChannel), at least once,
+// under the row's message id. It replaces watermill's components/forwarder,
+// which forwards one message at a time, lets one poison message block its
+// topic, has no attempt budget, and gains no throughput from more instances.
+//
+// # A pass
+//
+// One pass claims up to BatchSize rows (package fencing: one statement,
+// FOR UPDATE SKIP LOCKED, a lease with an owner and a token), rebuilds each
+// message with package envelope, publishes up to Concurrency of them at once,
+// and writes every outcome in one fenced statement:
+//
+//   - Confirmed (Publish returned nil)        -> PUBLISHED
+//   - Rejected (the Classifier says the broker will never take it; see
+//     Reject)                                  -> FAILED, parked
+//   - Ambiguous (any other error, a publish that ran past PublishTimeout even
+//     if the publisher ignores its context, a panicking publisher)
+//     -> AMBIGUOUS, retried after an exponential backoff, under the same id;
+//     or EXHAUSTED (parked) when that was the last attempt of MaxAttempts.
+//   - A row that cannot become a message (corrupt headers, a reserved header
+//     name) -> FAILED with the envelope's error code; it is never retried.
+//
+// A write whose lease is gone (the relay stalled past LeaseDuration and
+// another relay took the row) changes nothing and is counted as Stale in the
+// Report and logged with message id, owner and token: the message may have
+// been published twice. Every outcome is written or the pass fails loudly; a
+// Classifier returning an outcome the forwarder does not know is recorded as
+// AMBIGUOUS and the pass returns FORWARDER_UNKNOWN_OUTCOME. No row is left
+// IN_FLIGHT by a pass that completes.
+//
+// # Ordering
+//
+// Rows sharing an ordering key reach the publisher in seq order across any
+// number of relays and retries: the claim only returns the head of each key
+// (the earliest unpublished row), so at most one row per key is in flight at
+// a time. A parked head blocks its key (fencing.BlockKey, the default) or is
+// skipped (fencing.SkipParked). Rows without a key are published
+// concurrently. Duplicates are possible (at least once); reordering is not.
+//
+// # Time and leases
+//
+// LeaseDuration must be at least twice PublishTimeout (refused otherwise with
+// OUTBOX_LEASE_TOO_SHORT), and a publish is only started while it can finish
+// and its outcome be written before the lease runs out; rows that cannot are
+// released without spending an attempt. Retry delays and loop backoff carry
+// jitter derived from the owner id: replicas spread differently, a given
+// owner is deterministic. Config.Now injects the clock.
+//
+// # Running
+//
+// Run checks the relay mode (a database switched to CDC refuses with
+// RELAY_MODE_CONFLICT), keeps a heartbeat, wakes on LISTEN/NOTIFY when
+// ListenURL is set, polls otherwise (at once again while batches come back
+// full, backing off with jitter while they come back empty), and keeps going
+// after a failing pass (logged, counted, backed off). Close, or cancelling
+// Run's context, drains the pass in progress: publishes already started get
+// DrainTimeout to finish, rows not yet started are released, outcomes are
+// written, and the heartbeat is removed. RouterPlugin ties all of this to a
+// watermill Router.
+//
+// # Observability
+//
+// With Config.Metrics set: outbox_forwarder_messages_total{outcome,destination},
+// outbox_forwarder_passes_total, outbox_forwarder_pass_failures_total,
+// outbox_forwarder_publish_duration_seconds{destination},
+// outbox_forwarder_claim_batch_size. Each publish runs in a span
+// "outbox.publish <destination>" that continues the trace stored in the row;
+// the message handed to the publisher carries that span in its context.
+package forwarder
