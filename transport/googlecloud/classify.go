@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/transport/internal/outcome"
 )
 
@@ -113,6 +114,12 @@ const (
 	Rejected  = outcome.Rejected
 	Ambiguous = outcome.Ambiguous
 )
+
+// Classify is a forwarder.Classifier for Pub/Sub publish errors: pass it as
+// forwarder.Config.Classifier. The rules are in the package documentation.
+func Classify(err error) forwarder.Verdict { return classify(err).Verdict() }
+
+var _ forwarder.Classifier = Classify
 
 // ClassifyResult is Classify before translation into the forwarder's verdict.
 func ClassifyResult(err error) Result { return classify(err) }

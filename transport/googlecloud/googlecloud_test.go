@@ -20,6 +20,7 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/transport/googlecloud"
 )
 
@@ -113,6 +114,7 @@ func TestMissingTopicIsRejected(t *testing.T) {
 	v := googlecloud.ClassifyResult(err)
 	require.Equal(t, googlecloud.Rejected, v.Kind, "error: %v", err)
 	require.Equal(t, googlecloud.CodeTopicNotFound, v.Code)
+	require.Equal(t, forwarder.Verdict{Outcome: forwarder.Rejected, Code: googlecloud.CodeTopicNotFound}, googlecloud.Classify(err))
 }
 
 func TestMissingTopicWithoutExistenceCheckIsRejectedByServer(t *testing.T) {
@@ -200,6 +202,8 @@ func TestReservedUUIDAttributeIsRefused(t *testing.T) {
 
 func TestClassifyLocalErrors(t *testing.T) {
 	require.Equal(t, googlecloud.Confirmed, googlecloud.ClassifyResult(nil).Kind)
+	require.Equal(t, forwarder.Confirmed, googlecloud.Classify(nil).Outcome)
+	require.Equal(t, forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: "CONTEXT_DEADLINE_EXCEEDED"}, googlecloud.Classify(context.DeadlineExceeded))
 	for _, err := range []error{context.DeadlineExceeded, context.Canceled, errors.New("connection reset"),
 		pubsub.ErrPublishingPaused{OrderingKey: "k"}} {
 		require.Equal(t, googlecloud.Ambiguous, googlecloud.ClassifyResult(err).Kind, "%v", err)

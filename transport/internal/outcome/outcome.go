@@ -5,6 +5,8 @@ package outcome
 import (
 	"context"
 	"errors"
+
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
 )
 
 // Kind is a classifier's decision before it becomes a forwarder verdict.
@@ -34,4 +36,18 @@ func Context(err error) (Result, bool) {
 		return Result{Ambiguous, "CONTEXT_CANCELED"}, true
 	}
 	return Result{}, false
+}
+
+// Verdict translates r into the forwarder's verdict. An unknown Kind maps to
+// the zero Outcome, which the forwarder refuses loudly rather than guessing.
+func (r Result) Verdict() forwarder.Verdict {
+	switch r.Kind {
+	case Confirmed:
+		return forwarder.Verdict{Outcome: forwarder.Confirmed}
+	case Rejected:
+		return forwarder.Verdict{Outcome: forwarder.Rejected, Code: r.Code}
+	case Ambiguous:
+		return forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: r.Code}
+	}
+	return forwarder.Verdict{Code: r.Code}
 }
