@@ -172,6 +172,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.redriveCommand(),
 		a.purgeCommand(),
 		a.cleanupCommand(),
+		a.relayCommand(),
 		a.debeziumCommand(),
 	)
 	return root

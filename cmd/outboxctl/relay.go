@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/status"
+)
+
+// sinks are the downstreams `relay --to` accepts. Only transports whose
+// packages exist in this module are listed; none is a stub.
+var sinks = map[string]func(a *app) (message.Publisher, error){
+	"log": func(a *app) (message.Publisher, error) { return &logPublisher{out: a.stdout}, nil },
+}
+
+func (a *app) relayCommand() *cobra.Command {
+	var (
+		to          string
+		metricsAddr string
+		listen      bool
+		cfg         forwarder.Config
+	)
+	cmd := &cobra.Command{
+		Use:   "relay",
+		Short: "Run a standalone forwarder that publishes the outbox to a downstream (--to log)",
+		Long: `Run the fenced forwarder as a process of its own until SIGINT or SIGTERM,
+which drain the pass in progress (publishes already started finish or are
+recorded AMBIGUOUS; nothing is left IN_FLIGHT under this relay's name).
+
+--to log writes each message to stdout as one JSON line
+({"topic","uuid","metadata","payload_base64","payload_text"}) and confirms it.
+
+--metrics-addr serves /metrics (the forwarder's counters and histograms and
+the backlog gauges of package status). The relay refuses to start with
+RELAY_MODE_CONFLICT (exit 3) when the database's relay mode is CDC.
+--timeout does not apply: the relay runs until it is signalled.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			// No --timeout: a relay runs until SIGINT/SIGTERM.
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if err := a.relay(ctx, to, metricsAddr, listen, cfg); err != nil {
+				return runError{err}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&to, "to", "", "downstream: log")
+	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address (e.g. :9464; empty = off)")
+	f.BoolVar(&listen, "listen", false, "LISTEN for the publisher's NOTIFY wake-ups on the same database")
+	f.IntVar(&cfg.BatchSize, "batch-size", forwarder.DefaultBatchSize, "rows claimed per pass")
+	f.IntVar(&cfg.Concurrency, "concurrency", forwarder.DefaultConcurrency, "publishes in flight per pass")
+	f.IntVar(&cfg.MaxAttempts, "max-attempts", forwarder.DefaultMaxAttempts, "attempt budget per row before it is parked EXHAUSTED")
+	f.DurationVar(&cfg.LeaseDuration, "lease", forwarder.DefaultLeaseDuration, "lease per claimed row (>= 2 x --publish-timeout)")
+	f.DurationVar(&cfg.PublishTimeout, "publish-timeout", forwarder.DefaultPublishTimeout, "bound on one downstream publish")
+	f.DurationVar(&cfg.PollInterval, "poll-interval", forwarder.DefaultPollInterval, "wait after a pass that found some work")
+	f.DurationVar(&cfg.MaxPollInterval, "max-poll-interval", forwarder.DefaultMaxPollInterval, "cap of the idle backoff")
+	f.StringVar(&cfg.Owner, "owner", "", "relay owner id in leases and heartbeats (default host-pid-random)")
+	f.StringVar(&cfg.Producer, "producer", "", "msg.producer restored on rows that carry none")
+	return cmd
+}
+
+func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, cfg forwarder.Config) error {
+	newSink, ok := sinks[to]
+	if !ok {
+		return outbox.Errorf(CodeUsage, "outboxctl relay", "--to %q is not available; this build supports: log", to)
+	}
+	db, err := a.openDB(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if listen {
+		cfg.ListenURL = a.resolvedURL()
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Metrics = reg
+	backlog, err := status.NewCollector(db, status.CollectorOptions{})
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(backlog)
+
+	out, err := newSink(a)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	fwd, err := forwarder.New(db, out, watermill.NewStdLoggerWithOut(a.stderr, false, false), cfg)
+	if err != nil {
+		return err
+	}
+
+	if metricsAddr != "" {
+		ln, err := net.Listen("tcp", metricsAddr)
+		if err != nil {
+			return outbox.Wrap(CodeUsage, "outboxctl relay", err, "--metrics-addr cannot be served")
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+		a.progress("metrics on http://%s/metrics", ln.Addr())
+	}
+	a.progress("relay %s publishing to %s", fwd.Owner(), to)
+	if err := fwd.Run(ctx); err != nil {
+		return err
+	}
+	a.progress("relay %s stopped", fwd.Owner())
+	return nil
+}
+
+// resolvedURL is the database URL the command connected with.
+func (a *app) resolvedURL() string {
+	if a.databaseURL != "" {
+		return a.databaseURL
+	}
+	return a.getenv("OUTBOX_DATABASE_URL")
+}
+
+// logPublisher is the `--to log` downstream: one JSON line per message on
+// stdout, confirmed as soon as the line is written.
+type logPublisher struct {
+	mu     sync.Mutex // the forwarder publishes concurrently; lines must not interleave
+	out    io.Writer
+	closed bool
+}
+
+type logLine struct {
+	Topic         string            `json:"topic"`
+	UUID          string            `json:"uuid"`
+	Metadata      map[string]string `json:"metadata"`
+	PayloadBase64 string            `json:"payload_base64"`
+	PayloadText   *string           `json:"payload_text,omitempty"`
+}
+
+func (p *logPublisher) Publish(topic string, msgs ...*message.Message) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errors.New("log publisher closed")
+	}
+	for _, m := range msgs {
+		l := logLine{Topic: topic, UUID: m.UUID, Metadata: map[string]string(m.Metadata), PayloadBase64: base64.StdEncoding.EncodeToString(m.Payload)}
+		if l.Metadata == nil {
+			l.Metadata = map[string]string{}
+		}
+		if utf8.Valid(m.Payload) {
+			s := string(m.Payload)
+			l.PayloadText = &s
+		}
+		b, err := json.Marshal(l)
+		if err != nil {
+			return err
+		}
+		if _, err := p.out.Write(append(b, '\n')); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *logPublisher) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	return nil
+}

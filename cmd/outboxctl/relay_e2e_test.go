@@ -1,0 +1,146 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestRelayToLogPublishesServesMetricsAndStopsCleanly(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	exec1(t, s.DB, `
+INSERT INTO messaging_outbox (message_id, destination, payload, headers, correlation_id)
+SELECT 'm-' || g, 'orders', convert_to('{"n":' || g || '}', 'UTF8'), '{"app":"shop"}', 'c-' || g
+  FROM generate_series(1, 5) g`)
+
+	cmd := exec.Command(binary, "--database-url", s.URL, "relay", "--to", "log", "--metrics-addr", "127.0.0.1:0",
+		"--poll-interval", "50ms", "--max-poll-interval", "200ms", "--owner", "relay-e2e")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	metricsURL := make(chan string, 1)
+	var errLog syncBuffer
+	errDone := make(chan struct{})
+	go func() {
+		defer close(errDone)
+		sc := bufio.NewScanner(stderr)
+		re := regexp.MustCompile(`metrics on (http://\S+)`)
+		for sc.Scan() {
+			errLog.WriteString(sc.Text() + "\n")
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				metricsURL <- m[1]
+			}
+		}
+	}()
+
+	// Five JSON lines, one per row, with the id and metadata of the row.
+	lines := make(chan map[string]any)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var l map[string]any
+			if json.Unmarshal(sc.Bytes(), &l) == nil {
+				lines <- l
+			}
+		}
+	}()
+	seen := map[string]map[string]any{}
+	deadline := time.After(30 * time.Second)
+	for len(seen) < 5 {
+		select {
+		case l, ok := <-lines:
+			require.True(t, ok, "relay stdout closed early; stderr:\n%s", errLog.String())
+			seen[l["uuid"].(string)] = l
+		case <-deadline:
+			t.Fatalf("relay published %d of 5 messages; stderr:\n%s", len(seen), errLog.String())
+		}
+	}
+	m1 := seen["m-1"]
+	require.Equal(t, "orders", m1["topic"])
+	require.Equal(t, `{"n":1}`, m1["payload_text"])
+	md := m1["metadata"].(map[string]any)
+	require.Equal(t, "shop", md["app"])
+	require.Equal(t, "c-1", md["correlation_id"])
+	require.Eventually(t, func() bool { return s.Count(t, "status = 'PUBLISHED'") == 5 }, 10*time.Second, 20*time.Millisecond)
+
+	// /metrics: the forwarder's counters and the backlog gauges.
+	var url string
+	select {
+	case url = <-metricsURL:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no metrics address; stderr:\n%s", errLog.String())
+	}
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, resp.Body.Close())
+	require.NoError(t, err)
+	require.Contains(t, string(body), "outbox_forwarder_messages_total")
+	require.Contains(t, string(body), "outbox_oldest_pending_age_seconds")
+	require.Contains(t, string(body), `outbox_parked_messages{status="FAILED"} 0`)
+
+	// The live relay blocks a switch to CDC...
+	r := db(t, s, "debezium", "enable", "--by", "test")
+	requireCode(t, r, 3)
+	require.Contains(t, r.stderr, "relay-e2e")
+
+	// ...and SIGTERM stops it cleanly: exit 0, heartbeat removed.
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	<-errDone
+	err = cmd.Wait()
+	require.NoError(t, err, "stderr:\n%s", errLog.String())
+	require.Contains(t, errLog.String(), "relay relay-e2e stopped")
+	requireCode(t, db(t, s, "debezium", "enable", "--by", "test"), 0)
+
+	// In CDC mode the relay refuses to start.
+	r = db(t, s, "relay", "--to", "log")
+	requireCode(t, r, 3)
+	require.Contains(t, r.stderr, "code: RELAY_MODE_CONFLICT")
+}
+
+func TestRelayUsageErrors(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	r := db(t, s, "relay", "--to", "carrier-pigeon")
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "supports: log")
+	r = db(t, s, "relay", "--to", "log", "--lease", "1s", "--publish-timeout", "1s")
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "OUTBOX_LEASE_TOO_SHORT")
+}
+
+// syncBuffer collects the relay's stderr while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) WriteString(v string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.b.WriteString(v)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
