@@ -23,9 +23,10 @@
 //	                            progress per batch on stderr (package journal)
 //	cleanup                     one retention run (package retention): --horizon, --batch-size,
 //	                            --max-batches, --archive, --inbox-horizon, --by-created-at (CDC only)
-//	relay --to log              a standalone forwarder until SIGINT/SIGTERM (drains the pass);
+//	relay --to log|pubsub       a standalone forwarder until SIGINT/SIGTERM (drains the pass);
 //	                            --metrics-addr serves /metrics (forwarder metrics + backlog gauges);
-//	                            log writes one JSON line per message on stdout. Only downstreams
+//	                            log writes one JSON line per message on stdout; pubsub takes
+//	                            --pubsub-project (PUBSUB_EMULATOR_HOST honoured). Only downstreams
 //	                            whose transport packages exist are offered (see `relay --help`).
 //	debezium config             the generated connector configuration (--format json|properties,
 //	                            --topic-prefix, -o file); needs no database

@@ -24,13 +24,29 @@ import (
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/status"
+	"github.com/fencedoutbox/watermill-outbox/transport/googlecloud"
 )
 
-// sinks are the downstreams `relay --to` accepts. Only transports whose
-// packages exist in this module are listed; none is a stub.
-var sinks = map[string]func(a *app) (message.Publisher, error){
-	"log": func(a *app) (message.Publisher, error) { return &logPublisher{out: a.stdout}, nil },
+// sinkFlags are the transports' connection flags.
+type sinkFlags struct {
+	pubsub googlecloud.Config
 }
+
+// sinks are the downstreams `relay --to` accepts, each with the forwarder
+// classifier of its transport. Only transports whose packages exist in this
+// module are listed; none is a stub.
+var sinks = map[string]func(a *app, f *sinkFlags, logger watermill.LoggerAdapter) (message.Publisher, forwarder.Classifier, error){
+	"log": func(a *app, _ *sinkFlags, _ watermill.LoggerAdapter) (message.Publisher, forwarder.Classifier, error) {
+		return &logPublisher{out: a.stdout}, nil, nil
+	},
+	// Pub/Sub; the client honours PUBSUB_EMULATOR_HOST for an emulator.
+	"pubsub": func(_ *app, f *sinkFlags, logger watermill.LoggerAdapter) (message.Publisher, forwarder.Classifier, error) {
+		p, err := googlecloud.NewPublisher(f.pubsub, logger)
+		return p, googlecloud.Classify, err
+	},
+}
+
+const supportedSinks = "log, pubsub"
 
 func (a *app) relayCommand() *cobra.Command {
 	var (
@@ -38,6 +54,7 @@ func (a *app) relayCommand() *cobra.Command {
 		metricsAddr string
 		listen      bool
 		cfg         forwarder.Config
+		sf          sinkFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -46,7 +63,8 @@ func (a *app) relayCommand() *cobra.Command {
 which drain the pass in progress (publishes already started finish or are
 recorded AMBIGUOUS; nothing is left IN_FLIGHT under this relay's name).
 
---to log writes each message to stdout as one JSON line
+--to pubsub publishes to Google Cloud Pub/Sub (--pubsub-project; the client
+honours PUBSUB_EMULATOR_HOST). --to log writes each message to stdout as one JSON line
 ({"topic","uuid","metadata","payload_base64","payload_text"}) and confirms it.
 
 --metrics-addr serves /metrics (the forwarder's counters and histograms and
@@ -58,14 +76,17 @@ RELAY_MODE_CONFLICT (exit 3) when the database's relay mode is CDC.
 			// No --timeout: a relay runs until SIGINT/SIGTERM.
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			if err := a.relay(ctx, to, metricsAddr, listen, cfg); err != nil {
+			if err := a.relay(ctx, to, metricsAddr, listen, cfg, &sf); err != nil {
 				return runError{err}
 			}
 			return nil
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&to, "to", "", "downstream: log")
+	f.StringVar(&to, "to", "", "downstream: "+supportedSinks)
+	f.StringVar(&sf.pubsub.ProjectID, "pubsub-project", "", "pubsub: Google Cloud project (PUBSUB_EMULATOR_HOST selects an emulator)")
+	f.BoolVar(&sf.pubsub.CreateMissingTopics, "pubsub-create-topics", false, "pubsub: create missing topics (default: a missing topic parks the row FAILED)")
+	f.BoolVar(&sf.pubsub.EnableMessageOrdering, "pubsub-ordering", false, "pubsub: send msg.partition_key as the ordering key")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address (e.g. :9464; empty = off)")
 	f.BoolVar(&listen, "listen", false, "LISTEN for the publisher's NOTIFY wake-ups on the same database")
 	f.IntVar(&cfg.BatchSize, "batch-size", forwarder.DefaultBatchSize, "rows claimed per pass")
@@ -80,10 +101,10 @@ RELAY_MODE_CONFLICT (exit 3) when the database's relay mode is CDC.
 	return cmd
 }
 
-func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, cfg forwarder.Config) error {
+func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, cfg forwarder.Config, sf *sinkFlags) error {
 	newSink, ok := sinks[to]
 	if !ok {
-		return outbox.Errorf(CodeUsage, "outboxctl relay", "--to %q is not available; this build supports: log", to)
+		return outbox.Errorf(CodeUsage, "outboxctl relay", "--to %q is not available; this build supports: %s", to, supportedSinks)
 	}
 	db, err := a.openDB(ctx)
 	if err != nil {
@@ -102,12 +123,14 @@ func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, cf
 	}
 	reg.MustRegister(backlog)
 
-	out, err := newSink(a)
+	logger := watermill.NewStdLoggerWithOut(a.stderr, false, false)
+	out, classifier, err := newSink(a, sf, logger)
 	if err != nil {
 		return err
 	}
 	defer out.Close()
-	fwd, err := forwarder.New(db, out, watermill.NewStdLoggerWithOut(a.stderr, false, false), cfg)
+	cfg.Classifier = classifier // nil: the forwarder's default
+	fwd, err := forwarder.New(db, out, logger, cfg)
 	if err != nil {
 		return err
 	}
