@@ -16,9 +16,10 @@
 //     publisher writes with the caller's transaction and never commits or
 //     rolls back itself. Publishing with a nil, finished, read-only or
 //     aborted transaction is refused (OUTBOX_TRANSACTION_REQUIRED).
-//   - One Publish call is one INSERT statement for all its messages (array
-//     parameters and unnest, a fixed statement text), so its cost is one
-//     round trip whatever the batch size, and the messages get consecutive
+//   - One Publish call is one INSERT statement for all its messages, from a
+//     fixed statement text (a VALUES row for one message, array parameters
+//     and unnest for more; values are always bound, never concatenated), so
+//     its cost is one statement whatever the batch size, and the messages get
 //     seq values in the order given.
 //   - Every message of a call is validated by the envelope before anything is
 //     sent, so a refused call writes no row. Refusals are *outbox.Error with

@@ -16,7 +16,9 @@ import (
 
 // newSchema gives each test its own migrated schema with a small pool: the
 // PostgreSQL server is shared with other packages' tests.
-func newSchema(t *testing.T) *testdb.Schema {
+func newSchema(t *testing.T) *testdb.Schema { return newSchemaB(t) }
+
+func newSchemaB(t testing.TB) *testdb.Schema {
 	t.Helper()
 	s := testdb.New(t)
 	s.DB.SetMaxOpenConns(6)

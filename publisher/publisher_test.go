@@ -90,7 +90,14 @@ func TestOneCallWritesAllMessagesInOrder(t *testing.T) {
 	require.Equal(t, want, got, "seq follows the order of the call")
 }
 
+// TestEveryColumnRoundTrips runs once with both messages in one call (the
+// unnest statement) and once with one message per call (the VALUES one).
 func TestEveryColumnRoundTrips(t *testing.T) {
+	t.Run("batch", func(t *testing.T) { everyColumnRoundTrips(t, true) })
+	t.Run("one per call", func(t *testing.T) { everyColumnRoundTrips(t, false) })
+}
+
+func everyColumnRoundTrips(t *testing.T, together bool) {
 	s := newSchema(t)
 	occurred := time.Date(2026, 3, 4, 5, 6, 7, 123456000, time.UTC)
 	traceID := trace.TraceID{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36}
@@ -121,7 +128,12 @@ func TestEveryColumnRoundTrips(t *testing.T) {
 	tx := begin(t, s.DB, nil)
 	pub, err := publisher.New(tx, publisher.Config{Producer: "billing"}, nil)
 	require.NoError(t, err)
-	require.NoError(t, pub.Publish("orders.paid", full, bare))
+	if together {
+		require.NoError(t, pub.Publish("orders.paid", full, bare))
+	} else {
+		require.NoError(t, pub.Publish("orders.paid", full))
+		require.NoError(t, pub.Publish("orders.paid", bare))
+	}
 	require.NoError(t, tx.Commit())
 
 	r := readRow(t, s.DB, full.UUID)
