@@ -1,0 +1,213 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/publisher"
+)
+
+// The one statement that decides whether a delivery is new. A conflicting
+// row committed by another delivery makes it affect zero rows; an
+// uncommitted one makes it wait for that transaction's outcome.
+const insertInbox = `INSERT INTO messaging_inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`
+
+// MaxConsumerLength bounds consumer names (bytes).
+const MaxConsumerLength = 200
+
+// Config tunes the middleware. The zero value is usable.
+type Config struct {
+	// Publisher configures the follow-up publisher bound to the transaction.
+	Publisher publisher.Config
+	// TxOptions for the consumer's transaction (nil: the driver default,
+	// READ COMMITTED on PostgreSQL, which the duplicate check relies on: the
+	// waiting INSERT sees the committed conflict).
+	TxOptions *sql.TxOptions
+	// Logger; nil logs nothing.
+	Logger watermill.LoggerAdapter
+}
+
+type ctxKey struct{}
+
+type state struct {
+	tx  *sql.Tx
+	pub *FollowUp
+}
+
+// Tx returns the consumer's transaction inside a handler wrapped by the
+// middleware, or nil outside one.
+func Tx(ctx context.Context) *sql.Tx {
+	if s, ok := ctx.Value(ctxKey{}).(*state); ok {
+		return s.tx
+	}
+	return nil
+}
+
+// Publisher returns the follow-up publisher bound to the consumer's
+// transaction inside a handler wrapped by the middleware, or nil outside one.
+func Publisher(ctx context.Context) *FollowUp {
+	if s, ok := ctx.Value(ctxKey{}).(*state); ok {
+		return s.pub
+	}
+	return nil
+}
+
+// FollowUp is the outbox publisher handed to a handler: a
+// *publisher.Publisher bound to the consumer's transaction that also links
+// each follow-up to the message being consumed (msg.causation_id = its id,
+// msg.correlation_id = its correlation id) unless the follow-up sets them.
+type FollowUp struct {
+	out         *publisher.Publisher
+	causation   string
+	correlation string
+}
+
+var _ message.Publisher = (*FollowUp)(nil)
+
+// Publish writes msgs into messaging_outbox in the consumer's transaction;
+// refusals are those of publisher.Publisher.Publish.
+func (f *FollowUp) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if m == nil {
+			continue // the outbox publisher refuses it with its own error
+		}
+		if m.Metadata.Get(envelope.KeyCausationID) == "" {
+			envelope.SetCausationID(m, f.causation)
+		}
+		if m.Metadata.Get(envelope.KeyCorrelationID) == "" && m.Metadata.Get(envelope.WatermillCorrelationKey) == "" {
+			envelope.SetCorrelationID(m, f.correlation)
+		}
+	}
+	return f.out.Publish(topic, msgs...)
+}
+
+// Close stops the publisher; the middleware closes it when the handler returns.
+func (f *FollowUp) Close() error { return f.out.Close() }
+
+// Outbox returns the underlying outbox publisher (no causation linking).
+func (f *FollowUp) Outbox() *publisher.Publisher { return f.out }
+
+// Validate checks the arguments of Middleware: OUTBOX_INVALID_CONFIG for a
+// nil db, a consumer name that is empty, longer than MaxConsumerLength, not
+// UTF-8 or containing NUL, or an invalid publisher configuration.
+func Validate(db *sql.DB, consumer string, cfg Config) error {
+	const op = "inbox.Middleware"
+	switch {
+	case db == nil:
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "db must not be nil")
+	case consumer == "":
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "consumer name must not be empty")
+	case len(consumer) > MaxConsumerLength:
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "consumer name is %d bytes, at most %d allowed", len(consumer), MaxConsumerLength)
+	case !utf8.ValidString(consumer) || strings.IndexByte(consumer, 0) >= 0:
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "consumer name must be valid UTF-8 without NUL bytes")
+	}
+	return cfg.Publisher.Validate()
+}
+
+// NewMiddleware is Middleware that reports invalid arguments at construction.
+func NewMiddleware(db *sql.DB, consumer string, cfg Config) (message.HandlerMiddleware, error) {
+	if err := Validate(db, consumer, cfg); err != nil {
+		return nil, err
+	}
+	return Middleware(db, consumer, cfg), nil
+}
+
+// Middleware returns the inbox middleware for consumer (see the package
+// documentation). With invalid arguments (see Validate) every message fails
+// with that error and is nacked, so nothing is processed without the inbox;
+// use NewMiddleware to find out at construction. A message with an empty
+// UUID fails with OUTBOX_MESSAGE_ID_REQUIRED: it cannot be de-duplicated.
+func Middleware(db *sql.DB, consumer string, cfg Config) message.HandlerMiddleware {
+	invalid := Validate(db, consumer, cfg)
+	logger := cfg.Logger
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			if invalid != nil {
+				return nil, invalid
+			}
+			return handle(db, consumer, cfg, logger, h, msg)
+		}
+	}
+}
+
+func handle(db *sql.DB, consumer string, cfg Config, logger watermill.LoggerAdapter, h message.HandlerFunc, msg *message.Message) (produced []*message.Message, err error) {
+	const op = "inbox"
+	if msg.UUID == "" {
+		return nil, outbox.Errorf(outbox.CodeMessageIDRequired, op, "message has no UUID; the inbox cannot recognise its redelivery")
+	}
+	ctx := msg.Context()
+	tx, err := db.BeginTx(ctx, cfg.TxOptions)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: begin: %w", err)
+	}
+	res, err := tx.ExecContext(ctx, insertInbox, consumer, msg.UUID)
+	if err != nil {
+		_ = tx.Rollback()
+		return nil, fmt.Errorf("inbox: record %s: %w", msg.UUID, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		_ = tx.Rollback()
+		if err != nil {
+			return nil, fmt.Errorf("inbox: record %s: %w", msg.UUID, err)
+		}
+		logger.Debug("inbox: message already processed, skipping", watermill.LogFields{"consumer": consumer, "message_uuid": msg.UUID})
+		return nil, nil
+	}
+
+	out, err := publisher.New(tx, cfg.Publisher, logger)
+	if err != nil {
+		_ = tx.Rollback()
+		return nil, err
+	}
+	st := &state{tx: tx, pub: &FollowUp{
+		out:         out,
+		causation:   msg.UUID,
+		correlation: firstNonEmpty(msg.Metadata.Get(envelope.KeyCorrelationID), msg.Metadata.Get(envelope.WatermillCorrelationKey)),
+	}}
+	msg.SetContext(context.WithValue(ctx, ctxKey{}, st))
+	defer msg.SetContext(ctx)
+
+	finished := false
+	defer func() {
+		if finished {
+			return
+		}
+		// The handler panicked: undo everything, then let the panic go on
+		// (watermill's Recoverer, if installed, turns it into a nack).
+		_ = out.Close()
+		_ = tx.Rollback()
+	}()
+	produced, err = h(msg)
+	finished = true
+	_ = out.Close() // the handler must not publish into a finished transaction
+	if err != nil {
+		if rbErr := tx.Rollback(); rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
+			return produced, errors.Join(err, fmt.Errorf("inbox: rollback: %w", rbErr))
+		}
+		return produced, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("inbox: commit %s: %w", msg.UUID, err)
+	}
+	return produced, nil
+}
+
+func firstNonEmpty(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
