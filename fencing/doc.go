@@ -33,7 +33,12 @@
 //     row per key is ever in flight, across any number of relays. The
 //     [OrderingPolicy] says what a parked (FAILED/EXHAUSTED) earlier row does:
 //     [BlockKey] (the default) holds the key until an operator redrives or
-//     purges it; [SkipParked] lets later rows go past it.
+//     purges it; [SkipParked] lets later rows go past it. Order is seq order
+//     among committed rows: seq is taken at insert, so two transactions
+//     writing the same key concurrently may commit out of seq order, and a
+//     later row can be published before an earlier one becomes visible.
+//     Producers of one key normally serialize anyway (they update the same
+//     aggregate row); those that do not should.
 //   - The attempt budget is judged on attempts after the attempt being
 //     recorded (attempts + 1), so the last attempt is not spent twice; the
 //     caller picks [MarkExhausted] instead of [MarkAmbiguous] when

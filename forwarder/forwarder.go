@@ -111,14 +111,12 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(cfg.Owner))
 	return &Forwarder{
 		db: db, out: out, cfg: cfg, metrics: m,
 		logger:     logger.With(watermill.LogFields{"owner": cfg.Owner}),
 		baseLogger: logger,
 		tracer:     tp.Tracer(tracerName),
-		seed:       h.Sum64(),
+		seed:       seedOf(cfg.Owner),
 		stop:       make(chan struct{}),
 		running:    make(chan struct{}),
 		done:       make(chan struct{}),
@@ -181,15 +179,19 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		}
 	}()
 
+	// Background goroutines stop before the heartbeat is removed (the defer
+	// above runs last), so a late beat cannot resurrect it.
 	exit := make(chan struct{})
-	defer close(exit)
+	var bg sync.WaitGroup
+	defer func() {
+		close(exit)
+		bg.Wait()
+	}()
 	stopping, drainExpired := f.stopSignals(ctx, exit)
 
 	// Heartbeat: a CDC switch made while this relay's heartbeat lapsed is
 	// fatal, anything else (database briefly down) is logged.
 	fatal := make(chan error, 1)
-	var bg sync.WaitGroup
-	defer bg.Wait()
 	bg.Add(1)
 	go func() {
 		defer bg.Done()
@@ -457,7 +459,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 			written = append(written, it)
 		}
 	}
-	results, err := fencing.Apply(dbctx, f.db, outcomes)
+	results, err := f.apply(dbctx, outcomes)
 	if err != nil {
 		return rep, fmt.Errorf("forwarder: write outcomes of %d rows: %w", len(outcomes), err)
 	}
@@ -505,6 +507,31 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 		}
 	}
 	return rep, unknown
+}
+
+// apply writes the outcomes, trying again twice on a database error: the
+// rows were published already, and an outcome lost now means the row is
+// published again after its lease expires. The statement is atomic, so a
+// retry never applies half a batch twice. (If the first try committed but its
+// answer was lost, the retry reports the rows stale: a false alarm on the
+// safe side.)
+func (f *Forwarder) apply(ctx context.Context, outcomes []fencing.Outcome) ([]fencing.Result, error) {
+	var err error
+	for try := range 3 {
+		var res []fencing.Result
+		if res, err = fencing.Apply(ctx, f.db, outcomes); err == nil || errors.Is(err, fencing.ErrInvalidArgument) {
+			return res, err
+		}
+		f.logger.Error("Writing outcomes failed", err, watermill.LogFields{"try": try + 1, "rows": len(outcomes)})
+		t := time.NewTimer(time.Duration(try+1) * 100 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+	}
+	return nil, err
 }
 
 // Warner is implemented by loggers that have a warning level; watermill's
@@ -680,6 +707,12 @@ func (f *Forwarder) jittered(base, ceiling time.Duration, n int, salt uint64) ti
 	x *= 0xff51afd7ed558ccd
 	x ^= x >> 33
 	return spread(exp(base, ceiling, n), x)
+}
+
+func seedOf(owner string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(owner))
+	return h.Sum64()
 }
 
 func exp(base, ceiling time.Duration, n int) time.Duration {
