@@ -6,6 +6,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 
 	"github.com/pressly/goose/v3"
@@ -19,10 +20,19 @@ var embedded embed.FS
 // the same schema as the outbox (the first schema of search_path).
 const VersionTable = "messaging_schema_version"
 
-// LockID is the PostgreSQL advisory lock key Up holds while it migrates, so
-// that two processes migrating at once do not race: the second waits, then
-// finds nothing left to do. ("outbox" in ASCII.)
+// LockID is the base of the PostgreSQL advisory lock key Up holds while it
+// migrates, so that two processes migrating the same schema at once do not
+// race: the second waits, then finds nothing left to do. The key actually
+// used is LockID mixed with a hash of the target schema ([SchemaLockID]), so
+// migrating one schema never waits for another. ("outbox" in ASCII.)
 const LockID int64 = 0x6f7574626f78
+
+// SchemaLockID is the advisory lock key Up uses for schema.
+func SchemaLockID(schema string) int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(schema))
+	return LockID ^ int64(h.Sum64()&0x7fffffff00000000)
+}
 
 // FS returns the embedded migration files (goose-annotated SQL, one file per
 // version, named NNNNN_name.sql) for use with another migration tool. Each
@@ -50,7 +60,7 @@ type Result struct {
 // inside one. Objects are created in the first schema of the connection's
 // search_path.
 func Up(ctx context.Context, db *sql.DB) (Result, error) {
-	p, err := newProvider(db)
+	p, err := newProvider(ctx, db)
 	if err != nil {
 		return Result{}, err
 	}
@@ -75,15 +85,28 @@ func Up(ctx context.Context, db *sql.DB) (Result, error) {
 
 // Status reports, for each embedded migration, whether it has been applied.
 func Status(ctx context.Context, db *sql.DB) ([]*goose.MigrationStatus, error) {
-	p, err := newProvider(db)
+	p, err := newProvider(ctx, db)
 	if err != nil {
 		return nil, err
 	}
 	return p.Status(ctx)
 }
 
-func newProvider(db *sql.DB) (*goose.Provider, error) {
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(LockID))
+func newProvider(ctx context.Context, db *sql.DB) (*goose.Provider, error) {
+	var schema sql.NullString
+	if err := db.QueryRowContext(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		return nil, fmt.Errorf("migrations: read current_schema(): %w", err)
+	}
+	if !schema.Valid {
+		return nil, fmt.Errorf("migrations: no schema of search_path exists; create it first (CREATE SCHEMA ...)")
+	}
+	// Retry the lock every second (goose's default is every 5 s) for up to
+	// five minutes: a replica waiting for another's migration should start
+	// as soon as that one is done.
+	locker, err := lock.NewPostgresSessionLocker(
+		lock.WithLockID(SchemaLockID(schema.String)),
+		lock.WithLockTimeout(1, 300),
+	)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: locker: %w", err)
 	}

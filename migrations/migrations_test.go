@@ -138,13 +138,13 @@ func TestUpWaitsForTheAdvisoryLock(t *testing.T) {
 	holder, err := admin.Conn(ctx)
 	require.NoError(t, err)
 	defer holder.Close()
-	_, err = holder.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, migrations.LockID)
+	_, err = holder.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, migrations.SchemaLockID(name))
 	require.NoError(t, err)
 	released := false
 	unlock := func() {
 		if !released {
 			released = true
-			_, err := holder.ExecContext(ctx, `SELECT pg_advisory_unlock($1)`, migrations.LockID)
+			_, err := holder.ExecContext(ctx, `SELECT pg_advisory_unlock($1)`, migrations.SchemaLockID(name))
 			require.NoError(t, err)
 		}
 	}
