@@ -174,3 +174,46 @@ func TestStaleWriteIsLoggedAtWarnWithTheLease(t *testing.T) {
 	}
 	require.True(t, found, "stale write logged at warn: %v", logs.entries)
 }
+
+func TestRowWhoseExpiredLeaseSpentTheBudgetIsReportedExhausted(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	clk := newClock()
+	insertN(t, s.DB, "orders", "m1")
+	// A relay claimed the row and died mid-publish (its lease runs to t0+30s).
+	_, err := s.DB.Exec(`UPDATE messaging_outbox SET status = 'IN_FLIGHT', lease_owner = 'dead', lease_token = 1,
+		lease_expires_at = $1 WHERE message_id = 'm1'`, t0.Add(30*time.Second))
+	require.NoError(t, err)
+	rec := &recorder{}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{Now: clk.Now, MaxAttempts: 1})
+	clk.Advance(time.Minute)
+	rep, err := f.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Claimed)
+	require.Equal(t, 1, rep.Exhausted)
+	require.Empty(t, rec.ids(), "an exhausted row is reported, not published")
+	require.Equal(t, "EXHAUSTED", state(t, s.DB, "m1").Status)
+}
+
+func TestNoPublishStartsThatCouldOutliveTheLease(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	clk := newClock()
+	insertN(t, s.DB, "orders", "m1", "m2")
+	// The first publish takes (on the injected clock) most of the lease: the
+	// second row must not be started, but released for another pass.
+	rec := &recorder{behave: func(string, *message.Message) (bool, error) {
+		clk.Advance(23 * time.Second) // past 30s - 5s timeout - 2.5s write margin
+		return true, nil
+	}}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{
+		Now: clk.Now, Concurrency: 1, LeaseDuration: 30 * time.Second, PublishTimeout: 5 * time.Second,
+	})
+	rep, err := f.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Published)
+	require.Equal(t, 1, rep.Released)
+	require.Equal(t, []string{"m1"}, rec.ids())
+	require.Equal(t, "PENDING", state(t, s.DB, "m2").Status)
+	require.Equal(t, 0, state(t, s.DB, "m2").Attempts, "a released row spent no attempt")
+}
