@@ -1,0 +1,309 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	wmforwarder "github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/lib/pq"
+
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
+)
+
+// Prefill statements: the backlog is generated on the server, in chunks of
+// prefillChunk rows per transaction (several transactions, as a real backlog
+// has; watermill-sql orders by transaction id).
+const (
+	prefillChunk = 5000
+
+	prefillOutbox = `INSERT INTO messaging_outbox (message_id, destination, payload)
+SELECT $1::text || g, $2::text, $3::bytea FROM generate_series($4::int, $5::int) g`
+
+	// prefillWatermill writes what components/forwarder's publisher writes:
+	// a JSON envelope (destination, uuid, base64 payload, metadata) in a
+	// watermill-sql row stamped with the writing transaction's id.
+	prefillWatermill = `INSERT INTO "watermill_forwarder_topic" (uuid, payload, metadata, transaction_id)
+SELECT gen_random_uuid()::text,
+       json_build_object('destination_topic', $1::text, 'uuid', $2::text || g,
+                         'payload', translate(encode($3::bytea, 'base64'), E'\n', ''), 'metadata', '{}'::json),
+       '{}'::json, pg_current_xact_id()
+  FROM generate_series($4::int, $5::int) g`
+
+	// prefillPublished is a backlog retention may delete: PUBLISHED rows
+	// whose published_at is far past the default 72h horizon.
+	prefillPublished = `INSERT INTO messaging_outbox (message_id, destination, payload, status, published_at, attempts)
+SELECT $1::text || g, $2::text, $3::bytea, 'PUBLISHED', now() - interval '30 days', 1
+  FROM generate_series($4::int, $5::int) g`
+)
+
+// The minimal relay: claim with SKIP LOCKED, publish, one UPDATE for the
+// whole batch, all in one transaction. It records per-row state (status,
+// published_at) and nothing else: no lease, no token, no attempt count.
+const (
+	minimalClaim = `SELECT message_id, destination, payload FROM messaging_outbox
+ WHERE status = 'PENDING' ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED`
+	minimalDone = `UPDATE messaging_outbox SET status = 'PUBLISHED', published_at = now()
+ WHERE message_id = ANY($1::text[])`
+)
+
+// Relay kinds of the drain scenarios.
+const (
+	relayOurs        = "outbox"          // this module's forwarder (fencing on)
+	relayWMDefault   = "watermill"       // components/forwarder + watermill-sql subscriber, defaults
+	relayWMTuned     = "watermill-tuned" // same, PollInterval 10ms, batch 1000
+	relayMinimal     = "skiplocked"      // minimal SKIP LOCKED relay, one UPDATE per batch
+	wmTunedPoll      = 10 * time.Millisecond
+	wmTunedBatch     = 1000
+	minimalBatchSize = forwarder.DefaultBatchSize
+)
+
+func prefill(ctx context.Context, db *sql.DB, query, prefix string, n int, payload []byte) error {
+	for lo := 1; lo <= n; lo += prefillChunk {
+		hi := min(lo+prefillChunk-1, n)
+		var err error
+		if query == prefillWatermill {
+			_, err = db.ExecContext(ctx, query, benchTopic, prefix, payload, lo, hi)
+		} else {
+			_, err = db.ExecContext(ctx, query, prefix, benchTopic, payload, lo, hi)
+		}
+		if err != nil {
+			return fmt.Errorf("prefill: %w", err)
+		}
+	}
+	_, err := db.ExecContext(ctx, "ANALYZE")
+	return err
+}
+
+// sink is the downstream: a watermill GoChannel with one subscriber that
+// acks and counts.
+type sink struct {
+	ch     *gochannel.GoChannel
+	count  atomic.Int64
+	target int64
+	done   chan struct{}
+	once   sync.Once
+	// onMessage, when set, sees every message as it arrives.
+	onMessage func(*message.Message, time.Time)
+}
+
+func newSink(ctx context.Context, target int) (*sink, error) {
+	s := &sink{
+		ch:     gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 1024}, watermill.NopLogger{}),
+		target: int64(target),
+		done:   make(chan struct{}),
+	}
+	msgs, err := s.ch.Subscribe(ctx, benchTopic)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		for m := range msgs {
+			if s.onMessage != nil {
+				s.onMessage(m, time.Now())
+			}
+			m.Ack()
+			if s.count.Add(1) == s.target {
+				s.once.Do(func() { close(s.done) })
+			}
+		}
+	}()
+	return s, nil
+}
+
+func (s *sink) close() { _ = s.ch.Close() }
+
+// relay is a running relay of any kind; stop drains it and waits.
+type relay struct {
+	stop func()
+}
+
+// startRelay starts n relays of kind on the schema, publishing to out.
+// listen turns LISTEN/NOTIFY wake-up on for this module's forwarder.
+func startRelay(ctx context.Context, s *schema, kind string, n int, out message.Publisher, listen bool) (*relay, error) {
+	var stops []func()
+	stopAll := func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	for range n {
+		db, err := s.open(3)
+		if err != nil {
+			stopAll()
+			return nil, err
+		}
+		stops = append(stops, func() { _ = db.Close() })
+		rctx, cancel := context.WithCancel(ctx)
+		errc := make(chan error, 1)
+		switch kind {
+		case relayOurs:
+			cfg := forwarder.Config{}
+			if listen {
+				cfg.ListenURL = s.url
+			}
+			f, err := forwarder.New(db, out, nil, cfg)
+			if err != nil {
+				cancel()
+				stopAll()
+				return nil, err
+			}
+			go func() { errc <- f.Run(rctx) }()
+			select {
+			case <-f.Running():
+			case err := <-errc:
+				cancel()
+				stopAll()
+				return nil, fmt.Errorf("forwarder did not start: %w", err)
+			}
+			stops = append(stops, func() { _ = f.Close(); cancel(); <-errc })
+		case relayWMDefault, relayWMTuned:
+			cfg := wsql.SubscriberConfig{
+				SchemaAdapter:  wsql.DefaultPostgreSQLSchema{},
+				OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{},
+			}
+			if kind == relayWMTuned {
+				cfg.SchemaAdapter = wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: wmTunedBatch}
+				cfg.PollInterval = wmTunedPoll
+			}
+			sub, err := wsql.NewSubscriber(db, cfg, nil)
+			if err != nil {
+				cancel()
+				stopAll()
+				return nil, err
+			}
+			f, err := wmforwarder.NewForwarder(sub, out, watermill.NopLogger{}, wmforwarder.Config{ForwarderTopic: wmForwarderTopic})
+			if err != nil {
+				cancel()
+				stopAll()
+				return nil, err
+			}
+			go func() { errc <- f.Run(rctx) }()
+			select {
+			case <-f.Running():
+			case err := <-errc:
+				cancel()
+				stopAll()
+				return nil, fmt.Errorf("watermill forwarder did not start: %w", err)
+			}
+			stops = append(stops, func() { _ = f.Close(); cancel(); <-errc; _ = sub.Close() })
+		case relayMinimal:
+			go func() { errc <- runMinimal(rctx, db, out) }()
+			stops = append(stops, func() { cancel(); <-errc })
+		default:
+			cancel()
+			stopAll()
+			return nil, fmt.Errorf("unknown relay %q", kind)
+		}
+	}
+	return &relay{stop: stopAll}, nil
+}
+
+// runMinimal is the minimal SKIP LOCKED relay. It polls every 10ms when
+// idle (it is only measured draining a backlog).
+func runMinimal(ctx context.Context, db *sql.DB, out message.Publisher) error {
+	for ctx.Err() == nil {
+		n, err := minimalPass(ctx, db, out)
+		if err != nil && ctx.Err() == nil {
+			return err
+		}
+		if n == 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+func minimalPass(ctx context.Context, db *sql.DB, out message.Publisher) (int, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	rows, err := tx.QueryContext(ctx, minimalClaim, minimalBatchSize)
+	if err != nil {
+		return 0, err
+	}
+	var ids []string
+	byTopic := map[string][]*message.Message{}
+	for rows.Next() {
+		var id, dest string
+		var payload []byte
+		if err := rows.Scan(&id, &dest, &payload); err != nil {
+			_ = rows.Close()
+			return 0, err
+		}
+		ids = append(ids, id)
+		byTopic[dest] = append(byTopic[dest], message.NewMessage(id, payload))
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	for topic, msgs := range byTopic {
+		if err := out.Publish(topic, msgs...); err != nil {
+			return 0, err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, minimalDone, pq.Array(ids)); err != nil {
+		return 0, err
+	}
+	return len(ids), tx.Commit()
+}
+
+// fillFor prepares the backlog a relay kind reads.
+func fillFor(ctx context.Context, s *schema, kind string, n int, payload []byte) error {
+	switch kind {
+	case relayWMDefault, relayWMTuned:
+		if err := initWatermillTables(ctx, s.db); err != nil {
+			return err
+		}
+		return prefill(ctx, s.db, prefillWatermill, "wm-", n, payload)
+	default:
+		return prefill(ctx, s.db, prefillOutbox, "ob-", n, payload)
+	}
+}
+
+// drainCell measures how fast relays relays of kind drain a backlog of n
+// rows into a GoChannel, from start to the last message received.
+func drainCell(ctx context.Context, e *env, kind string, relays, n int, payload []byte, timeout time.Duration) (float64, error) {
+	s, err := e.newSchema(ctx, 2)
+	if err != nil {
+		return 0, err
+	}
+	defer s.drop()
+	if err := fillFor(ctx, s, kind, n, payload); err != nil {
+		return 0, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	snk, err := newSink(sctx, n)
+	if err != nil {
+		return 0, err
+	}
+	defer snk.close()
+	start := time.Now()
+	r, err := startRelay(sctx, s, kind, relays, snk.ch, false)
+	if err != nil {
+		return 0, err
+	}
+	defer r.stop()
+	select {
+	case <-snk.done:
+	case <-time.After(timeout):
+		return 0, fmt.Errorf("drain %s x%d: only %d of %d messages arrived within %s", kind, relays, snk.count.Load(), n, timeout)
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}

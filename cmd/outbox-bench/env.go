@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	_ "github.com/lib/pq" // database/sql driver "postgres"
+
+	"github.com/fencedoutbox/watermill-outbox/migrations"
+)
+
+// benchDBPrefix names the database a run creates for itself. A dedicated
+// database makes pg_stat_database's xact_commit count only this run's
+// transactions: the server is shared with other test runs, whose commits
+// would otherwise be counted as the relay's idle load.
+const benchDBPrefix = "outbox_bench_"
+
+var identRE = regexp.MustCompile(`^[a-z0-9_]+$`)
+
+// env is the run's database: created at start, dropped at the end.
+type env struct {
+	baseURL string // the server as given (admin connection)
+	dbName  string
+	dbURL   string // the bench database
+	admin   *sql.DB
+}
+
+func withDatabase(base, db string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil || u.Scheme == "" {
+		return "", fmt.Errorf("database URL %q must be a postgres:// URL", base)
+	}
+	u.Path = "/" + db
+	return u.String(), nil
+}
+
+func withSearchPath(base, schema string) string {
+	u, _ := url.Parse(base)
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func suffix() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%d_%s", time.Now().Unix(), hex.EncodeToString(b))
+}
+
+func newEnv(ctx context.Context, baseURL string) (*env, error) {
+	admin, err := sql.Open("postgres", baseURL)
+	if err != nil {
+		return nil, err
+	}
+	admin.SetMaxOpenConns(2)
+	if err := admin.PingContext(ctx); err != nil {
+		_ = admin.Close()
+		return nil, fmt.Errorf("PostgreSQL is not reachable at %s (set OUTBOX_TEST_DATABASE_URL or run `make db`): %w", baseURL, err)
+	}
+	dropStaleDatabases(ctx, admin)
+	e := &env{baseURL: baseURL, admin: admin, dbName: benchDBPrefix + suffix()}
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+e.dbName); err != nil {
+		_ = admin.Close()
+		return nil, fmt.Errorf("create database %s: %w", e.dbName, err)
+	}
+	if e.dbURL, err = withDatabase(baseURL, e.dbName); err != nil {
+		e.close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *env) close() {
+	_, _ = e.admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+e.dbName+" WITH (FORCE)")
+	_ = e.admin.Close()
+}
+
+// xacts returns committed + rolled back transactions of the bench database
+// so far (pg_stat_database, flushed by backends at most once a second and at
+// exit).
+func (e *env) xacts(ctx context.Context) (int64, error) {
+	var n int64
+	err := e.admin.QueryRowContext(ctx,
+		`SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1`, e.dbName).Scan(&n)
+	return n, err
+}
+
+// dropStaleDatabases removes bench databases left by crashed runs (older
+// than an hour).
+func dropStaleDatabases(ctx context.Context, admin *sql.DB) {
+	rows, err := admin.QueryContext(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'outbox\_bench\_%'`)
+	if err != nil {
+		return
+	}
+	var stale []string
+	cutoff := time.Now().Add(-time.Hour).Unix()
+	for rows.Next() {
+		var name string
+		if rows.Scan(&name) != nil || !identRE.MatchString(name) {
+			continue
+		}
+		ts, _, _ := strings.Cut(strings.TrimPrefix(name, benchDBPrefix), "_")
+		if n, err := strconv.ParseInt(ts, 10, 64); err == nil && n < cutoff {
+			stale = append(stale, name)
+		}
+	}
+	_ = rows.Close()
+	for _, name := range stale {
+		_, _ = admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	}
+}
+
+// schema is one scenario's fresh, migrated schema in the bench database.
+type schema struct {
+	name string
+	url  string
+	db   *sql.DB
+	e    *env
+}
+
+// newSchema creates and migrates a schema; pool is the pool size the
+// scenario needs (PostgreSQL's max_connections is shared by everyone).
+func (e *env) newSchema(ctx context.Context, pool int) (*schema, error) {
+	name := "bench_" + suffix()
+	if _, err := e.exec(ctx, "CREATE SCHEMA "+name); err != nil {
+		return nil, fmt.Errorf("create schema: %w", err)
+	}
+	s := &schema{name: name, url: withSearchPath(e.dbURL, name), e: e}
+	db, err := sql.Open("postgres", s.url)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(pool)
+	db.SetMaxIdleConns(pool)
+	s.db = db
+	if _, err := migrations.Up(ctx, db); err != nil {
+		s.drop()
+		return nil, fmt.Errorf("migrate %s: %w", name, err)
+	}
+	return s, nil
+}
+
+// exec runs a statement in the bench database (not the admin one).
+func (e *env) exec(ctx context.Context, q string) (sql.Result, error) {
+	db, err := sql.Open("postgres", e.dbURL)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	return db.ExecContext(ctx, q)
+}
+
+func (s *schema) drop() {
+	if s.db != nil {
+		_ = s.db.Close()
+	}
+	_, _ = s.e.exec(context.Background(), "DROP SCHEMA IF EXISTS "+s.name+" CASCADE")
+}
+
+// open returns another pool on the schema (another "process").
+func (s *schema) open(pool int) (*sql.DB, error) {
+	db, err := sql.Open("postgres", s.url)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(pool)
+	db.SetMaxIdleConns(pool)
+	return db, nil
+}

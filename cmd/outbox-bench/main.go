@@ -1,0 +1,341 @@
+// Command outbox-bench measures this module's publisher and forwarder side
+// by side with watermill's components/forwarder over watermill-sql and with
+// the raw PostgreSQL limit, in one run against one server, interleaving the
+// scenarios over several repetitions so a noisy shared machine moves all of
+// them alike. It prints a table and writes a JSON result file; BENCHMARKS.md
+// shows the latest one.
+//
+//	OUTBOX_TEST_DATABASE_URL=postgres://... go run ./cmd/outbox-bench -out .bench/results.json
+//
+// Every scenario runs in its own fresh, migrated schema inside a database
+// the run creates for itself (and drops at the end), so pg_stat_database
+// counts only this run's transactions. Durability stays at PostgreSQL's
+// defaults (synchronous_commit on).
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+)
+
+// Config is one run's shape; the flags fill it.
+type Config struct {
+	URL            string        `json:"-"`
+	Out            string        `json:"out"`
+	Reps           int           `json:"reps"`
+	PayloadBytes   int           `json:"payload_bytes"`
+	Writers        []int         `json:"writers"`
+	PerTx          []int         `json:"per_tx"`
+	WriteDuration  time.Duration `json:"write_duration_ns"`
+	Backlog        int           `json:"backlog"`
+	LatencyRate    int           `json:"latency_rate"`
+	LatencyDur     time.Duration `json:"latency_duration_ns"`
+	IdleDur        time.Duration `json:"idle_duration_ns"`
+	ScaleBacklogs  []int         `json:"scale_backlogs"`
+	ScaleWatermill int           `json:"scale_watermill_backlog"` // backlog at which watermill tuned is compared (0: skip)
+	RetentionRows  int           `json:"retention_rows"`
+	Probes         int           `json:"claim_probes"`
+	DrainTimeout   time.Duration `json:"drain_timeout_ns"`
+	Quiet          bool          `json:"-"`
+}
+
+func defaultConfig() Config {
+	return Config{
+		URL: testdb.URL(), Out: ".bench/results.json", Reps: 3, PayloadBytes: 1024,
+		Writers: []int{1, 4, 16}, PerTx: []int{1, 10}, WriteDuration: 2 * time.Second,
+		Backlog: 50000, LatencyRate: 200, LatencyDur: 8 * time.Second, IdleDur: 6 * time.Second,
+		ScaleBacklogs: []int{10000, 100000}, ScaleWatermill: 100000, RetentionRows: 100000,
+		Probes: 30, DrainTimeout: 5 * time.Minute,
+	}
+}
+
+// Report is the JSON result file.
+type Report struct {
+	Started      time.Time `json:"started"`
+	Finished     time.Time `json:"finished"`
+	Command      string    `json:"command"`
+	Machine      Machine   `json:"machine"`
+	Config       Config    `json:"config"`
+	Results      []Result  `json:"results"`
+	Targets      []Target  `json:"targets"`
+	ExplainClaim string    `json:"explain_claim"`
+}
+
+// Machine describes where the numbers come from.
+type Machine struct {
+	NProc      int    `json:"nproc"`
+	GoVersion  string `json:"go"`
+	PostgreSQL string `json:"postgresql"`
+	LoadBefore string `json:"load_before"`
+	LoadAfter  string `json:"load_after"`
+}
+
+func main() {
+	cfg := defaultConfig()
+	flag.StringVar(&cfg.URL, "db", cfg.URL, "PostgreSQL URL (default: OUTBOX_TEST_DATABASE_URL or the local test server); the run creates and drops its own database there")
+	flag.StringVar(&cfg.Out, "out", cfg.Out, "result file (JSON)")
+	flag.IntVar(&cfg.Reps, "reps", cfg.Reps, "repetitions (>= 3 for a median and a spread)")
+	flag.IntVar(&cfg.PayloadBytes, "payload", cfg.PayloadBytes, "payload bytes per message")
+	writers := flag.String("writers", "1,4,16", "write side: concurrent writers")
+	perTx := flag.String("per-tx", "1,10", "write side: messages per transaction")
+	flag.DurationVar(&cfg.WriteDuration, "write-duration", cfg.WriteDuration, "write side: duration of one cell")
+	flag.IntVar(&cfg.Backlog, "backlog", cfg.Backlog, "drain: pre-filled backlog rows")
+	flag.IntVar(&cfg.LatencyRate, "rate", cfg.LatencyRate, "latency: messages per second")
+	flag.DurationVar(&cfg.LatencyDur, "latency-duration", cfg.LatencyDur, "latency: duration of one cell")
+	flag.DurationVar(&cfg.IdleDur, "idle-duration", cfg.IdleDur, "idle load: duration of one cell")
+	scale := flag.String("scale", "10000,100000", "scale: backlogs (add 1000000 for the opt-in 1M case)")
+	million := flag.Bool("1m", false, "scale: also run the 1,000,000-row backlog")
+	flag.IntVar(&cfg.ScaleWatermill, "scale-watermill", cfg.ScaleWatermill, "scale: backlog at which watermill's tuned forwarder is compared (0: skip)")
+	flag.IntVar(&cfg.RetentionRows, "retention-rows", cfg.RetentionRows, "scale: PUBLISHED rows retention deletes while the claim is probed")
+	flag.IntVar(&cfg.Probes, "probes", cfg.Probes, "scale: claim probes per backlog")
+	flag.BoolVar(&cfg.Quiet, "quiet", false, "no progress lines")
+	flag.Parse()
+	var err error
+	if cfg.Writers, err = ints(*writers); err == nil {
+		if cfg.PerTx, err = ints(*perTx); err == nil {
+			cfg.ScaleBacklogs, err = ints(*scale)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "outbox-bench:", err)
+		os.Exit(2)
+	}
+	if *million {
+		cfg.ScaleBacklogs = append(cfg.ScaleBacklogs, 1000000)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	rep, err := run(ctx, cfg, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "outbox-bench:", err)
+		os.Exit(1)
+	}
+	printTable(os.Stdout, rep)
+}
+
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q is not a positive number", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// Names of the results, shared by the run, the targets and the smoke test.
+func writeName(impl string, w, b int) string { return fmt.Sprintf("write/%s/w%d/b%d", impl, w, b) }
+func drainName(kind string, relays int) string {
+	return fmt.Sprintf("drain/%s/x%d", kind, relays)
+}
+func latencyName(kind, p string) string { return fmt.Sprintf("latency/%s/%s", kind, p) }
+func idleName(kind string) string       { return "idle/" + kind }
+func scaleName(what string, n int) string {
+	return fmt.Sprintf("scale/%s/%d", what, n)
+}
+
+// drainKinds are the drain scenario's relays (kind, relay count).
+var drainKinds = []struct {
+	kind   string
+	relays int
+}{{relayOurs, 1}, {relayOurs, 4}, {relayWMDefault, 1}, {relayWMTuned, 1}, {relayMinimal, 1}}
+
+var latencyKinds = []string{relayOurs, relayWMDefault, relayWMTuned}
+
+func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
+	if cfg.Reps < 1 {
+		return nil, fmt.Errorf("-reps must be at least 1")
+	}
+	rep := &Report{Started: time.Now().UTC(), Config: cfg, Command: commandLine()}
+	rep.Machine = Machine{NProc: runtime.NumCPU(), GoVersion: runtime.Version(), LoadBefore: loadavg()}
+	e, err := newEnv(ctx, cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	if err := e.admin.QueryRowContext(ctx, "SHOW server_version").Scan(&rep.Machine.PostgreSQL); err != nil {
+		return nil, err
+	}
+	var sc string
+	if err := e.admin.QueryRowContext(ctx, "SHOW synchronous_commit").Scan(&sc); err != nil {
+		return nil, err
+	}
+	if sc != "on" {
+		return nil, fmt.Errorf("synchronous_commit is %q on this server; the benchmark needs PostgreSQL's default (on)", sc)
+	}
+	payload := make([]byte, cfg.PayloadBytes)
+	_, _ = rand.Read(payload)
+	logf := func(format string, args ...any) {
+		if !cfg.Quiet && progress != nil {
+			fmt.Fprintf(progress, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+		}
+	}
+	c := newCollector()
+	timeout := func(n int) time.Duration { return max(cfg.DrainTimeout, time.Duration(n/200)*time.Second) }
+
+	for r := 1; r <= cfg.Reps; r++ {
+		logf("repetition %d/%d", r, cfg.Reps)
+		// 1. Write side: implementations innermost, so each cell's three
+		// numbers are taken back to back.
+		for _, w := range cfg.Writers {
+			for _, b := range cfg.PerTx {
+				for _, impl := range []string{implPublisher, implWatermill, implRaw} {
+					v, err := writeCell(ctx, e, impl, w, b, cfg.WriteDuration, payload)
+					if err != nil {
+						return nil, err
+					}
+					c.add("write", writeName(impl, w, b), "msg/s", v)
+					logf("  %-28s %10.0f msg/s", writeName(impl, w, b), v)
+				}
+			}
+		}
+		// 2. Drain.
+		for _, d := range drainKinds {
+			v, err := drainCell(ctx, e, d.kind, d.relays, cfg.Backlog, payload, timeout(cfg.Backlog))
+			if err != nil {
+				return nil, err
+			}
+			c.add("drain", drainName(d.kind, d.relays), "msg/s", v)
+			logf("  %-28s %10.0f msg/s", drainName(d.kind, d.relays), v)
+		}
+		// 3. Latency at a steady rate, and idle load.
+		for _, k := range latencyKinds {
+			p50, p99, err := latencyCell(ctx, e, k, cfg.LatencyRate, cfg.LatencyDur, payload)
+			if err != nil {
+				return nil, err
+			}
+			c.add("latency", latencyName(k, "p50"), "ms", p50)
+			c.add("latency", latencyName(k, "p99"), "ms", p99)
+			logf("  %-28s p50 %.1f ms p99 %.1f ms", "latency/"+k, p50, p99)
+		}
+		for _, k := range latencyKinds {
+			v, err := idleCell(ctx, e, k, cfg.IdleDur)
+			if err != nil {
+				return nil, err
+			}
+			c.add("idle", idleName(k), "xact/s", v)
+			logf("  %-28s %10.2f xact/s", idleName(k), v)
+		}
+		// 4. Scale.
+		for i, n := range cfg.ScaleBacklogs {
+			res, err := scaleCell(ctx, e, n, payload, cfg.Probes, r == 1 && i == len(cfg.ScaleBacklogs)-1, timeout(n))
+			if err != nil {
+				return nil, err
+			}
+			if res.explain != "" {
+				rep.ExplainClaim = res.explain
+			}
+			c.add("scale", scaleName("outbox", n), "msg/s", res.throughput)
+			c.add("claim", scaleName("claim-p50", n), "ms", res.claimP50)
+			c.add("claim", scaleName("claim-p99", n), "ms", res.claimP99)
+			logf("  %-28s %10.0f msg/s claim p50 %.2f ms p99 %.2f ms", scaleName("outbox", n), res.throughput, res.claimP50, res.claimP99)
+		}
+		if n := cfg.ScaleWatermill; n > 0 {
+			v, err := drainCell(ctx, e, relayWMTuned, 1, n, payload, timeout(n))
+			if err != nil {
+				return nil, err
+			}
+			c.add("scale", scaleName(relayWMTuned, n), "msg/s", v)
+			logf("  %-28s %10.0f msg/s", scaleName(relayWMTuned, n), v)
+		}
+		if n := cfg.RetentionRows; n > 0 {
+			res, err := retentionCell(ctx, e, n, max(1000, cfg.ScaleBacklogs[0]), payload, cfg.Probes)
+			if err != nil {
+				return nil, err
+			}
+			c.add("retention", "retention/claim-p50/idle", "ms", res.claimIdleP50)
+			c.add("retention", "retention/claim-p99/idle", "ms", res.claimIdleP99)
+			c.add("retention", "retention/claim-p50/during", "ms", res.claimDuringP50)
+			c.add("retention", "retention/claim-p99/during", "ms", res.claimDuringP99)
+			c.add("retention", "retention/deleted-per-s", "msg/s", float64(res.deleted)/res.seconds)
+			logf("  %-28s claim p50 %.2f→%.2f ms p99 %.2f→%.2f ms, %d deleted in %.1fs", "retention",
+				res.claimIdleP50, res.claimDuringP50, res.claimIdleP99, res.claimDuringP99, res.deleted, res.seconds)
+		}
+	}
+	rep.Results = c.results()
+	rep.Targets = targets(cfg, c)
+	rep.Finished = time.Now().UTC()
+	rep.Machine.LoadAfter = loadavg()
+	if err := writeReport(cfg.Out, rep); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+func writeReport(path string, rep *Report) error {
+	if dir := filepath.Dir(path); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+func commandLine() string {
+	return "go run ./cmd/outbox-bench " + strings.Join(os.Args[1:], " ")
+}
+
+// loadavg is `uptime`'s load average (the machine is shared).
+func loadavg() string {
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		f := strings.Fields(string(b))
+		if len(f) >= 3 {
+			return strings.Join(f[:3], " ")
+		}
+	}
+	out, _ := exec.Command("uptime").Output()
+	return strings.TrimSpace(string(out))
+}
+
+func printTable(w io.Writer, rep *Report) {
+	fmt.Fprintf(w, "machine: %d CPUs, PostgreSQL %s, %s, load %s -> %s, %d repetitions\n\n",
+		rep.Machine.NProc, rep.Machine.PostgreSQL, rep.Machine.GoVersion, rep.Machine.LoadBefore, rep.Machine.LoadAfter, rep.Config.Reps)
+	fmt.Fprintf(w, "%-34s %-7s %10s %10s %10s %7s\n", "scenario", "unit", "median", "min", "max", "spread")
+	for _, r := range rep.Results {
+		fmt.Fprintf(w, "%-34s %-7s %10s %10s %10s %6.0f%%\n", r.Name, r.Unit, num(r.Median), num(r.Min), num(r.Max), 100*r.Spread)
+	}
+	fmt.Fprintf(w, "\n%-62s %8s %8s %s\n", "target", "ratio", "needed", "met")
+	for _, t := range rep.Targets {
+		fmt.Fprintf(w, "%-62s %8.2f %8.2f %s\n", t.Name, t.Ratio, t.Need, yes(t.Met))
+	}
+	if rep.ExplainClaim != "" {
+		fmt.Fprintf(w, "\nclaim at the largest backlog:\n%s", rep.ExplainClaim)
+	}
+}
+
+func num(v float64) string {
+	if v >= 100 {
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 2, 64)
+}
+
+func yes(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "NO"
+}

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	wmforwarder "github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/lib/pq"
+
+	"github.com/fencedoutbox/watermill-outbox/publisher"
+)
+
+// benchTopic is the downstream topic of every benchmark message.
+const benchTopic = "bench.orders"
+
+// wmForwarderTopic is where watermill's forwarder publisher puts its
+// envelopes (components/forwarder's default), so the SQL table is
+// "watermill_forwarder_topic".
+const wmForwarderTopic = "forwarder_topic"
+
+// rawTable is the floor of a commit: the smallest row that can carry a
+// message, a primary key and a payload, no other index.
+const (
+	rawTableDDL = `CREATE TABLE bench_raw (id text PRIMARY KEY, payload bytea NOT NULL)`
+	rawInsert   = `INSERT INTO bench_raw (id, payload) SELECT * FROM unnest($1::text[], $2::bytea[])`
+)
+
+// Write-side implementations.
+const (
+	implPublisher = "publisher" // this module's publisher
+	implWatermill = "watermill" // watermill-sql v3 publisher wrapped by components/forwarder's publisher
+	implRaw       = "raw"       // minimal INSERT
+	// implPublisherNotify is the publisher with the same-statement NOTIFY
+	// (the latency scenario's wake-up).
+	implPublisherNotify = "publisher-notify"
+)
+
+// initWatermillTables creates watermill-sql's message and offsets tables
+// for the forwarder topic in the schema (what AutoInitializeSchema would do,
+// which watermill-sql forbids inside a transaction).
+func initWatermillTables(ctx context.Context, db *sql.DB) error {
+	var qs []wsql.Query
+	qs = append(qs, wsql.DefaultPostgreSQLSchema{}.SchemaInitializingQueries(wmForwarderTopic)...)
+	qs = append(qs, wsql.DefaultPostgreSQLOffsetsAdapter{}.SchemaInitializingQueries(wmForwarderTopic)...)
+	for _, q := range qs {
+		if _, err := db.ExecContext(ctx, q.Query, q.Args...); err != nil {
+			return fmt.Errorf("watermill-sql schema: %w", err)
+		}
+	}
+	return nil
+}
+
+func newMessages(n int, payload []byte) []*message.Message {
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(watermill.NewUUID(), payload)
+	}
+	return msgs
+}
+
+// writeTx writes msgs in one transaction with the given implementation.
+func writeTx(ctx context.Context, db *sql.DB, impl string, msgs []*message.Message) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	switch impl {
+	case implPublisher, implPublisherNotify:
+		p, err := publisher.New(tx, publisher.Config{Notify: impl == implPublisherNotify}, nil)
+		if err != nil {
+			return err
+		}
+		if err := p.Publish(benchTopic, msgs...); err != nil {
+			return err
+		}
+	case implWatermill:
+		sp, err := wsql.NewPublisher(tx, wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, nil)
+		if err != nil {
+			return err
+		}
+		fp := wmforwarder.NewPublisher(sp, wmforwarder.PublisherConfig{ForwarderTopic: wmForwarderTopic})
+		if err := fp.Publish(benchTopic, msgs...); err != nil {
+			return err
+		}
+	case implRaw:
+		ids := make([]string, len(msgs))
+		payloads := make([][]byte, len(msgs))
+		for i, m := range msgs {
+			ids[i], payloads[i] = m.UUID, m.Payload
+		}
+		if _, err := tx.ExecContext(ctx, rawInsert, pq.Array(ids), pq.ByteaArray(payloads)); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("unknown write implementation %q", impl)
+	}
+	return tx.Commit()
+}
+
+// writeCell measures committed messages/s of writers concurrent writers,
+// perTx messages per transaction, for dur, in a fresh schema.
+func writeCell(ctx context.Context, e *env, impl string, writers, perTx int, dur time.Duration, payload []byte) (float64, error) {
+	s, err := e.newSchema(ctx, writers)
+	if err != nil {
+		return 0, err
+	}
+	defer s.drop()
+	switch impl {
+	case implRaw:
+		if _, err := s.db.ExecContext(ctx, rawTableDDL); err != nil {
+			return 0, err
+		}
+	case implWatermill:
+		if err := initWatermillTables(ctx, s.db); err != nil {
+			return 0, err
+		}
+	}
+	// Open every connection before the clock starts.
+	conns := make([]*sql.Conn, writers)
+	for i := range conns {
+		if conns[i], err = s.db.Conn(ctx); err != nil {
+			return 0, err
+		}
+	}
+	for _, c := range conns {
+		_ = c.Close()
+	}
+
+	var done atomic.Int64
+	var firstErr error
+	var once sync.Once
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(dur)
+	for range writers {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				if err := writeTx(ctx, s.db, impl, newMessages(perTx, payload)); err != nil {
+					once.Do(func() { firstErr = err })
+					return
+				}
+				done.Add(int64(perTx))
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if firstErr != nil {
+		return 0, fmt.Errorf("write %s w%d b%d: %w", impl, writers, perTx, firstErr)
+	}
+	return float64(done.Load()) / elapsed.Seconds(), nil
+}
