@@ -193,7 +193,10 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 				stopAll()
 				return nil, fmt.Errorf("watermill forwarder did not start: %w", err)
 			}
-			stops = append(stops, func() { _ = f.Close(); cancel(); <-errc; _ = sub.Close() })
+			// The forwarder's router closes the subscriber; closing it a
+			// second time here races inside watermill-sql (its closed flag
+			// is not synchronised).
+			stops = append(stops, func() { _ = f.Close(); cancel(); <-errc })
 		case relayMinimal:
 			go func() { errc <- runMinimal(rctx, db, out) }()
 			stops = append(stops, func() { cancel(); <-errc })

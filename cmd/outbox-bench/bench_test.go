@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+)
+
+// tinyConfig runs every scenario once, small enough for `make test`.
+func tinyConfig(t *testing.T) Config {
+	cfg := defaultConfig()
+	cfg.URL = testdb.URL()
+	cfg.Out = filepath.Join(t.TempDir(), "results.json")
+	cfg.Reps = 1
+	cfg.Writers = []int{1, 2}
+	cfg.PerTx = []int{1, 3}
+	cfg.WriteDuration = 100 * time.Millisecond
+	cfg.Backlog = 300
+	cfg.LatencyRate = 50
+	cfg.LatencyDur = 200 * time.Millisecond
+	cfg.IdleDur = 200 * time.Millisecond
+	cfg.ScaleBacklogs = []int{200, 400}
+	cfg.ScaleWatermill = 400
+	cfg.RetentionRows = 1500
+	cfg.Probes = 2
+	cfg.DrainTimeout = 30 * time.Second
+	cfg.Quiet = true
+	return cfg
+}
+
+// TestSmoke runs the whole program in a tiny configuration and checks the
+// result file names every scenario with a non-zero measurement. It asserts
+// no timing: the machine is shared, the full run is `make bench`.
+func TestSmoke(t *testing.T) {
+	cfg := tinyConfig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	_, err := run(ctx, cfg, nil)
+	require.NoError(t, err)
+
+	b, err := os.ReadFile(cfg.Out)
+	require.NoError(t, err)
+	var rep Report
+	require.NoError(t, json.Unmarshal(b, &rep))
+
+	got := map[string]Result{}
+	for _, r := range rep.Results {
+		got[r.Name] = r
+	}
+	var want []string
+	for _, w := range cfg.Writers {
+		for _, n := range cfg.PerTx {
+			for _, impl := range []string{implPublisher, implWatermill, implRaw} {
+				want = append(want, writeName(impl, w, n))
+			}
+		}
+	}
+	for _, d := range drainKinds {
+		want = append(want, drainName(d.kind, d.relays))
+	}
+	for _, k := range latencyKinds {
+		want = append(want, latencyName(k, "p50"), latencyName(k, "p99"), idleName(k))
+	}
+	for _, n := range cfg.ScaleBacklogs {
+		want = append(want, scaleName("outbox", n), scaleName("claim-p50", n), scaleName("claim-p99", n))
+	}
+	want = append(want, scaleName(relayWMTuned, cfg.ScaleWatermill),
+		"retention/claim-p50/idle", "retention/claim-p99/idle",
+		"retention/claim-p50/during", "retention/claim-p99/during", "retention/deleted-per-s")
+	for _, name := range want {
+		r, ok := got[name]
+		require.True(t, ok, "result %s missing from %s", name, cfg.Out)
+		require.Len(t, r.Samples, cfg.Reps, name)
+		switch r.Group {
+		case "latency":
+			// A message can arrive before Commit returns (NOTIFY), so a
+			// latency may be zero; it is never negative.
+			require.GreaterOrEqual(t, r.Median, 0.0, name)
+		default:
+			require.Greater(t, r.Median, 0.0, "%s has no measurement", name)
+		}
+	}
+	require.Len(t, rep.Results, len(want), "unexpected extra results")
+	require.NotEmpty(t, rep.Targets)
+	require.Contains(t, rep.ExplainClaim, "messaging_outbox_claimable_idx", "the claim must be an index scan on the claimable index")
+	require.NotEmpty(t, rep.Machine.PostgreSQL)
+}
+
+// TestIntsRefusesBadLists covers the flag parser's refusals.
+func TestIntsRefusesBadLists(t *testing.T) {
+	got, err := ints("1, 4,16,")
+	require.NoError(t, err)
+	require.Equal(t, []int{1, 4, 16}, got)
+	for _, bad := range []string{"x", "0", "-3", "1,two"} {
+		_, err := ints(bad)
+		require.Error(t, err, bad)
+	}
+}
+
+// TestRunRefusesZeroReps: a run needs at least one repetition.
+func TestRunRefusesZeroReps(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.Reps = 0
+	_, err := run(context.Background(), cfg, nil)
+	require.ErrorContains(t, err, "-reps")
+}
