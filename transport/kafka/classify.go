@@ -1,0 +1,80 @@
+package kafka
+
+import (
+	"errors"
+	"strconv"
+
+	"github.com/IBM/sarama"
+
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/transport/internal/outcome"
+)
+
+// Codes stored in last_failure_code by Classify for errors that are not a
+// broker error code.
+const (
+	CodeClientRefused = "KAFKA_CLIENT_REFUSED" // sarama refused the record before sending (e.g. over Producer.MaxMessageBytes)
+	CodeUnknown       = "KAFKA_UNKNOWN"
+)
+
+// rejected names the broker error codes that refuse a record for good, by
+// their protocol names.
+var rejected = map[sarama.KError]string{
+	sarama.ErrUnknownTopicOrPartition:            "UNKNOWN_TOPIC_OR_PARTITION",
+	sarama.ErrMessageSizeTooLarge:                "MESSAGE_TOO_LARGE",
+	sarama.ErrMessageSetSizeTooLarge:             "RECORD_LIST_TOO_LARGE",
+	sarama.ErrInvalidTopic:                       "INVALID_TOPIC_EXCEPTION",
+	sarama.ErrInvalidRecord:                      "INVALID_RECORD",
+	sarama.ErrInvalidTimestamp:                   "INVALID_TIMESTAMP",
+	sarama.ErrTopicAuthorizationFailed:           "TOPIC_AUTHORIZATION_FAILED",
+	sarama.ErrClusterAuthorizationFailed:         "CLUSTER_AUTHORIZATION_FAILED",
+	sarama.ErrTransactionalIDAuthorizationFailed: "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+	sarama.ErrPolicyViolation:                    "POLICY_VIOLATION",
+	sarama.ErrUnsupportedForMessageFormat:        "UNSUPPORTED_FOR_MESSAGE_FORMAT",
+	sarama.ErrInvalidRequiredAcks:                "INVALID_REQUIRED_ACKS",
+}
+
+func classify(err error) outcome.Result {
+	if err == nil {
+		return outcome.Result{Kind: outcome.Confirmed}
+	}
+	var kerr sarama.KError
+	if errors.As(err, &kerr) {
+		if name, ok := rejected[kerr]; ok {
+			return outcome.Result{Kind: outcome.Rejected, Code: "KAFKA_" + name}
+		}
+		return outcome.Result{Kind: outcome.Ambiguous, Code: "KAFKA_ERROR_" + strconv.Itoa(int(kerr))}
+	}
+	var cfgErr sarama.ConfigurationError
+	if errors.As(err, &cfgErr) {
+		// Raised by the producer for this record before anything was sent;
+		// the same record is refused again.
+		return outcome.Result{Kind: outcome.Rejected, Code: CodeClientRefused}
+	}
+	if r, ok := outcome.Context(err); ok {
+		return r
+	}
+	return outcome.Result{Kind: outcome.Ambiguous, Code: CodeUnknown}
+}
+
+// Classify is a forwarder.Classifier for Kafka publish errors: pass it as
+// forwarder.Config.Classifier. The rules are in the package documentation.
+func Classify(err error) forwarder.Verdict { return classify(err).Verdict() }
+
+var _ forwarder.Classifier = Classify
+
+// Kind and Result re-export the classifier's decision.
+type (
+	Kind   = outcome.Kind
+	Result = outcome.Result
+)
+
+// The three kinds ClassifyResult returns.
+const (
+	Confirmed = outcome.Confirmed
+	Rejected  = outcome.Rejected
+	Ambiguous = outcome.Ambiguous
+)
+
+// ClassifyResult is Classify before translation into the forwarder's verdict.
+func ClassifyResult(err error) Result { return classify(err) }

@@ -1,0 +1,227 @@
+//go:build kfake
+
+// These tests run the in-process Kafka (kfake). The kfake version go.mod pins
+// does not compile against the franz-go version go.mod selects (v1.21.7 lacks
+// kversion.EachSupportedFeature; v1.22.3 with kmsg v1.15.1 has it), so they
+// are behind the "kfake" build tag until go.mod requires
+// github.com/twmb/franz-go v1.22.3. Run them with a corrected module file:
+//
+//	go test -tags kfake -modfile=/tmp/go.mod ./transport/kafka
+package kafka_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	wk "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/transport/internal/e2e"
+	"github.com/fencedoutbox/watermill-outbox/transport/kafka"
+)
+
+const maxMessageBytes = 4096
+
+// cluster starts an in-process Kafka with a 4-partition "orders" topic, auto
+// creation off and a small message.max.bytes.
+func cluster(t *testing.T) []string {
+	t.Helper()
+	c, err := kfake.NewCluster(
+		kfake.NumBrokers(1),
+		kfake.SeedTopics(4, "orders"),
+		kfake.BrokerConfigs(map[string]string{"message.max.bytes": fmt.Sprint(maxMessageBytes)}),
+	)
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+func newPublisher(t *testing.T, brokers []string) *wk.Publisher {
+	t.Helper()
+	pub, err := kafka.NewPublisher(kafka.Config{Brokers: brokers}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	return pub
+}
+
+type record struct {
+	partition int32
+	key, uuid string
+	headers   map[string]string
+	value     []byte
+}
+
+// readAll returns every record of topic, partition by partition, in offset order.
+func readAll(t *testing.T, brokers []string, topic string) []record {
+	t.Helper()
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V2_1_0_0
+	client, err := sarama.NewClient(brokers, cfg)
+	require.NoError(t, err)
+	defer client.Close()
+	consumer, err := sarama.NewConsumerFromClient(client)
+	require.NoError(t, err)
+	defer consumer.Close()
+	parts, err := client.Partitions(topic)
+	require.NoError(t, err)
+	var out []record
+	for _, p := range parts {
+		hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		require.NoError(t, err)
+		if hwm == 0 {
+			continue
+		}
+		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
+		require.NoError(t, err)
+		for {
+			var m *sarama.ConsumerMessage
+			select {
+			case m = <-pc.Messages():
+			case <-time.After(10 * time.Second):
+				t.Fatalf("partition %d: no record before the high water mark %d", p, hwm)
+			}
+			r := record{partition: p, key: string(m.Key), value: m.Value, headers: map[string]string{}}
+			for _, h := range m.Headers {
+				r.headers[string(h.Key)] = string(h.Value)
+			}
+			r.uuid = r.headers[wk.UUIDHeaderKey]
+			out = append(out, r)
+			if m.Offset+1 >= hwm {
+				break
+			}
+		}
+		require.NoError(t, pc.Close())
+	}
+	return out
+}
+
+func TestOneKeyLandsOnOnePartitionInOrder(t *testing.T) {
+	brokers := cluster(t)
+	pub := newPublisher(t, brokers)
+	var sent []string
+	for i := range 40 {
+		msg := message.NewMessage(fmt.Sprintf("m-%02d", i), []byte(fmt.Sprint(i)))
+		envelope.SetPartitionKey(msg, []string{"customer-a", "customer-b"}[i%2])
+		require.NoError(t, pub.Publish("orders", msg))
+		sent = append(sent, msg.UUID)
+	}
+	recs := readAll(t, brokers, "orders")
+	require.Len(t, recs, 40)
+	partitionOf := map[string]int32{}
+	perKey := map[string][]string{}
+	for _, r := range recs {
+		if p, ok := partitionOf[r.key]; ok {
+			require.Equal(t, p, r.partition, "key %s on two partitions", r.key)
+		}
+		partitionOf[r.key] = r.partition
+		require.Equal(t, r.key, r.headers[envelope.KeyPartitionKey])
+		perKey[r.key] = append(perKey[r.key], r.uuid)
+	}
+	require.Len(t, perKey, 2)
+	for key, got := range perKey {
+		var want []string
+		for i, id := range sent {
+			if []string{"customer-a", "customer-b"}[i%2] == key {
+				want = append(want, id)
+			}
+		}
+		require.Equal(t, want, got, "order of key %s", key)
+	}
+}
+
+func TestRecordKeyFallsBackToUUID(t *testing.T) {
+	brokers := cluster(t)
+	pub := newPublisher(t, brokers)
+	msg := message.NewMessage("no-key-id", []byte("x"))
+	msg.Metadata.Set("h", "v")
+	require.NoError(t, pub.Publish("orders", msg))
+	recs := readAll(t, brokers, "orders")
+	require.Len(t, recs, 1)
+	require.Equal(t, "no-key-id", recs[0].key)
+	require.Equal(t, "no-key-id", recs[0].uuid)
+	require.Equal(t, "v", recs[0].headers["h"])
+	require.Equal(t, "no-key-id", kafka.RoutingKey(msg))
+}
+
+func TestBrokerRefusesTooLargeMessage(t *testing.T) {
+	brokers := cluster(t)
+	pub := newPublisher(t, brokers)
+	err := pub.Publish("orders", message.NewMessage("big", make([]byte, 2*maxMessageBytes)))
+	require.Error(t, err)
+	v := kafka.Classify(err)
+	require.Equal(t, forwarder.Verdict{Outcome: forwarder.Rejected, Code: "KAFKA_MESSAGE_TOO_LARGE"}, v, "error: %v", err)
+}
+
+func TestClientRefusesRecordOverItsOwnLimit(t *testing.T) {
+	brokers := cluster(t)
+	sc := kafka.SaramaConfig(kafka.Config{})
+	sc.Producer.MaxMessageBytes = 1024
+	pub, err := kafka.NewPublisher(kafka.Config{Brokers: brokers, Sarama: sc}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	err = pub.Publish("orders", message.NewMessage("big", make([]byte, 2048)))
+	require.Error(t, err)
+	require.Equal(t, forwarder.Verdict{Outcome: forwarder.Rejected, Code: kafka.CodeClientRefused}, kafka.Classify(err), "error: %v", err)
+}
+
+func TestUnknownTopicWithAutoCreateOffIsRejected(t *testing.T) {
+	brokers := cluster(t)
+	pub := newPublisher(t, brokers)
+	err := pub.Publish("no-such-topic", message.NewMessage("m1", []byte("x")))
+	require.Error(t, err)
+	require.Equal(t, forwarder.Verdict{Outcome: forwarder.Rejected, Code: "KAFKA_UNKNOWN_TOPIC_OR_PARTITION"}, kafka.Classify(err), "error: %v", err)
+}
+
+func TestInvalidTopicNameIsRejected(t *testing.T) {
+	brokers := cluster(t)
+	pub := newPublisher(t, brokers)
+	err := pub.Publish("bad topic name!", message.NewMessage("m1", []byte("x")))
+	require.Error(t, err)
+	v := kafka.ClassifyResult(err)
+	require.Equal(t, kafka.Rejected, v.Kind, "error: %v", err)
+}
+
+
+func TestBrokerGoneIsAmbiguous(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
+	require.NoError(t, err)
+	pub, err := kafka.NewPublisher(kafka.Config{Brokers: c.ListenAddrs()}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish("orders", message.NewMessage("m0", []byte("x"))))
+	c.Close()
+	err = pub.Publish("orders", message.NewMessage("m1", []byte("x")))
+	require.Error(t, err)
+	require.Equal(t, forwarder.Ambiguous, kafka.Classify(err).Outcome, "error: %v", err)
+}
+
+
+func TestEndToEnd(t *testing.T) {
+	brokers := cluster(t)
+	pub := newPublisher(t, brokers)
+	e2e.Relay(t, "orders", pub, kafka.Classify)
+
+	recs := readAll(t, brokers, "orders")
+	var got []*message.Message
+	for _, r := range recs {
+		msg, err := kafka.Marshaler().Unmarshal(&sarama.ConsumerMessage{Key: []byte(r.key), Value: r.value, Headers: headers(r.headers)})
+		require.NoError(t, err)
+		require.Equal(t, kafka.RoutingKey(msg), r.key)
+		got = append(got, msg)
+	}
+	e2e.Check(t, got)
+}
+
+func headers(h map[string]string) []*sarama.RecordHeader {
+	var out []*sarama.RecordHeader
+	for k, v := range h {
+		out = append(out, &sarama.RecordHeader{Key: []byte(k), Value: []byte(v)})
+	}
+	return out
+}
