@@ -187,7 +187,6 @@ func TestInvalidTopicNameIsRejected(t *testing.T) {
 	require.Equal(t, kafka.Rejected, v.Kind, "error: %v", err)
 }
 
-
 func TestBrokerGoneIsAmbiguous(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
 	require.NoError(t, err)
@@ -200,7 +199,6 @@ func TestBrokerGoneIsAmbiguous(t *testing.T) {
 	require.Error(t, err)
 	require.Equal(t, forwarder.Ambiguous, kafka.Classify(err).Outcome, "error: %v", err)
 }
-
 
 func TestEndToEnd(t *testing.T) {
 	brokers := cluster(t)
