@@ -1,0 +1,47 @@
+package amqp
+
+import (
+	"errors"
+	"strconv"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/transport/internal/outcome"
+)
+
+// CodeUnknown is stored for errors that carry no AMQP reply code.
+const CodeUnknown = "AMQP_UNKNOWN"
+
+// Reply codes that refuse this publish for good, by their protocol names.
+var rejected = map[int]string{
+	amqp091.NotFound:           "NOT_FOUND",
+	amqp091.AccessRefused:      "ACCESS_REFUSED",
+	amqp091.PreconditionFailed: "PRECONDITION_FAILED",
+	amqp091.ContentTooLarge:    "CONTENT_TOO_LARGE",
+	amqp091.NotAllowed:         "NOT_ALLOWED",
+	amqp091.NotImplemented:     "NOT_IMPLEMENTED",
+}
+
+func classify(err error) outcome.Result {
+	if err == nil {
+		return outcome.Result{Kind: outcome.Confirmed}
+	}
+	var aerr *amqp091.Error
+	if errors.As(err, &aerr) {
+		if name, ok := rejected[aerr.Code]; ok {
+			return outcome.Result{Kind: outcome.Rejected, Code: "AMQP_" + name}
+		}
+		return outcome.Result{Kind: outcome.Ambiguous, Code: "AMQP_" + strconv.Itoa(aerr.Code)}
+	}
+	if r, ok := outcome.Context(err); ok {
+		return r
+	}
+	return outcome.Result{Kind: outcome.Ambiguous, Code: CodeUnknown}
+}
+
+// Classify is a forwarder.Classifier for AMQP publish errors: pass it as
+// forwarder.Config.Classifier. The rules are in the package documentation.
+func Classify(err error) forwarder.Verdict { return classify(err).Verdict() }
+
+var _ forwarder.Classifier = Classify
