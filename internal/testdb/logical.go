@@ -1,0 +1,231 @@
+package testdb
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencedoutbox/watermill-outbox/migrations"
+)
+
+// LogicalURLEnv names a server with wal_level=logical to use instead of
+// starting a throwaway cluster.
+const LogicalURLEnv = "OUTBOX_TEST_LOGICAL_URL"
+
+// Logical returns the connection URL of a PostgreSQL database whose server
+// runs with wal_level=logical, for tests of logical replication.
+//
+// The shared test server runs with wal_level=replica and must never be
+// restarted or reconfigured, so, in order:
+//   - OUTBOX_TEST_LOGICAL_URL, when set, is used as is;
+//   - the shared server (URL()) is used when it already has wal_level=logical;
+//   - otherwise a throwaway cluster is created with initdb in a temporary
+//     directory, started with pg_ctl on a free loopback port (trust auth,
+//     wal_level=logical, fsync=off) and stopped with `pg_ctl stop -m
+//     immediate` in t.Cleanup. Running as root, initdb and pg_ctl run as the
+//     postgres OS user (PostgreSQL refuses root).
+//
+// The test is skipped, with the reason, only when none of these can give a
+// logical-capable server (no initdb/pg_ctl installed, or running as root with
+// no postgres user). A cluster that fails to start fails the test.
+func Logical(t testing.TB) string {
+	t.Helper()
+	if v := os.Getenv(LogicalURLEnv); v != "" {
+		return v
+	}
+	if walLevel(URL()) == "logical" {
+		return URL()
+	}
+	bin := findPGBin()
+	if bin == "" {
+		t.Skipf("testdb: no logical-capable PostgreSQL: the server at %s has wal_level != logical (it must not be reconfigured), %s is unset, and no initdb/pg_ctl was found in /usr/lib/postgresql/*/bin or PATH to start a throwaway cluster", URL(), LogicalURLEnv)
+	}
+	cred, owner, err := runAs()
+	if err != nil {
+		t.Skipf("testdb: no logical-capable PostgreSQL: cannot start a throwaway cluster: %v", err)
+	}
+
+	// Not t.TempDir(): its parent directory is private to the test user
+	// (mode 0700), and the postgres OS user must be able to enter it.
+	dir, err := os.MkdirTemp("", "outbox-logical-")
+	if err != nil {
+		t.Fatalf("testdb: temp dir: %v", err)
+	}
+	data, sock := filepath.Join(dir, "data"), filepath.Join(dir, "sock")
+	if err := os.Mkdir(sock, 0o700); err != nil {
+		t.Fatalf("testdb: socket dir: %v", err)
+	}
+	if owner != nil {
+		for _, p := range []string{dir, sock} {
+			if err := os.Chown(p, owner.uid, owner.gid); err != nil {
+				t.Fatalf("testdb: chown %s to postgres: %v", p, err)
+			}
+		}
+	}
+	run := func(name string, args ...string) error {
+		cmd := exec.Command(filepath.Join(bin, name), args...)
+		cmd.Dir = dir
+		cmd.Env = []string{"LC_ALL=C", "LANG=C", "PATH=" + os.Getenv("PATH"), "HOME=" + dir}
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if cred != nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+		}
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("%s %v: %w\n%s", name, args, err, out.String())
+		}
+		return nil
+	}
+	t.Cleanup(func() {
+		_ = run("pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
+		_ = os.RemoveAll(dir)
+	})
+	if err := run("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"); err != nil {
+		t.Fatalf("testdb: initdb: %v", err)
+	}
+	port, err := freePort()
+	if err != nil {
+		t.Fatalf("testdb: free port: %v", err)
+	}
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c wal_level=logical -c max_replication_slots=4 -c max_wal_senders=4 -c fsync=off -c full_page_writes=off -c synchronous_commit=off -c max_connections=30 -c shared_buffers=16MB", port, sock)
+	if err := run("pg_ctl", "-D", data, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "-o", opts, "start"); err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
+		t.Fatalf("testdb: start logical cluster: %v\n%s", err, log)
+	}
+	u := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	if lvl := walLevel(u); lvl != "logical" {
+		t.Fatalf("testdb: throwaway cluster at %s reports wal_level=%q", u, lvl)
+	}
+	return u
+}
+
+// NewOn creates a fresh migrated schema on the server at base (for example
+// the URL Logical returns), like New does on the shared server. The schema is
+// dropped in t.Cleanup.
+func NewOn(t testing.TB, base string) *Schema {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := sql.Open("postgres", base)
+	if err != nil {
+		t.Fatalf("testdb: open %s: %v", base, err)
+	}
+	defer admin.Close()
+	name := fmt.Sprintf("%s%d_%s", schemaPrefix, time.Now().Unix(), randomHex(4))
+	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+name); err != nil {
+		t.Fatalf("testdb: create schema on %s: %v", base, err)
+	}
+	s := &Schema{Name: name, URL: WithSearchPath(base, name)}
+	s.DB, err = sql.Open("postgres", s.URL)
+	if err != nil {
+		t.Fatalf("testdb: open schema: %v", err)
+	}
+	s.DB.SetMaxOpenConns(6)
+	t.Cleanup(func() {
+		_ = s.DB.Close()
+		drop, err := sql.Open("postgres", base)
+		if err != nil {
+			return
+		}
+		defer drop.Close()
+		_, _ = drop.ExecContext(context.Background(), "DROP SCHEMA IF EXISTS "+name+" CASCADE")
+	})
+	if _, err := migrations.Up(ctx, s.DB); err != nil {
+		t.Fatalf("testdb: migrate %s: %v", name, err)
+	}
+	return s
+}
+
+// ReplicationURL returns u (a postgres:// URL) with replication=database, the
+// form a logical replication connection needs.
+func ReplicationURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return u + " replication=database"
+	}
+	q := p.Query()
+	q.Set("replication", "database")
+	p.RawQuery = q.Encode()
+	return p.String()
+}
+
+func walLevel(u string) string {
+	db, err := sql.Open("postgres", u)
+	if err != nil {
+		return ""
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var lvl string
+	if err := db.QueryRowContext(ctx, "SHOW wal_level").Scan(&lvl); err != nil {
+		return ""
+	}
+	return lvl
+}
+
+// findPGBin returns a directory holding both initdb and pg_ctl, preferring
+// the newest /usr/lib/postgresql/<major>/bin, then PATH.
+func findPGBin() string {
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return majorOf(dirs[i]) > majorOf(dirs[j]) })
+	if p, err := exec.LookPath("initdb"); err == nil {
+		dirs = append(dirs, filepath.Dir(p))
+	}
+	for _, d := range dirs {
+		if isExec(filepath.Join(d, "initdb")) && isExec(filepath.Join(d, "pg_ctl")) {
+			return d
+		}
+	}
+	return ""
+}
+
+func majorOf(binDir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return n
+}
+
+func isExec(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
+}
+
+type ids struct{ uid, gid int }
+
+// runAs returns the credential to run PostgreSQL binaries with: nil when the
+// test does not run as root, the postgres OS user's when it does.
+func runAs() (*syscall.Credential, *ids, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, nil, fmt.Errorf("running as root and there is no postgres OS user to run initdb as: %w", err)
+	}
+	uid, err1 := strconv.Atoi(u.Uid)
+	gid, err2 := strconv.Atoi(u.Gid)
+	if err1 != nil || err2 != nil {
+		return nil, nil, fmt.Errorf("postgres OS user has non-numeric ids %q/%q", u.Uid, u.Gid)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, &ids{uid, gid}, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
