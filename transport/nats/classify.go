@@ -1,0 +1,66 @@
+package nats
+
+import (
+	"errors"
+	"strconv"
+
+	natsgo "github.com/nats-io/nats.go"
+
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/transport/internal/outcome"
+)
+
+// Codes stored in last_failure_code by Classify.
+const (
+	CodeNoStream   = "NATS_NO_STREAM"
+	CodeMaxPayload = "NATS_MAX_PAYLOAD"
+	CodeTimeout    = "NATS_TIMEOUT"
+	CodeConnection = "NATS_CONNECTION"
+	CodeUnknown    = "NATS_UNKNOWN"
+	codeAPIPrefix  = "NATS_JS_" // + the JetStream error code, e.g. NATS_JS_10054
+)
+
+// JetStream API statuses that refuse this message for good: bad request
+// (too large for the stream, invalid headers), not found, conflict (a failed
+// publish expectation).
+var rejectedStatus = map[int]bool{400: true, 404: true, 409: true}
+
+func classify(err error) outcome.Result {
+	if err == nil {
+		return outcome.Result{Kind: outcome.Confirmed}
+	}
+	switch {
+	case errors.Is(err, natsgo.ErrNoStreamResponse), errors.Is(err, natsgo.ErrNoResponders):
+		// Nothing captures the subject: JetStream never saw the message.
+		return outcome.Result{Kind: outcome.Rejected, Code: CodeNoStream}
+	case errors.Is(err, natsgo.ErrMaxPayload):
+		return outcome.Result{Kind: outcome.Rejected, Code: CodeMaxPayload}
+	}
+	var apiErr *natsgo.APIError
+	if errors.As(err, &apiErr) {
+		code := codeAPIPrefix + strconv.Itoa(int(apiErr.ErrorCode))
+		if rejectedStatus[apiErr.Code] {
+			return outcome.Result{Kind: outcome.Rejected, Code: code}
+		}
+		return outcome.Result{Kind: outcome.Ambiguous, Code: code}
+	}
+	switch {
+	case errors.Is(err, natsgo.ErrTimeout):
+		return outcome.Result{Kind: outcome.Ambiguous, Code: CodeTimeout}
+	case errors.Is(err, natsgo.ErrDisconnected), errors.Is(err, natsgo.ErrConnectionClosed),
+		errors.Is(err, natsgo.ErrConnectionDraining), errors.Is(err, natsgo.ErrConnectionReconnecting),
+		errors.Is(err, natsgo.ErrInvalidConnection), errors.Is(err, natsgo.ErrNoServers):
+		return outcome.Result{Kind: outcome.Ambiguous, Code: CodeConnection}
+	}
+	if r, ok := outcome.Context(err); ok {
+		return r
+	}
+	return outcome.Result{Kind: outcome.Ambiguous, Code: CodeUnknown}
+}
+
+// Classify is a forwarder.Classifier for NATS JetStream publish errors: pass
+// it as forwarder.Config.Classifier. The rules are in the package
+// documentation.
+func Classify(err error) forwarder.Verdict { return classify(err).Verdict() }
+
+var _ forwarder.Classifier = Classify
