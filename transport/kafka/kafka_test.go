@@ -1,12 +1,5 @@
-//go:build kfake
-
-// These tests run the in-process Kafka (kfake). The kfake version go.mod pins
-// does not compile against the franz-go version go.mod selects (v1.21.7 lacks
-// kversion.EachSupportedFeature; v1.22.3 with kmsg v1.15.1 has it), so they
-// are behind the "kfake" build tag until go.mod requires
-// github.com/twmb/franz-go v1.22.3. Run them with a corrected module file:
-//
-//	go test -tags kfake -modfile=/tmp/go.mod ./transport/kafka
+// These tests run against the in-process Kafka server kfake
+// (github.com/twmb/franz-go/pkg/kfake): real Kafka protocol, no broker to install.
 package kafka_test
 
 import (
