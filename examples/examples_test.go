@@ -31,22 +31,18 @@ func TestExamplesRunWithDefaults(t *testing.T) {
 
 	cases := []struct {
 		dir  string
-		kafk bool     // needs the kfake build (see examples/kafka/README.md)
 		also []string // further lines the transcript must show
 	}{
 		{dir: "orders", also: []string{"inbox already holds", "ROLLED BACK", "relay    pass: claimed="}},
 		{dir: "router-migration", also: []string{"rolled back (order amount above the limit)"}},
 		{dir: "legacy-sql", also: []string{"refused (email taken), rolled back"}},
-		{dir: "kafka", kafk: true, also: []string{"inbox already holds", "ROLLED BACK", "partition="}},
+		{dir: "kafka", also: []string{"inbox already holds", "ROLLED BACK", "partition="}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.dir, func(t *testing.T) {
 			t.Parallel()
 			bin := filepath.Join(t.TempDir(), tc.dir)
 			args := []string{"build", "-o", bin}
-			if tc.kafk {
-				args = append(args, "-tags", "kfake", "-modfile", kfakeModFile(t, goBin, root))
-			}
 			build := exec.Command(goBin, append(args, "./examples/"+tc.dir)...)
 			build.Dir = root
 			out, err := build.CombinedOutput()
@@ -106,30 +102,6 @@ func goBinary(t *testing.T) string {
 	p, err := exec.LookPath("go")
 	require.NoError(t, err, "the go command is needed to build the examples")
 	return p
-}
-
-// kfakeModFile writes a copy of go.mod that requires the franz-go version
-// kfake compiles against (go.mod pins v1.21.7; kfake needs v1.22.3 with
-// kmsg v1.15.1) and fills its go.sum. The repository's go.mod is not touched.
-func kfakeModFile(t *testing.T, goBin, root string) string {
-	t.Helper()
-	dir := t.TempDir()
-	for _, f := range []string{"go.mod", "go.sum"} {
-		b, err := os.ReadFile(filepath.Join(root, f))
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(dir, f), b, 0o644))
-	}
-	mod := filepath.Join(dir, "go.mod")
-	for _, args := range [][]string{
-		{"mod", "edit", "-modfile", mod, "-require=github.com/twmb/franz-go@v1.22.3", "-require=github.com/twmb/franz-go/pkg/kmsg@v1.15.1"},
-		{"list", "-mod=mod", "-modfile", mod, "-tags", "kfake", "-deps", "./examples/kafka"},
-	} {
-		cmd := exec.Command(goBin, args...)
-		cmd.Dir = root
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "go %s:\n%s", strings.Join(args, " "), out)
-	}
-	return mod
 }
 
 func fileExists(p string) bool {

@@ -1,5 +1,3 @@
-//go:build kfake
-
 package main
 
 import "github.com/twmb/franz-go/pkg/kfake"
