@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -20,14 +21,16 @@ import (
 const (
 	ordersTopic      = "orders"
 	producerName     = "orders-service"
-	creditLimitCents = 100_00 // per customer, across all their orders
+	creditLimitCents = 100_00 // per customer, across their orders of one run
 )
 
 const (
 	insertOrder = `INSERT INTO orders (id, customer_id, tenant, item, quantity, total_cents) VALUES ($1, $2, $3, $4, $5, $6)`
 	// Runs after the insert, inside the same transaction, so it counts the
-	// new order too.
-	customerTotal = `SELECT sum(total_cents) FROM orders WHERE customer_id = $1`
+	// new order too. Order ids are "ord-<run>-<n>" and the demo schema keeps
+	// earlier runs' orders, so the limit counts this run's orders only
+	// ($2 is the "ord-<run>-" prefix): every run of the demo behaves the same.
+	customerTotal = `SELECT sum(total_cents) FROM orders WHERE customer_id = $1 AND starts_with(id, $2)`
 )
 
 // errCreditLimit is the business rule that rolls an order back.
@@ -95,7 +98,7 @@ func placeOrder(ctx context.Context, db *sql.DB, orderID, correlationID string, 
 		// The rule is checked last on purpose: when it fails, the order row
 		// and the event row written above disappear with the rollback.
 		var sum int64
-		if err := tx.QueryRowContext(ctx, customerTotal, req.Customer).Scan(&sum); err != nil {
+		if err := tx.QueryRowContext(ctx, customerTotal, req.Customer, orderID[:strings.LastIndex(orderID, "-")+1]).Scan(&sum); err != nil {
 			return err
 		}
 		if sum > creditLimitCents {
