@@ -450,10 +450,13 @@ func (in *injector) inject(kind string) bool {
 			in.fleet.signal(i, syscall.SIGCONT, false)
 		})
 	case "conn-cut":
-		if in.cutting {
+		in.mu.Lock()
+		busy := in.cutting
+		in.cutting = true
+		in.mu.Unlock()
+		if busy {
 			return false
 		}
-		in.cutting = true
 		in.proxy.Stop() // closes every relay connection and refuses new ones
 		in.later(time.Duration(300+in.rng.IntN(700))*time.Millisecond, func() {
 			_ = in.proxy.Start()
@@ -462,14 +465,20 @@ func (in *injector) inject(kind string) bool {
 			in.mu.Unlock()
 		})
 	case "conn-latency":
-		if in.latent {
+		in.mu.Lock()
+		busy := in.latent
+		in.latent = true
+		in.mu.Unlock()
+		if busy {
 			return false
 		}
-		in.latent = true
 		_, err := in.proxy.Toxics.AddToxicJson(strings.NewReader(
 			`{"name":"chaos_latency","type":"latency","stream":"downstream","attributes":{"latency":300,"jitter":200}}`))
 		if err != nil {
 			in.fleet.t.Errorf("add latency toxic: %v", err)
+			in.mu.Lock()
+			in.latent = false
+			in.mu.Unlock()
 			return false
 		}
 		in.later(time.Duration(1000+in.rng.IntN(2000))*time.Millisecond, func() {
