@@ -146,7 +146,7 @@ func TestStatusHumanAndJSON(t *testing.T) {
 	for _, want := range []string{
 		"relay mode:   POLLING",
 		"unpublished:  5",
-		"pending:      3, oldest 2h0m",
+		"in transit:   3 (PENDING, IN_FLIGHT, AMBIGUOUS), oldest 2h0m",
 		"failed:       1",
 		"exhausted:    1",
 		"ambiguous:    1",

@@ -45,12 +45,12 @@ status/EXPLAIN.md).`,
 func (a *app) printStatus(s status.Snapshot) error {
 	out := a.stdout
 	fmt.Fprintf(out, "relay mode:   %s (since %s by %s)\n", s.Mode, cell(s.ModeChangedAt), cell(s.ModeChangedBy))
-	fmt.Fprintf(out, "unpublished:  %d\n", s.Unpublished)
+	fmt.Fprintf(out, "unpublished:  %d (every status but PUBLISHED)\n", s.Unpublished)
 	age := "-"
 	if !s.OldestPendingAt.IsZero() {
 		age = cell(time.Duration(s.OldestPendingAgeSeconds*float64(time.Second))) + " (created " + cell(s.OldestPendingAt) + ")"
 	}
-	fmt.Fprintf(out, "pending:      %d, oldest %s\n", s.Pending, age)
+	fmt.Fprintf(out, "in transit:   %d (PENDING, IN_FLIGHT, AMBIGUOUS), oldest %s\n", s.Pending, age)
 	fmt.Fprintf(out, "ambiguous:    %d\nfailed:       %d\nexhausted:    %d\n", s.Ambiguous, s.Failed, s.Exhausted)
 	if s.Truncated {
 		fmt.Fprintln(out, "(backlog groups truncated at --max-groups; totals cover the groups read)")
