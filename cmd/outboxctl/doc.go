@@ -23,11 +23,22 @@
 //	                            progress per batch on stderr (package journal)
 //	cleanup                     one retention run (package retention): --horizon, --batch-size,
 //	                            --max-batches, --archive, --inbox-horizon, --by-created-at (CDC only)
-//	relay --to log|pubsub       a standalone forwarder until SIGINT/SIGTERM (drains the pass);
+//	relay --to <sink>           a standalone forwarder until SIGINT/SIGTERM (drains the pass);
 //	                            --metrics-addr serves /metrics (forwarder metrics + backlog gauges);
-//	                            log writes one JSON line per message on stdout; pubsub takes
-//	                            --pubsub-project (PUBSUB_EMULATOR_HOST honoured). Only downstreams
-//	                            whose transport packages exist are offered (see `relay --help`).
+//	                            each sink classifies publish errors with its transport's Classify:
+//	                              log     one JSON line per message on stdout
+//	                              pubsub  --pubsub-project (PUBSUB_EMULATOR_HOST honoured),
+//	                                      --pubsub-create-topics, --pubsub-ordering
+//	                              kafka   --kafka-brokers host:port,... (comma separated),
+//	                                      --kafka-auto-create-topics
+//	                              amqp    --amqp-url (default amqp://guest:guest@127.0.0.1:5672/),
+//	                                      --amqp-create-exchanges
+//	                              nats    --nats-url (default nats://127.0.0.1:4222; JetStream),
+//	                                      --nats-create-streams
+//	                            a missing topic/exchange/stream parks rows FAILED unless the
+//	                            sink's create flag is set; an empty or refused sink setting is
+//	                            OUTBOX_INVALID_CONFIG (exit 2). Only downstreams whose transport
+//	                            packages exist are offered (see `relay --help`).
 //	debezium config             the generated connector configuration (--format json|properties,
 //	                            --topic-prefix, -o file); needs no database
 //	debezium enable|disable     switch the relay mode (enable refused while polling relays are live)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -19,17 +20,42 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/status"
+	"github.com/fencedoutbox/watermill-outbox/transport/amqp"
 	"github.com/fencedoutbox/watermill-outbox/transport/googlecloud"
+	"github.com/fencedoutbox/watermill-outbox/transport/kafka"
+	"github.com/fencedoutbox/watermill-outbox/transport/nats"
 )
 
 // sinkFlags are the transports' connection flags.
 type sinkFlags struct {
 	pubsub googlecloud.Config
+	// kafkaBrokers is the comma-separated --kafka-brokers; split by
+	// kafkaConfig so that an empty or malformed list reaches kafka.Config's
+	// own validation and its typed refusal.
+	kafkaBrokers string
+	kafka        kafka.Config
+	amqp         amqp.Config
+	nats         nats.Config
+}
+
+// kafkaConfig is the kafka.Config of the flags. An empty flag is an empty
+// list (not one empty address), and blanks around commas are ignored, so
+// "a:9092, b:9092" works and "a:9092,,b:9092" is refused.
+func (f *sinkFlags) kafkaConfig() kafka.Config {
+	c := f.kafka
+	c.Brokers = nil
+	if strings.TrimSpace(f.kafkaBrokers) != "" {
+		for _, b := range strings.Split(f.kafkaBrokers, ",") {
+			c.Brokers = append(c.Brokers, strings.TrimSpace(b))
+		}
+	}
+	return c
 }
 
 // sinks are the downstreams `relay --to` accepts, each with the forwarder
@@ -44,9 +70,28 @@ var sinks = map[string]func(a *app, f *sinkFlags, logger watermill.LoggerAdapter
 		p, err := googlecloud.NewPublisher(f.pubsub, logger)
 		return p, googlecloud.Classify, err
 	},
+	"kafka": func(_ *app, f *sinkFlags, logger watermill.LoggerAdapter) (message.Publisher, forwarder.Classifier, error) {
+		p, err := kafka.NewPublisher(f.kafkaConfig(), logger)
+		return p, kafka.Classify, err
+	},
+	"amqp": func(_ *app, f *sinkFlags, logger watermill.LoggerAdapter) (message.Publisher, forwarder.Classifier, error) {
+		if f.amqp.URI != "" { // empty: amqp.Config's own refusal below
+			// Without this a malformed URI would surface as a dial failure
+			// (exit 1) although the command line is what must change.
+			if _, err := amqp091.ParseURI(f.amqp.URI); err != nil {
+				return nil, nil, outbox.Wrap(CodeUsage, "outboxctl relay", err, "--amqp-url is not an AMQP URI")
+			}
+		}
+		p, err := amqp.NewPublisher(f.amqp, logger)
+		return p, amqp.Classify, err
+	},
+	"nats": func(_ *app, f *sinkFlags, logger watermill.LoggerAdapter) (message.Publisher, forwarder.Classifier, error) {
+		p, err := nats.NewPublisher(f.nats, logger)
+		return p, nats.Classify, err
+	},
 }
 
-const supportedSinks = "log, pubsub"
+const supportedSinks = "log, pubsub, kafka, amqp, nats"
 
 func (a *app) relayCommand() *cobra.Command {
 	var (
@@ -58,14 +103,32 @@ func (a *app) relayCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
-		Short: "Run a standalone forwarder that publishes the outbox to a downstream (--to log)",
+		Short: "Run a standalone forwarder that publishes the outbox to a downstream (--to log|pubsub|kafka|amqp|nats)",
 		Long: `Run the fenced forwarder as a process of its own until SIGINT or SIGTERM,
 which drain the pass in progress (publishes already started finish or are
 recorded AMBIGUOUS; nothing is left IN_FLIGHT under this relay's name).
 
---to pubsub publishes to Google Cloud Pub/Sub (--pubsub-project; the client
-honours PUBSUB_EMULATOR_HOST). --to log writes each message to stdout as one JSON line
-({"topic","uuid","metadata","payload_base64","payload_text"}) and confirms it.
+Downstreams (--to), each classifying publish errors with its transport's
+Classify (confirmed, rejected = parked FAILED, ambiguous = retried):
+
+  log     each message as one JSON line on stdout
+          ({"topic","uuid","metadata","payload_base64","payload_text"}), confirmed
+          once written.
+  pubsub  Google Cloud Pub/Sub: --pubsub-project (the client honours
+          PUBSUB_EMULATOR_HOST).
+  kafka   Apache Kafka: --kafka-brokers host:port,host:port. The record key is
+          msg.partition_key, else the UUID; acks from all in-sync replicas.
+  amqp    RabbitMQ: --amqp-url. The topic is a durable fanout exchange;
+          publisher confirms; bind consumer queues before relaying (a fanout
+          exchange without queues confirms and drops).
+  nats    NATS JetStream: --nats-url. The topic is the subject, the UUID the
+          Nats-Msg-Id; a stream must capture the subject.
+
+A missing topic, exchange or stream parks the row FAILED (fix it, then
+redrive) unless --pubsub-create-topics, --kafka-auto-create-topics,
+--amqp-create-exchanges or --nats-create-streams. An empty or refused sink
+setting (e.g. --kafka-brokers "") is a usage error: OUTBOX_INVALID_CONFIG,
+exit 2.
 
 --metrics-addr serves /metrics (the forwarder's counters and histograms and
 the backlog gauges of package status). The relay refuses to start with
@@ -87,6 +150,12 @@ RELAY_MODE_CONFLICT (exit 3) when the database's relay mode is CDC.
 	f.StringVar(&sf.pubsub.ProjectID, "pubsub-project", "", "pubsub: Google Cloud project (PUBSUB_EMULATOR_HOST selects an emulator)")
 	f.BoolVar(&sf.pubsub.CreateMissingTopics, "pubsub-create-topics", false, "pubsub: create missing topics (default: a missing topic parks the row FAILED)")
 	f.BoolVar(&sf.pubsub.EnableMessageOrdering, "pubsub-ordering", false, "pubsub: send msg.partition_key as the ordering key")
+	f.StringVar(&sf.kafkaBrokers, "kafka-brokers", "", "kafka: bootstrap brokers, comma separated (host:port,host:port)")
+	f.BoolVar(&sf.kafka.AllowAutoTopicCreation, "kafka-auto-create-topics", false, "kafka: let the broker auto-create a missing topic if it allows it (default: a missing topic parks the row FAILED)")
+	f.StringVar(&sf.amqp.URI, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "amqp: RabbitMQ URI")
+	f.BoolVar(&sf.amqp.CreateMissingExchanges, "amqp-create-exchanges", false, "amqp: declare missing exchanges (default: a missing exchange parks the row FAILED)")
+	f.StringVar(&sf.nats.URL, "nats-url", "nats://127.0.0.1:4222", "nats: NATS server URL (JetStream enabled)")
+	f.BoolVar(&sf.nats.AutoProvision, "nats-create-streams", false, "nats: create a stream for a subject no stream captures (default: such a row is parked FAILED)")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address (e.g. :9464; empty = off)")
 	f.BoolVar(&listen, "listen", false, "LISTEN for the publisher's NOTIFY wake-ups on the same database")
 	f.IntVar(&cfg.BatchSize, "batch-size", forwarder.DefaultBatchSize, "rows claimed per pass")

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"net"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	wa "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+)
+
+// rabbitURI returns the RabbitMQ URI, skipping the test when nothing answers.
+func rabbitURI(t *testing.T) string {
+	t.Helper()
+	uri := os.Getenv("OUTBOX_TEST_AMQP_URL")
+	if uri == "" {
+		uri = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	u, err := amqp091.ParseURI(uri)
+	require.NoError(t, err)
+	addr := net.JoinHostPort(u.Host, strconv.Itoa(u.Port))
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Skipf("RabbitMQ is not reachable at %s (set OUTBOX_TEST_AMQP_URL or run `make services`): %v", addr, err)
+	}
+	_ = c.Close()
+	return uri
+}
+
+// TestRelayToAMQP runs the built relay against a local RabbitMQ. The test
+// owns the topology: the durable fanout exchange the relay publishes to and
+// a throwaway queue bound to it.
+func TestRelayToAMQP(t *testing.T) {
+	t.Parallel()
+	uri := rabbitURI(t)
+	exchange := uniqueName("outboxctl-orders")
+	conn, err := amqp091.Dial(uri)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, ch.ExchangeDeclare(exchange, "fanout", true, false, false, false, nil))
+	t.Cleanup(func() {
+		if c, err := conn.Channel(); err == nil {
+			_ = c.ExchangeDelete(exchange, false, false)
+		}
+	})
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.QueueBind(q.Name, "", exchange, false, nil))
+	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	require.NoError(t, err)
+
+	s := newSchema(t)
+	missing := uniqueName("outboxctl-missing")
+	exec1(t, s.DB, `
+INSERT INTO messaging_outbox (message_id, destination, payload, headers)
+VALUES ('a-1', $1, 'one', '{"app":"shop"}'), ('a-2', $1, 'two', '{}'), ('a-missing', $2, 'x', '{}')`, exchange, missing)
+
+	cmd, stderr := startRelay(t, s, "--to", "amqp", "--amqp-url", uri)
+	got := map[string]amqp091.Delivery{}
+	deadline := time.After(45 * time.Second)
+	for len(got) < 2 {
+		select {
+		case d := <-deliveries:
+			id, _ := d.Headers[wa.DefaultMessageUUIDHeaderKey].(string)
+			got[id] = d
+		case <-deadline:
+			t.Fatalf("received %d of 2 messages; stderr:\n%s", len(got), stderr.String())
+		}
+	}
+	require.Equal(t, "one", string(got["a-1"].Body))
+	require.Equal(t, "shop", got["a-1"].Headers["app"])
+	require.Equal(t, "two", string(got["a-2"].Body))
+	waitStatus(t, s, stderr, "a-1", "PUBLISHED")
+	waitStatus(t, s, stderr, "a-2", "PUBLISHED")
+	// amqp.Classify is the relay's classifier: the passive declaration of a
+	// missing exchange is a 404 rejection (the default would retry it).
+	waitStatus(t, s, stderr, "a-missing", "FAILED")
+	require.Equal(t, "AMQP_NOT_FOUND", failureCode(t, s, "a-missing"))
+
+	stopRelay(t, cmd, stderr)
+}
+
+// Bad --amqp-url values are usage errors, refused before any dial.
+func TestRelayToAMQPBadURL(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	r := db(t, s, "relay", "--to", "amqp", "--amqp-url", "")
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "code: OUTBOX_INVALID_CONFIG")
+	require.Contains(t, r.stderr, "URI is required")
+
+	r = db(t, s, "relay", "--to", "amqp", "--amqp-url", "http://127.0.0.1:5672/")
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "code: OUTBOXCTL_USAGE")
+	require.Contains(t, r.stderr, "--amqp-url is not an AMQP URI")
+}

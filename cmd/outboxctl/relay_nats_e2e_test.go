@@ -1,0 +1,94 @@
+package main
+
+import (
+	"errors"
+	"net"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	wn "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/transport/nats"
+)
+
+// natsURL returns the NATS URL, skipping the test when nothing answers.
+func natsURL(t *testing.T) string {
+	t.Helper()
+	u := os.Getenv("OUTBOX_TEST_NATS_URL")
+	if u == "" {
+		u = "nats://127.0.0.1:4222"
+	}
+	parsed, err := url.Parse(u)
+	require.NoError(t, err)
+	c, err := net.DialTimeout("tcp", parsed.Host, time.Second)
+	if err != nil {
+		t.Skipf("NATS (JetStream) is not reachable at %s (set OUTBOX_TEST_NATS_URL or run `make services`): %v", parsed.Host, err)
+	}
+	_ = c.Close()
+	return u
+}
+
+// TestRelayToNATS runs the built relay against a local NATS JetStream. The
+// test creates the in-memory stream capturing the subject the relay
+// publishes to and reads it back by sequence.
+func TestRelayToNATS(t *testing.T) {
+	t.Parallel()
+	u := natsURL(t)
+	subject := uniqueName("outboxctl-orders")
+	nc, err := natsgo.Connect(u)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := nc.JetStream()
+	require.NoError(t, err)
+	_, err = js.AddStream(&natsgo.StreamConfig{Name: subject, Subjects: []string{subject}, Storage: natsgo.MemoryStorage})
+	if errors.Is(err, natsgo.ErrJetStreamNotEnabled) {
+		t.Skipf("NATS at %s has JetStream disabled (start nats-server with -js)", u)
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(subject) })
+
+	s := newSchema(t)
+	missing := uniqueName("outboxctl-nostream")
+	exec1(t, s.DB, `
+INSERT INTO messaging_outbox (message_id, destination, payload, headers)
+VALUES ('n-1', $1, 'one', '{"app":"shop"}'), ('n-2', $1, 'two', '{}'), ('n-missing', $2, 'x', '{}')`, subject, missing)
+
+	cmd, stderr := startRelay(t, s, "--to", "nats", "--nats-url", u)
+	waitStatus(t, s, stderr, "n-1", "PUBLISHED")
+	waitStatus(t, s, stderr, "n-2", "PUBLISHED")
+	// nats.Classify is the relay's classifier: a subject no stream captures
+	// is a rejection (the default would retry it).
+	waitStatus(t, s, stderr, "n-missing", "FAILED")
+	require.Equal(t, nats.CodeNoStream, failureCode(t, s, "n-missing"))
+
+	info, err := js.StreamInfo(subject)
+	require.NoError(t, err)
+	require.Equal(t, uint64(2), info.State.Msgs)
+	got := map[string]*natsgo.RawStreamMsg{}
+	for seq := uint64(1); seq <= 2; seq++ {
+		m, err := js.GetMsg(subject, seq)
+		require.NoError(t, err)
+		id := m.Header.Get(wn.WatermillUUIDHdr)
+		require.Equal(t, id, m.Header.Get(natsgo.MsgIdHdr), "the UUID is the JetStream message id")
+		got[id] = m
+	}
+	require.Equal(t, "one", string(got["n-1"].Data))
+	require.Equal(t, "shop", got["n-1"].Header.Get("app"))
+	require.Equal(t, "two", string(got["n-2"].Data))
+
+	stopRelay(t, cmd, stderr)
+}
+
+// An empty --nats-url is a usage error, refused before any dial.
+func TestRelayToNATSBadURL(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	r := db(t, s, "relay", "--to", "nats", "--nats-url", "")
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "code: OUTBOX_INVALID_CONFIG")
+	require.Contains(t, r.stderr, "URL is required")
+}
