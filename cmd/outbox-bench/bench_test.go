@@ -91,6 +91,13 @@ func TestSmoke(t *testing.T) {
 	require.NotEmpty(t, rep.Targets)
 	require.Contains(t, rep.ExplainClaim, "messaging_outbox_claimable_idx", "the claim must be an index scan on the claimable index")
 	require.NotEmpty(t, rep.Machine.PostgreSQL)
+	require.Len(t, rep.WAL, 5, "WAL per row of the five statements")
+
+	md, err := os.ReadFile(filepath.Join(filepath.Dir(cfg.Out), "results.md"))
+	require.NoError(t, err)
+	for _, name := range want {
+		require.Contains(t, string(md), "| "+name+" |")
+	}
 }
 
 // TestIntsRefusesBadLists covers the flag parser's refusals.

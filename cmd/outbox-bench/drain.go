@@ -56,7 +56,9 @@ const (
 
 // Relay kinds of the drain scenarios.
 const (
-	relayOurs        = "outbox"          // this module's forwarder (fencing on)
+	relayOurs        = "outbox"       // this module's forwarder (fencing on), defaults
+	relayOursTuned   = "outbox-tuned" // same, BatchSize ourTunedBatch (watermill tuned reads 1000 per query)
+	ourTunedBatch    = 1000
 	relayWMDefault   = "watermill"       // components/forwarder + watermill-sql subscriber, defaults
 	relayWMTuned     = "watermill-tuned" // same, PollInterval 10ms, batch 1000
 	relayMinimal     = "skiplocked"      // minimal SKIP LOCKED relay, one UPDATE per batch
@@ -144,8 +146,11 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 		rctx, cancel := context.WithCancel(ctx)
 		errc := make(chan error, 1)
 		switch kind {
-		case relayOurs:
+		case relayOurs, relayOursTuned:
 			cfg := forwarder.Config{}
+			if kind == relayOursTuned {
+				cfg.BatchSize = ourTunedBatch
+			}
 			if listen {
 				cfg.ListenURL = s.url
 			}

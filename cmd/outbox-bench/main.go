@@ -25,6 +25,8 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -50,7 +52,10 @@ type Config struct {
 	RetentionRows  int           `json:"retention_rows"`
 	Probes         int           `json:"claim_probes"`
 	DrainTimeout   time.Duration `json:"drain_timeout_ns"`
-	Quiet          bool          `json:"-"`
+	// Only, when non-empty, restricts the run to these groups (write,
+	// drain, latency, idle, scale, retention): for investigating one.
+	Only  []string `json:"only,omitempty"`
+	Quiet bool     `json:"-"`
 }
 
 func defaultConfig() Config {
@@ -73,6 +78,7 @@ type Report struct {
 	Results      []Result  `json:"results"`
 	Targets      []Target  `json:"targets"`
 	ExplainClaim string    `json:"explain_claim"`
+	WAL          []WALCost `json:"wal_per_row"`
 }
 
 // Machine describes where the numbers come from.
@@ -103,7 +109,23 @@ func main() {
 	flag.IntVar(&cfg.RetentionRows, "retention-rows", cfg.RetentionRows, "scale: PUBLISHED rows retention deletes while the claim is probed")
 	flag.IntVar(&cfg.Probes, "probes", cfg.Probes, "scale: claim probes per backlog")
 	flag.BoolVar(&cfg.Quiet, "quiet", false, "no progress lines")
+	only := flag.String("only", "", "comma-separated groups to run (write,drain,latency,idle,scale,retention); default all")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *only != "" {
+		cfg.Only = strings.Split(*only, ",")
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "outbox-bench: cpuprofile:", err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	var err error
 	if cfg.Writers, err = ints(*writers); err == nil {
 		if cfg.PerTx, err = ints(*perTx); err == nil {
@@ -122,6 +144,7 @@ func main() {
 	rep, err := run(ctx, cfg, os.Stderr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "outbox-bench:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 	printTable(os.Stdout, rep)
@@ -157,7 +180,7 @@ func scaleName(what string, n int) string {
 var drainKinds = []struct {
 	kind   string
 	relays int
-}{{relayOurs, 1}, {relayOurs, 4}, {relayWMDefault, 1}, {relayWMTuned, 1}, {relayMinimal, 1}}
+}{{relayOurs, 1}, {relayOurs, 4}, {relayOursTuned, 1}, {relayWMDefault, 1}, {relayWMTuned, 1}, {relayMinimal, 1}}
 
 var latencyKinds = []string{relayOurs, relayWMDefault, relayWMTuned}
 
@@ -197,6 +220,9 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		// 1. Write side: implementations innermost, so each cell's three
 		// numbers are taken back to back.
 		for _, w := range cfg.Writers {
+			if !cfg.runs("write") {
+				break
+			}
 			for _, b := range cfg.PerTx {
 				for _, impl := range []string{implPublisher, implWatermill, implRaw} {
 					v, err := writeCell(ctx, e, impl, w, b, cfg.WriteDuration, payload)
@@ -210,6 +236,9 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		}
 		// 2. Drain.
 		for _, d := range drainKinds {
+			if !cfg.runs("drain") {
+				break
+			}
 			v, err := drainCell(ctx, e, d.kind, d.relays, cfg.Backlog, payload, timeout(cfg.Backlog))
 			if err != nil {
 				return nil, err
@@ -219,6 +248,9 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		}
 		// 3. Latency at a steady rate, and idle load.
 		for _, k := range latencyKinds {
+			if !cfg.runs("latency") {
+				break
+			}
 			p50, p99, err := latencyCell(ctx, e, k, cfg.LatencyRate, cfg.LatencyDur, payload)
 			if err != nil {
 				return nil, err
@@ -228,6 +260,9 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 			logf("  %-28s p50 %.1f ms p99 %.1f ms", "latency/"+k, p50, p99)
 		}
 		for _, k := range latencyKinds {
+			if !cfg.runs("idle") {
+				break
+			}
 			v, err := idleCell(ctx, e, k, cfg.IdleDur)
 			if err != nil {
 				return nil, err
@@ -237,19 +272,22 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		}
 		// 4. Scale.
 		for i, n := range cfg.ScaleBacklogs {
+			if !cfg.runs("scale") {
+				break
+			}
 			res, err := scaleCell(ctx, e, n, payload, cfg.Probes, r == 1 && i == len(cfg.ScaleBacklogs)-1, timeout(n))
 			if err != nil {
 				return nil, err
 			}
 			if res.explain != "" {
-				rep.ExplainClaim = res.explain
+				rep.ExplainClaim, rep.WAL = res.explain, res.wal
 			}
 			c.add("scale", scaleName("outbox", n), "msg/s", res.throughput)
 			c.add("claim", scaleName("claim-p50", n), "ms", res.claimP50)
 			c.add("claim", scaleName("claim-p99", n), "ms", res.claimP99)
 			logf("  %-28s %10.0f msg/s claim p50 %.2f ms p99 %.2f ms", scaleName("outbox", n), res.throughput, res.claimP50, res.claimP99)
 		}
-		if n := cfg.ScaleWatermill; n > 0 {
+		if n := cfg.ScaleWatermill; n > 0 && cfg.runs("scale") {
 			v, err := drainCell(ctx, e, relayWMTuned, 1, n, payload, timeout(n))
 			if err != nil {
 				return nil, err
@@ -257,7 +295,7 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 			c.add("scale", scaleName(relayWMTuned, n), "msg/s", v)
 			logf("  %-28s %10.0f msg/s", scaleName(relayWMTuned, n), v)
 		}
-		if n := cfg.RetentionRows; n > 0 {
+		if n := cfg.RetentionRows; n > 0 && cfg.runs("retention") {
 			res, err := retentionCell(ctx, e, n, max(1000, cfg.ScaleBacklogs[0]), payload, cfg.Probes)
 			if err != nil {
 				return nil, err
@@ -278,7 +316,15 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	if err := writeReport(cfg.Out, rep); err != nil {
 		return nil, err
 	}
+	md := strings.TrimSuffix(cfg.Out, filepath.Ext(cfg.Out)) + ".md"
+	if err := os.WriteFile(md, []byte(markdown(rep)), 0o644); err != nil {
+		return nil, err
+	}
 	return rep, nil
+}
+
+func (c Config) runs(group string) bool {
+	return len(c.Only) == 0 || slices.Contains(c.Only, group)
 }
 
 func writeReport(path string, rep *Report) error {
@@ -320,6 +366,12 @@ func printTable(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "\n%-62s %8s %8s %s\n", "target", "ratio", "needed", "met")
 	for _, t := range rep.Targets {
 		fmt.Fprintf(w, "%-62s %8.2f %8.2f %s\n", t.Name, t.Ratio, t.Need, yes(t.Met))
+	}
+	if len(rep.WAL) > 0 {
+		fmt.Fprintf(w, "\nWAL per row (EXPLAIN ANALYZE WAL, batch of 100, rolled back):\n")
+		for _, c := range rep.WAL {
+			fmt.Fprintf(w, "  %-48s %7.0f bytes %5.1f records (FPI %d)\n", c.Statement, c.BytesPerRow, c.RecordsPerRow, c.FPI)
+		}
 	}
 	if rep.ExplainClaim != "" {
 		fmt.Fprintf(w, "\nclaim at the largest backlog:\n%s", rep.ExplainClaim)

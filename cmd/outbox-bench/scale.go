@@ -88,6 +88,7 @@ type scaleResult struct {
 	claimP50   float64 // ms
 	claimP99   float64 // ms
 	explain    string
+	wal        []WALCost
 }
 
 // scaleCell prefills n rows, probes the claim, then drains with one relay.
@@ -108,6 +109,9 @@ func scaleCell(ctx context.Context, e *env, n int, payload []byte, probes int, e
 	res.claimP50, res.claimP99 = percentileMS(lat, 50), percentileMS(lat, 99)
 	if explain {
 		if res.explain, err = explainClaim(ctx, s.db); err != nil {
+			return res, err
+		}
+		if res.wal, err = walCosts(ctx, s.db, payload); err != nil {
 			return res, err
 		}
 	}

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+
+	"github.com/lib/pq"
+
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+	"github.com/fencedoutbox/watermill-outbox/publisher"
+)
+
+// WALCost is what one statement of a relay (or the publisher) writes to the
+// WAL per row, from EXPLAIN (ANALYZE, WAL) on a full batch, rolled back.
+// WAL volume is the best single proxy for a write's cost on the server
+// (heap tuple + one entry per index it lands in, full-page images).
+type WALCost struct {
+	Statement     string  `json:"statement"`
+	Rows          int     `json:"rows"`
+	BytesPerRow   float64 `json:"wal_bytes_per_row"`
+	RecordsPerRow float64 `json:"wal_records_per_row"`
+	FPI           int64   `json:"wal_fpi"`
+}
+
+type explainJSON []struct {
+	Plan struct {
+		WALRecords int64 `json:"WAL Records"`
+		WALFPI     int64 `json:"WAL FPI"`
+		WALBytes   int64 `json:"WAL Bytes"`
+	} `json:"Plan"`
+}
+
+func explainWAL(ctx context.Context, tx *sql.Tx, name string, rows int, q string, args ...any) (WALCost, error) {
+	var raw string
+	if err := tx.QueryRowContext(ctx, "EXPLAIN (ANALYZE, WAL, FORMAT JSON) "+q, args...).Scan(&raw); err != nil {
+		return WALCost{}, fmt.Errorf("explain %s: %w", name, err)
+	}
+	var ex explainJSON
+	if err := json.Unmarshal([]byte(raw), &ex); err != nil || len(ex) == 0 {
+		return WALCost{}, fmt.Errorf("explain %s: %v", name, err)
+	}
+	p := ex[0].Plan
+	return WALCost{Statement: name, Rows: rows, BytesPerRow: float64(p.WALBytes) / float64(rows),
+		RecordsPerRow: float64(p.WALRecords) / float64(rows), FPI: p.WALFPI}, nil
+}
+
+// walCosts measures, on a schema holding a PENDING backlog, the WAL per row
+// of: the publisher's insert, this forwarder's claim and its terminal
+// write, and the minimal relay's claim (FOR UPDATE) and UPDATE. Everything
+// runs in transactions that are rolled back. A CHECKPOINT first would make
+// full-page images comparable, but needs a superuser; instead FPI are
+// reported beside the bytes.
+func walCosts(ctx context.Context, db *sql.DB, payload []byte) ([]WALCost, error) {
+	const batch = 100
+	var out []WALCost
+	step := func(f func(tx *sql.Tx) (WALCost, error)) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		c, err := f(tx)
+		if err != nil {
+			return err
+		}
+		out = append(out, c)
+		return nil
+	}
+	err := step(func(tx *sql.Tx) (WALCost, error) {
+		st, err := publisher.BuildInsert(benchTopic, newMessages(batch, payload), publisher.Config{})
+		if err != nil {
+			return WALCost{}, err
+		}
+		return explainWAL(ctx, tx, "publisher insert", batch, st.SQL, st.Args...)
+	})
+	if err == nil {
+		err = step(func(tx *sql.Tx) (WALCost, error) {
+			p := probeParams()
+			return explainWAL(ctx, tx, "outbox claim (PENDING->IN_FLIGHT)", batch, fencing.ClaimBlockKeySQL,
+				nil, p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit)
+		})
+	}
+	if err == nil {
+		err = step(func(tx *sql.Tx) (WALCost, error) {
+			got, err := fencing.Claim(ctx, tx, probeParams())
+			if err != nil {
+				return WALCost{}, err
+			}
+			ids, owners, tos, empty := make([]string, len(got)), make([]string, len(got)), make([]string, len(got)), make([]string, len(got))
+			tokens := make([]int64, len(got))
+			for i, c := range got {
+				ids[i], owners[i], tokens[i], tos[i] = c.Lease.MessageID, c.Lease.Owner, c.Lease.Token, string(envelope.StatusPublished)
+			}
+			return explainWAL(ctx, tx, "outbox terminal write (IN_FLIGHT->PUBLISHED)", len(got), fencing.ApplySQL, nil,
+				pq.Array(ids), pq.Array(owners), pq.Array(tokens), pq.Array(tos), pq.Array(empty), pq.Array(empty), pq.Array(empty))
+		})
+	}
+	if err == nil {
+		err = step(func(tx *sql.Tx) (WALCost, error) {
+			return explainWAL(ctx, tx, "minimal claim (SELECT FOR UPDATE SKIP LOCKED)", batch, minimalClaim, batch)
+		})
+	}
+	if err == nil {
+		err = step(func(tx *sql.Tx) (WALCost, error) {
+			rows, err := tx.QueryContext(ctx, minimalClaim, batch)
+			if err != nil {
+				return WALCost{}, err
+			}
+			var ids []string
+			for rows.Next() {
+				var id, dest string
+				var p []byte
+				if err := rows.Scan(&id, &dest, &p); err != nil {
+					_ = rows.Close()
+					return WALCost{}, err
+				}
+				ids = append(ids, id)
+			}
+			if err := rows.Err(); err != nil {
+				return WALCost{}, err
+			}
+			return explainWAL(ctx, tx, "minimal UPDATE (PENDING->PUBLISHED)", len(ids), minimalDone, pq.Array(ids))
+		})
+	}
+	return out, err
+}
