@@ -1,0 +1,167 @@
+package cdcrelay
+
+import (
+	"cmp"
+	"database/sql"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+)
+
+// Defaults filled in by [Config] when a field is zero.
+const (
+	DefaultSchema          = "public"
+	DefaultSlotName        = "messaging_outbox_relay"
+	DefaultPublicationName = "messaging_outbox_cdc" // the debezium package's default: one insert-only publication serves both
+	DefaultStandbyTimeout  = 10 * time.Second
+	DefaultRetryInitial    = 100 * time.Millisecond
+	DefaultRetryMax        = 10 * time.Second
+	DefaultSlotBusyWait    = 5 * time.Second
+)
+
+// Config configures a [Relay]. Zero values are documented per field.
+type Config struct {
+	// ConnString is the replication connection (pgx/pgconn syntax, URL or
+	// key=value). It must be a logical replication connection to the
+	// outbox's database: replication=database is added when absent, and any
+	// other replication value is refused. Required.
+	ConnString string
+
+	// DB is an ordinary pool on the same database whose search_path resolves
+	// the outbox's schema (as for every other package of this module). The
+	// relay reads the relay mode through it (debezium.CurrentMode), and
+	// checks and creates the publication and reads the slot's position.
+	// Required.
+	DB *sql.DB
+
+	// Schema holding messaging_outbox. Zero means "public". Run refuses when
+	// DB's current_schema() is a different schema: the relay would read one
+	// schema's relay mode and stream another's inserts.
+	Schema string
+
+	// SlotName is the logical replication slot (pgoutput). Zero means
+	// DefaultSlotName. It must differ from a Debezium connector's slot: a
+	// slot has one consumer at a time.
+	SlotName string
+
+	// PublicationName is the insert-only publication on messaging_outbox.
+	// Zero means DefaultPublicationName.
+	PublicationName string
+
+	// CreateSlot lets Run create the slot when it is missing. Without it a
+	// missing slot is CDC_SLOT_MISSING. See the package documentation for
+	// when to create the slot (before the polling relays stop).
+	CreateSlot bool
+
+	// CreatePublication lets Run create the publication (debezium.PublicationSQL)
+	// when it is missing. Without it a missing publication is
+	// CDC_PUBLICATION_MISSING.
+	CreatePublication bool
+
+	// StandbyTimeout is the longest the relay stays silent towards the
+	// server: it sends a status update (its confirmed position) and re-reads
+	// the relay mode at least this often. It must be well below the server's
+	// wal_sender_timeout (60s by default). Zero means 10s.
+	StandbyTimeout time.Duration
+
+	// SlotBusyWait is how long Run waits for a slot that another consumer
+	// holds to become free before it refuses with CDC_SLOT_IN_USE (a
+	// restarted relay's previous session takes a moment to end on the
+	// server). Zero means 5s.
+	SlotBusyWait time.Duration
+
+	// RetryInitial and RetryMax shape the exponential backoff between
+	// attempts to publish a message the downstream refused. Zero means
+	// 100ms and 10s.
+	RetryInitial time.Duration
+	RetryMax     time.Duration
+
+	// MaxPublishAttempts bounds the attempts for one message. When they are
+	// spent Run returns CDC_PUBLISH_FAILED without confirming the message's
+	// transaction, so the next Run delivers it again. Zero means retry
+	// forever (the relay stalls, visibly, rather than skip a message).
+	MaxPublishAttempts int
+
+	// SkipUndecodable makes the relay log and skip an inserted row that
+	// cannot become a message (e.g. headers that use a reserved name) instead
+	// of stopping with OUTBOX_CORRUPT_ROW. Zero (false) stops: such a row can
+	// only come from SQL that bypassed the publisher, and skipping it loses
+	// the message for good, since the WAL cannot be edited.
+	SkipUndecodable bool
+
+	// Envelope tunes the row-to-message conversion (producer fallback, trace
+	// propagator), as for the polling forwarder.
+	Envelope envelope.Options
+}
+
+var identChars = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+func (c Config) withDefaults() Config {
+	c.Schema = cmp.Or(c.Schema, DefaultSchema)
+	c.SlotName = cmp.Or(c.SlotName, DefaultSlotName)
+	c.PublicationName = cmp.Or(c.PublicationName, DefaultPublicationName)
+	c.StandbyTimeout = cmp.Or(c.StandbyTimeout, DefaultStandbyTimeout)
+	c.SlotBusyWait = cmp.Or(c.SlotBusyWait, DefaultSlotBusyWait)
+	c.RetryInitial = cmp.Or(c.RetryInitial, DefaultRetryInitial)
+	c.RetryMax = cmp.Or(c.RetryMax, max(DefaultRetryMax, c.RetryInitial))
+	return c
+}
+
+// Validate reports the first setting that cannot work, as
+// OUTBOX_INVALID_CONFIG with what to change.
+func (c Config) Validate() error {
+	_, err := c.replicationConfig()
+	return err
+}
+
+// replicationConfig validates c and returns the parsed replication
+// connection configuration.
+func (c Config) replicationConfig() (*pgconn.Config, error) {
+	const op = "cdcrelay.Config"
+	invalid := func(format string, args ...any) (*pgconn.Config, error) {
+		return nil, outbox.Errorf(outbox.CodeInvalidConfig, op, format, args...)
+	}
+	if c.ConnString == "" {
+		return invalid("ConnString is required (a connection to the outbox's database; replication=database is added)")
+	}
+	if c.DB == nil {
+		return invalid("DB is required (a pool on the same database, used to read the relay mode)")
+	}
+	c = c.withDefaults()
+	for _, f := range []struct{ what, v string }{{"Schema", c.Schema}, {"SlotName", c.SlotName}, {"PublicationName", c.PublicationName}} {
+		if !identChars.MatchString(f.v) {
+			return invalid("%s %q must match ^[a-z_][a-z0-9_]{0,62}$ (PostgreSQL slot-name rules)", f.what, f.v)
+		}
+	}
+	if c.StandbyTimeout < 0 || c.RetryInitial < 0 || c.RetryMax < 0 || c.SlotBusyWait < 0 {
+		return invalid("StandbyTimeout, SlotBusyWait, RetryInitial and RetryMax must not be negative")
+	}
+	if c.RetryMax < c.RetryInitial {
+		return invalid("RetryMax (%s) must be at least RetryInitial (%s)", c.RetryMax, c.RetryInitial)
+	}
+	if c.MaxPublishAttempts < 0 {
+		return invalid("MaxPublishAttempts must not be negative (0 retries forever)")
+	}
+	pc, err := pgconn.ParseConfig(c.ConnString)
+	if err != nil {
+		return nil, outbox.Wrap(outbox.CodeInvalidConfig, op, err, "ConnString does not parse")
+	}
+	switch pc.RuntimeParams["replication"] {
+	case "":
+		pc.RuntimeParams["replication"] = "database"
+	case "database":
+	default:
+		return invalid("ConnString has replication=%s; logical replication needs replication=database", pc.RuntimeParams["replication"])
+	}
+	// The walsender formats tuple data with its session settings; pin the
+	// ones the decoder depends on, whatever the server's defaults are.
+	pc.RuntimeParams["TimeZone"] = "UTC"
+	pc.RuntimeParams["DateStyle"] = "ISO, YMD"
+	pc.RuntimeParams["bytea_output"] = "hex"
+	pc.RuntimeParams["extra_float_digits"] = "3"
+	return pc, nil
+}
