@@ -1,0 +1,162 @@
+package cdcrelay
+
+import (
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+)
+
+func cols(kv ...string) []column {
+	var out []column
+	for i := 0; i < len(kv); i += 2 {
+		out = append(out, column{name: kv[i], text: []byte(kv[i+1])})
+	}
+	return out
+}
+
+func TestDecodeRowReadsTextFormatByColumnName(t *testing.T) {
+	c := cols(
+		"created_at_utc", "2024-01-02 03:04:05.5", // a column the decoder does not know is ignored
+		"payload", `\x00ff5c78`,
+		"message_id", "m-1",
+		"destination", "orders",
+		"headers", `{"x-a": "1", "x-b": "two words"}`,
+		"status", "PENDING",
+		"seq", "42",
+		"created_at", "2024-01-02 03:04:05.123456+00",
+		"occurred_at", "2024-01-02 08:34:05+05:30",
+		"attempts", "3",
+		"lease_token", "9",
+		"aggregate_version", "-7",
+		"tenant", "acme",
+	)
+	c = append(c, column{name: "partition_key", null: true}, column{name: "routing_key", text: []byte("m-1")})
+	r, err := decodeRow(c)
+	require.NoError(t, err)
+	require.Equal(t, "m-1", r.MessageID)
+	require.Equal(t, "orders", r.Destination)
+	require.Equal(t, []byte{0x00, 0xff, '\\', 'x'}, r.Payload)
+	require.Equal(t, map[string]string{"x-a": "1", "x-b": "two words"}, r.Headers)
+	require.Equal(t, int64(42), r.Seq)
+	require.Equal(t, time.Date(2024, 1, 2, 3, 4, 5, 123456000, time.UTC), r.CreatedAt)
+	require.Equal(t, time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC), r.OccurredAt)
+	require.Equal(t, 3, r.Attempts)
+	require.Equal(t, int64(9), r.LeaseToken)
+	require.Equal(t, int64(-7), *r.AggregateVersion)
+	require.Equal(t, "acme", r.Tenant)
+	require.Empty(t, r.PartitionKey)
+	require.Equal(t, "m-1", r.RoutingKey)
+}
+
+func TestDecodeRowDefaults(t *testing.T) {
+	r, err := decodeRow(cols("message_id", "m", "destination", "d", "created_at", "2024-01-02 03:04:05+00", "partition_key", "k"))
+	require.NoError(t, err)
+	require.Equal(t, []byte{}, r.Payload, "absent payload is empty, not nil")
+	require.Equal(t, map[string]string{}, r.Headers)
+	require.Nil(t, r.AggregateVersion)
+	require.Equal(t, "k", r.RoutingKey, "routing key falls back to partition_key, as the generated column does")
+}
+
+func TestDecodeRowRefusals(t *testing.T) {
+	base := []string{"message_id", "m", "destination", "d", "created_at", "2024-01-02 03:04:05+00"}
+	cases := map[string][]column{
+		"bad hex":               cols(append(base, "payload", `\xzz`)...),
+		"bad bytea escape":      cols(append(base, "payload", `ab\9`)...),
+		"headers not object":    cols(append(base, "headers", `[1]`)...),
+		"headers not strings":   cols(append(base, "headers", `{"a": 1}`)...),
+		"bad int":               cols(append(base, "seq", "4x")...),
+		"attempts overflow":     cols(append(base, "attempts", "99999999999")...),
+		"infinity":              cols(append(base, "occurred_at", "infinity")...),
+		"BC date":               cols(append(base, "occurred_at", "0044-03-15 12:00:00+00 BC")...),
+		"missing message_id":    cols("destination", "d", "created_at", "2024-01-02 03:04:05+00"),
+		"missing destination":   cols("message_id", "m", "created_at", "2024-01-02 03:04:05+00"),
+		"missing created_at":    cols("message_id", "m", "destination", "d"),
+		"null message_id":       append(cols("destination", "d", "created_at", "2024-01-02 03:04:05+00"), column{name: "message_id", null: true}),
+		"bad aggregate version": cols(append(base, "aggregate_version", "1.5")...),
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := decodeRow(c)
+			require.ErrorIs(t, err, outbox.ErrCorruptRow)
+		})
+	}
+}
+
+func TestParseByteaEscapeFormat(t *testing.T) {
+	b, err := parseBytea(`a\\b\000\377c`)
+	require.NoError(t, err)
+	require.Equal(t, []byte{'a', '\\', 'b', 0, 0xff, 'c'}, b)
+	b, err = parseBytea(`\x`)
+	require.NoError(t, err)
+	require.Empty(t, b)
+}
+
+func TestParseTimestamptzOffsets(t *testing.T) {
+	want := time.Date(2024, 6, 1, 12, 0, 0, 0, time.UTC)
+	for _, s := range []string{"2024-06-01 12:00:00+00", "2024-06-01 14:00:00+02", "2024-06-01 06:30:00-05:30", "2024-06-01 12:00:30+00:00:30"} {
+		got, err := parseTimestamptz(s)
+		require.NoError(t, err, s)
+		require.True(t, want.Equal(got), "%s -> %s", s, got)
+		require.Equal(t, time.UTC, got.Location())
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	db := &sql.DB{} // never used: Validate does not connect
+	ok := Config{ConnString: "postgres://u@127.0.0.1:5432/db", DB: db}
+	require.NoError(t, ok.Validate())
+
+	pc, err := ok.replicationConfig()
+	require.NoError(t, err)
+	require.Equal(t, "database", pc.RuntimeParams["replication"], "replication=database is added")
+	require.Equal(t, "UTC", pc.RuntimeParams["TimeZone"])
+	require.Equal(t, "hex", pc.RuntimeParams["bytea_output"])
+
+	explicit := ok
+	explicit.ConnString = "postgres://u@127.0.0.1:5432/db?replication=database"
+	require.NoError(t, explicit.Validate())
+
+	bad := map[string]func(c *Config){
+		"no conn string":          func(c *Config) { c.ConnString = "" },
+		"no DB":                   func(c *Config) { c.DB = nil },
+		"physical replication":    func(c *Config) { c.ConnString = "postgres://u@h/db?replication=true" },
+		"unparsable conn string":  func(c *Config) { c.ConnString = "postgres://u@h:notaport/db" },
+		"upper-case slot":         func(c *Config) { c.SlotName = "Slot" },
+		"quote in publication":    func(c *Config) { c.PublicationName = `p"x` },
+		"schema with a dash":      func(c *Config) { c.Schema = "my-schema" },
+		"negative standby":        func(c *Config) { c.StandbyTimeout = -time.Second },
+		"negative slot busy wait": func(c *Config) { c.SlotBusyWait = -time.Second },
+		"retry max below initial": func(c *Config) { c.RetryInitial, c.RetryMax = time.Minute, time.Second },
+		"negative attempts":       func(c *Config) { c.MaxPublishAttempts = -1 },
+	}
+	for name, mutate := range bad {
+		t.Run(name, func(t *testing.T) {
+			c := ok
+			mutate(&c)
+			err := c.Validate()
+			require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+			_, err = New(c, nopPublisher{}, nil)
+			require.ErrorIs(t, err, outbox.ErrInvalidConfig, "New refuses what Validate refuses")
+		})
+	}
+	_, err = New(ok, nil, nil)
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig, "a publisher is required")
+}
+
+func TestCloseBeforeRunAndTwice(t *testing.T) {
+	r, err := New(Config{ConnString: "postgres://u@127.0.0.1/db", DB: &sql.DB{}}, nopPublisher{}, nil)
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	require.NoError(t, r.Close())
+	require.ErrorIs(t, r.Run(t.Context()), ErrRelayClosed)
+}
+
+type nopPublisher struct{}
+
+func (nopPublisher) Publish(string, ...*message.Message) error { return nil }
+func (nopPublisher) Close() error                              { return nil }
