@@ -118,3 +118,29 @@ func TestRunRefusesZeroReps(t *testing.T) {
 	_, err := run(context.Background(), cfg, nil)
 	require.ErrorContains(t, err, "-reps")
 }
+
+// TestPairRatio: target ratios pair the samples of one repetition, so a
+// repetition where the whole machine was slow does not skew them.
+func TestPairRatio(t *testing.T) {
+	c := newCollector()
+	for _, v := range [][2]float64{{100, 50}, {10, 10}, {300, 100}} {
+		c.add("g", "a", "msg/s", v[0])
+		c.add("g", "b", "msg/s", v[1])
+	}
+	// per repetition: 2, 1, 3 -> median 2 (the ratio of medians would be 100/50 = 2 too,
+	// but with {10,10} moved it differs; check the pairing directly)
+	require.Equal(t, 2.0, c.pairRatio("a", "b"))
+	require.Equal(t, 0.0, c.pairRatio("a", "missing"))
+	require.Equal(t, 0.0, ratio(1, 0))
+	r := c.results()
+	require.Len(t, r, 2)
+	require.Equal(t, 100.0, r[0].Median)
+	require.InDelta(t, (300.0-10)/100, r[0].Spread, 1e-9)
+}
+
+func TestPercentile(t *testing.T) {
+	d := []time.Duration{5 * time.Millisecond, time.Millisecond, 3 * time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond}
+	require.Equal(t, 3.0, percentileMS(d, 50))
+	require.Equal(t, 5.0, percentileMS(d, 99))
+	require.Equal(t, 0.0, percentileMS(nil, 99))
+}

@@ -17,6 +17,7 @@ func markdown(rep *Report) string {
 	for _, r := range rep.Results {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.0f%% |\n", r.Name, r.Unit, num(r.Median), num(r.Min), num(r.Max), 100*r.Spread)
 	}
+	b.WriteString("\nTarget ratios are the median over repetitions of the ratio taken within each repetition (the two cells ran minutes apart at most).\n")
 	b.WriteString("\n| target | ratio | needed | met | note |\n|---|---:|---:|---|---|\n")
 	for _, t := range rep.Targets {
 		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %s | %s |\n", t.Name, t.Ratio, t.Need, yes(t.Met), t.Note)

@@ -83,13 +83,3 @@ func (c *collector) results() []Result {
 	}
 	return out
 }
-
-func (c *collector) median(name string) float64 {
-	r, ok := c.by[name]
-	if !ok {
-		return 0
-	}
-	rr := *r
-	rr.finish()
-	return rr.Median
-}
