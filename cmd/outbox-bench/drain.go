@@ -202,6 +202,9 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 			// second time here races inside watermill-sql (its closed flag
 			// is not synchronised).
 			stops = append(stops, func() { _ = f.Close(); cancel(); <-errc })
+		case relayOneCommit:
+			go func() { errc <- runOneCommit(rctx, db, out) }()
+			stops = append(stops, func() { cancel(); <-errc })
 		case relayMinimal:
 			go func() { errc <- runMinimal(rctx, db, out) }()
 			stops = append(stops, func() { cancel(); <-errc })

@@ -56,6 +56,8 @@ type Config struct {
 	// drain, latency, idle, scale, retention): for investigating one.
 	Only  []string `json:"only,omitempty"`
 	Quiet bool     `json:"-"`
+	// WhatIf adds the prototype relay to the drain scenario.
+	WhatIf bool `json:"what_if,omitempty"`
 }
 
 func defaultConfig() Config {
@@ -109,6 +111,7 @@ func main() {
 	flag.IntVar(&cfg.RetentionRows, "retention-rows", cfg.RetentionRows, "scale: PUBLISHED rows retention deletes while the claim is probed")
 	flag.IntVar(&cfg.Probes, "probes", cfg.Probes, "scale: claim probes per backlog")
 	flag.BoolVar(&cfg.Quiet, "quiet", false, "no progress lines")
+	flag.BoolVar(&cfg.WhatIf, "what-if", false, "drain: also run the one-commit-per-batch prototype relay (evidence for BENCHMARKS.md, not the product)")
 	only := flag.String("only", "", "comma-separated groups to run (write,drain,latency,idle,scale,retention); default all")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
@@ -177,10 +180,12 @@ func scaleName(what string, n int) string {
 }
 
 // drainKinds are the drain scenario's relays (kind, relay count).
-var drainKinds = []struct {
+type drainKind struct {
 	kind   string
 	relays int
-}{{relayOurs, 1}, {relayOurs, 4}, {relayOursTuned, 1}, {relayWMDefault, 1}, {relayWMTuned, 1}, {relayMinimal, 1}}
+}
+
+var drainKinds = []drainKind{{relayOurs, 1}, {relayOurs, 4}, {relayOursTuned, 1}, {relayWMDefault, 1}, {relayWMTuned, 1}, {relayMinimal, 1}}
 
 var latencyKinds = []string{relayOurs, relayWMDefault, relayWMTuned}
 
@@ -235,7 +240,7 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 			}
 		}
 		// 2. Drain.
-		for _, d := range drainKinds {
+		for _, d := range cfg.drainKinds() {
 			if !cfg.runs("drain") {
 				break
 			}
@@ -323,6 +328,13 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	return rep, nil
 }
 
+func (c Config) drainKinds() []drainKind {
+	if c.WhatIf {
+		return append(slices.Clone(drainKinds), drainKind{relayOneCommit, 1})
+	}
+	return drainKinds
+}
+
 func (c Config) runs(group string) bool {
 	return len(c.Only) == 0 || slices.Contains(c.Only, group)
 }
@@ -370,7 +382,7 @@ func printTable(w io.Writer, rep *Report) {
 	if len(rep.WAL) > 0 {
 		fmt.Fprintf(w, "\nWAL per row (EXPLAIN ANALYZE WAL, batch of 100, rolled back):\n")
 		for _, c := range rep.WAL {
-			fmt.Fprintf(w, "  %-48s %7.0f bytes %5.1f records (FPI %d)\n", c.Statement, c.BytesPerRow, c.RecordsPerRow, c.FPI)
+			fmt.Fprintf(w, "  %-48s %7.0f bytes %5.1f records (FPI %d) %6.1f µs/row\n", c.Statement, c.BytesPerRow, c.RecordsPerRow, c.FPI, c.ExecUSPerRow)
 		}
 	}
 	if rep.ExplainClaim != "" {

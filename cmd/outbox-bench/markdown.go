@@ -23,9 +23,9 @@ func markdown(rep *Report) string {
 		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %s | %s |\n", t.Name, t.Ratio, t.Need, yes(t.Met), t.Note)
 	}
 	if len(rep.WAL) > 0 {
-		b.WriteString("\nWAL per row (EXPLAIN (ANALYZE, WAL), batch of 100, rolled back):\n\n| statement | bytes/row | records/row | FPI |\n|---|---:|---:|---:|\n")
+		b.WriteString("\nWAL per row (EXPLAIN (ANALYZE, WAL), batch of 100, rolled back):\n\n| statement | WAL bytes/row | WAL records/row | FPI | server µs/row |\n|---|---:|---:|---:|---:|\n")
 		for _, c := range rep.WAL {
-			fmt.Fprintf(&b, "| %s | %.0f | %.1f | %d |\n", c.Statement, c.BytesPerRow, c.RecordsPerRow, c.FPI)
+			fmt.Fprintf(&b, "| %s | %.0f | %.1f | %d | %.1f |\n", c.Statement, c.BytesPerRow, c.RecordsPerRow, c.FPI, c.ExecUSPerRow)
 		}
 	}
 	if rep.ExplainClaim != "" {

@@ -60,6 +60,9 @@ func targets(cfg Config, c *collector) []Target {
 	// Lower is better for latency and load: the ratio is theirs / ours.
 	add("latency p99: watermill tuned / outbox (LISTEN)", c.pairRatio(latencyName(relayWMTuned, "p99"), latencyName(relayOurs, "p99")), 1.0, "ours <= tuned")
 	add("idle load: watermill tuned / outbox", c.pairRatio(idleName(relayWMTuned), idleName(relayOurs)), 10, "xact/s, ours >= 10x lower")
+	if cfg.WhatIf {
+		add("what-if: prototype 1 commit per batch / outbox x1", c.pairRatio(drainName(relayOneCommit, 1), ours1), 1.0, "a candidate pass shape, not the product")
+	}
 	if len(cfg.ScaleBacklogs) >= 2 {
 		lo, hi := cfg.ScaleBacklogs[0], cfg.ScaleBacklogs[len(cfg.ScaleBacklogs)-1]
 		note := ""

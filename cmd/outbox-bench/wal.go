@@ -23,6 +23,9 @@ type WALCost struct {
 	BytesPerRow   float64 `json:"wal_bytes_per_row"`
 	RecordsPerRow float64 `json:"wal_records_per_row"`
 	FPI           int64   `json:"wal_fpi"`
+	// ExecUSPerRow is the server's execution time per row (EXPLAIN
+	// ANALYZE's Execution Time / rows), in microseconds.
+	ExecUSPerRow float64 `json:"exec_us_per_row"`
 }
 
 type explainJSON []struct {
@@ -31,6 +34,7 @@ type explainJSON []struct {
 		WALFPI     int64 `json:"WAL FPI"`
 		WALBytes   int64 `json:"WAL Bytes"`
 	} `json:"Plan"`
+	Execution float64 `json:"Execution Time"`
 }
 
 func explainWAL(ctx context.Context, tx *sql.Tx, name string, rows int, q string, args ...any) (WALCost, error) {
@@ -44,7 +48,8 @@ func explainWAL(ctx context.Context, tx *sql.Tx, name string, rows int, q string
 	}
 	p := ex[0].Plan
 	return WALCost{Statement: name, Rows: rows, BytesPerRow: float64(p.WALBytes) / float64(rows),
-		RecordsPerRow: float64(p.WALRecords) / float64(rows), FPI: p.WALFPI}, nil
+		RecordsPerRow: float64(p.WALRecords) / float64(rows), FPI: p.WALFPI,
+		ExecUSPerRow: 1000 * ex[0].Execution / float64(rows)}, nil
 }
 
 // walCosts measures, on a schema holding a PENDING backlog, the WAL per row
