@@ -1,0 +1,114 @@
+package publisher_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/publisher"
+)
+
+// The publisher sends only the column set a batch needs (4, 11 or 21
+// columns). Whichever it picks, the stored rows are the same as with every
+// column: fields a message sets are stored, the others are NULL.
+func TestNarrowStatementsStoreTheSameRows(t *testing.T) {
+	occurred := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	minimal := func(t *testing.T) *message.Message {
+		m := newMsg(t, "min")
+		m.Metadata.Set("x-app", "v")
+		return m
+	}
+	common := func(t *testing.T) *message.Message {
+		m := newMsg(t, "common")
+		envelope.SetCorrelationID(m, "corr")
+		envelope.SetOccurredAt(m, occurred)
+		return m
+	}
+	full := func(t *testing.T) *message.Message {
+		m := newMsg(t, "full")
+		envelope.SetAggregate(m, "Order", "7", 3)
+		return m
+	}
+	cases := []struct {
+		name  string
+		make  []func(*testing.T) *message.Message
+		nArgs int // parameters of the chosen statement (without NOTIFY)
+	}{
+		{"one minimal", []func(*testing.T) *message.Message{minimal}, 4},
+		{"batch minimal", []func(*testing.T) *message.Message{minimal, minimal}, 4},
+		{"one common", []func(*testing.T) *message.Message{common}, 11},
+		{"batch common and minimal", []func(*testing.T) *message.Message{minimal, common}, 11},
+		{"one full", []func(*testing.T) *message.Message{full}, 21},
+		{"batch of all three", []func(*testing.T) *message.Message{minimal, full, common}, 21},
+	}
+	s := newSchema(t)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ms := make([]*message.Message, len(c.make))
+			for i, mk := range c.make {
+				ms[i] = mk(t)
+			}
+			st, err := publisher.BuildInsert("orders", ms, publisher.Config{})
+			require.NoError(t, err)
+			require.Len(t, st.Args, c.nArgs)
+			withNotify, err := publisher.BuildInsert("orders", ms, publisher.Config{Notify: true})
+			require.NoError(t, err)
+			require.Len(t, withNotify.Args, c.nArgs+1)
+
+			tx := begin(t, s.DB, nil)
+			pub, err := publisher.New(tx, publisher.Config{Notify: true}, nil)
+			require.NoError(t, err)
+			require.NoError(t, pub.Publish("orders", ms...))
+			require.NoError(t, tx.Commit())
+			var prev int64
+			for _, m := range ms {
+				r := readRow(t, s.DB, m.UUID)
+				require.Greater(t, r.Seq, prev, "rows keep the order of the call")
+				prev = r.Seq
+				require.Equal(t, []byte(m.Payload), r.Payload)
+				require.Empty(t, r.Producer)
+				switch string(m.Payload) {
+				case "min":
+					require.Equal(t, map[string]string{"x-app": "v"}, r.Headers)
+					require.Empty(t, r.CorrelationID)
+					require.True(t, r.OccurredAt.IsZero())
+					require.Nil(t, r.AggregateVersion)
+				case "common":
+					require.Equal(t, "corr", r.CorrelationID)
+					require.True(t, occurred.Equal(r.OccurredAt))
+					require.Nil(t, r.AggregateVersion)
+					require.Empty(t, r.AggregateType)
+				case "full":
+					require.Equal(t, "Order", r.AggregateType)
+					require.Equal(t, "7", r.AggregateID)
+					require.NotNil(t, r.AggregateVersion)
+					require.Equal(t, int64(3), *r.AggregateVersion)
+					require.Empty(t, r.CorrelationID)
+				}
+			}
+		})
+	}
+}
+
+// The statement text depends on which optional fields are set, never on
+// their values: two different messages of the same shape share one text.
+func TestStatementTextDependsOnlyOnTheFieldsSet(t *testing.T) {
+	a, b := newMsg(t, "a"), newMsg(t, "b")
+	envelope.SetCorrelationID(a, "one")
+	envelope.SetCorrelationID(b, "two'; DROP TABLE x; --")
+	sa, err := publisher.BuildInsert("t", []*message.Message{a}, publisher.Config{})
+	require.NoError(t, err)
+	sb, err := publisher.BuildInsert("t", []*message.Message{b}, publisher.Config{})
+	require.NoError(t, err)
+	require.Equal(t, sa.SQL, sb.SQL)
+	require.NotContains(t, sb.SQL, "DROP")
+	plain, err := publisher.BuildInsert("t", []*message.Message{newMsg(t, "c")}, publisher.Config{})
+	require.NoError(t, err)
+	require.NotEqual(t, sa.SQL, plain.SQL, "a message without a correlation id uses the narrower statement")
+	withProducer, err := publisher.BuildInsert("t", []*message.Message{newMsg(t, "c")}, publisher.Config{Producer: "svc"})
+	require.NoError(t, err)
+	require.Equal(t, sa.SQL, withProducer.SQL, "Config.Producer fills a column of the common set")
+}
