@@ -1,42 +1,23 @@
 package main
 
 import (
-	"net"
-	"os"
-	"strconv"
 	"testing"
 	"time"
 
 	wa "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-)
 
-// rabbitURI returns the RabbitMQ URI, skipping the test when nothing answers.
-func rabbitURI(t *testing.T) string {
-	t.Helper()
-	uri := os.Getenv("OUTBOX_TEST_AMQP_URL")
-	if uri == "" {
-		uri = "amqp://guest:guest@127.0.0.1:5672/"
-	}
-	u, err := amqp091.ParseURI(uri)
-	require.NoError(t, err)
-	addr := net.JoinHostPort(u.Host, strconv.Itoa(u.Port))
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		t.Skipf("RabbitMQ is not reachable at %s (set OUTBOX_TEST_AMQP_URL or run `make services`): %v", addr, err)
-	}
-	_ = c.Close()
-	return uri
-}
+	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
+)
 
 // TestRelayToAMQP runs the built relay against a local RabbitMQ. The test
 // owns the topology: the durable fanout exchange the relay publishes to and
 // a throwaway queue bound to it.
 func TestRelayToAMQP(t *testing.T) {
 	t.Parallel()
-	uri := rabbitURI(t)
-	exchange := uniqueName("outboxctl-orders")
+	uri := brokertest.AMQPURL(t)
+	exchange := brokertest.Unique("outboxctl-orders")
 	conn, err := amqp091.Dial(uri)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
@@ -55,7 +36,7 @@ func TestRelayToAMQP(t *testing.T) {
 	require.NoError(t, err)
 
 	s := newSchema(t)
-	missing := uniqueName("outboxctl-missing")
+	missing := brokertest.Unique("outboxctl-missing")
 	exec1(t, s.DB, `
 INSERT INTO messaging_outbox (message_id, destination, payload, headers)
 VALUES ('a-1', $1, 'one', '{"app":"shop"}'), ('a-2', $1, 'two', '{}'), ('a-missing', $2, 'x', '{}')`, exchange, missing)

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"os"
 	"os/exec"
 	"strings"
@@ -10,11 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
-	wk "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 )
 
@@ -74,66 +71,11 @@ func failureCode(t *testing.T, s *testdb.Schema, id string) string {
 	return *code
 }
 
-func uniqueName(prefix string) string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return prefix + "-" + hex.EncodeToString(b)
-}
-
-type kafkaRecord struct {
-	key, value string
-	headers    map[string]string
-}
-
-// readKafka returns every record of topic, read by a plain sarama consumer up
-// to each partition's high water mark, by watermill UUID.
-func readKafka(t *testing.T, brokers []string, topic string) map[string]kafkaRecord {
-	t.Helper()
-	cfg := sarama.NewConfig()
-	cfg.Version = sarama.V2_1_0_0
-	client, err := sarama.NewClient(brokers, cfg)
-	require.NoError(t, err)
-	defer client.Close()
-	consumer, err := sarama.NewConsumerFromClient(client)
-	require.NoError(t, err)
-	defer consumer.Close()
-	parts, err := client.Partitions(topic)
-	require.NoError(t, err)
-	out := map[string]kafkaRecord{}
-	for _, p := range parts {
-		hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-		require.NoError(t, err)
-		if hwm == 0 {
-			continue
-		}
-		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
-		require.NoError(t, err)
-		for done := false; !done; {
-			select {
-			case m := <-pc.Messages():
-				r := kafkaRecord{key: string(m.Key), value: string(m.Value), headers: map[string]string{}}
-				for _, h := range m.Headers {
-					r.headers[string(h.Key)] = string(h.Value)
-				}
-				out[r.headers[wk.UUIDHeaderKey]] = r
-				done = m.Offset+1 >= hwm
-			case <-time.After(10 * time.Second):
-				t.Fatalf("partition %d: no record before the high water mark %d", p, hwm)
-			}
-		}
-		require.NoError(t, pc.Close())
-	}
-	return out
-}
-
 // TestRelayToKafka runs the built relay against kfake, an in-process Kafka
 // speaking the real protocol, with auto topic creation off.
 func TestRelayToKafka(t *testing.T) {
 	t.Parallel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "orders"))
-	require.NoError(t, err)
-	t.Cleanup(c.Close)
-	brokers := c.ListenAddrs()
+	brokers := brokertest.Kafka(t, kfake.SeedTopics(2, "orders"))
 	s := newSchema(t)
 	exec1(t, s.DB, `
 INSERT INTO messaging_outbox (message_id, destination, payload, headers, partition_key)
@@ -149,13 +91,16 @@ VALUES ('k-1', 'orders', 'one', '{"app":"shop"}', 'customer-1'),
 	waitStatus(t, s, stderr, "k-missing", "FAILED")
 	require.Equal(t, "KAFKA_UNKNOWN_TOPIC_OR_PARTITION", failureCode(t, s, "k-missing"))
 
-	got := readKafka(t, brokers, "orders")
+	got := map[string]brokertest.KafkaRecord{}
+	for _, r := range brokertest.ReadKafka(t, brokers, "orders") {
+		got[r.UUID()] = r
+	}
 	require.Len(t, got, 2)
-	require.Equal(t, "one", got["k-1"].value)
-	require.Equal(t, "customer-1", got["k-1"].key, "record key is the partition key")
-	require.Equal(t, "shop", got["k-1"].headers["app"])
-	require.Equal(t, "two", got["k-2"].value)
-	require.Equal(t, "k-2", got["k-2"].key, "record key falls back to the UUID")
+	require.Equal(t, "one", string(got["k-1"].Value))
+	require.Equal(t, "customer-1", got["k-1"].Key, "record key is the partition key")
+	require.Equal(t, "shop", got["k-1"].Headers["app"])
+	require.Equal(t, "two", string(got["k-2"].Value))
+	require.Equal(t, "k-2", got["k-2"].Key, "record key falls back to the UUID")
 
 	stopRelay(t, cmd, stderr)
 }

@@ -1,58 +1,27 @@
 package main
 
 import (
-	"errors"
-	"net"
-	"net/url"
-	"os"
 	"testing"
-	"time"
 
 	wn "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
 	"github.com/fencedoutbox/watermill-outbox/transport/nats"
 )
-
-// natsURL returns the NATS URL, skipping the test when nothing answers.
-func natsURL(t *testing.T) string {
-	t.Helper()
-	u := os.Getenv("OUTBOX_TEST_NATS_URL")
-	if u == "" {
-		u = "nats://127.0.0.1:4222"
-	}
-	parsed, err := url.Parse(u)
-	require.NoError(t, err)
-	c, err := net.DialTimeout("tcp", parsed.Host, time.Second)
-	if err != nil {
-		t.Skipf("NATS (JetStream) is not reachable at %s (set OUTBOX_TEST_NATS_URL or run `make services`): %v", parsed.Host, err)
-	}
-	_ = c.Close()
-	return u
-}
 
 // TestRelayToNATS runs the built relay against a local NATS JetStream. The
 // test creates the in-memory stream capturing the subject the relay
 // publishes to and reads it back by sequence.
 func TestRelayToNATS(t *testing.T) {
 	t.Parallel()
-	u := natsURL(t)
-	subject := uniqueName("outboxctl-orders")
-	nc, err := natsgo.Connect(u)
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := nc.JetStream()
-	require.NoError(t, err)
-	_, err = js.AddStream(&natsgo.StreamConfig{Name: subject, Subjects: []string{subject}, Storage: natsgo.MemoryStorage})
-	if errors.Is(err, natsgo.ErrJetStreamNotEnabled) {
-		t.Skipf("NATS at %s has JetStream disabled (start nats-server with -js)", u)
-	}
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = js.DeleteStream(subject) })
+	u := brokertest.NATSURL(t)
+	subject := brokertest.Unique("outboxctl-orders")
+	js := brokertest.JetStream(t, u, subject, 0)
 
 	s := newSchema(t)
-	missing := uniqueName("outboxctl-nostream")
+	missing := brokertest.Unique("outboxctl-nostream")
 	exec1(t, s.DB, `
 INSERT INTO messaging_outbox (message_id, destination, payload, headers)
 VALUES ('n-1', $1, 'one', '{"app":"shop"}'), ('n-2', $1, 'two', '{}'), ('n-missing', $2, 'x', '{}')`, subject, missing)

@@ -2,11 +2,7 @@ package amqp_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"net"
-	"os"
 	"testing"
 	"time"
 
@@ -18,34 +14,10 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
 	"github.com/fencedoutbox/watermill-outbox/transport/amqp"
 	"github.com/fencedoutbox/watermill-outbox/transport/internal/e2e"
 )
-
-// brokerURI returns the RabbitMQ URI, skipping the test when nothing answers.
-func brokerURI(t *testing.T) string {
-	t.Helper()
-	uri := os.Getenv("OUTBOX_TEST_AMQP_URL")
-	if uri == "" {
-		uri = "amqp://guest:guest@127.0.0.1:5672/"
-	}
-	u, err := amqp091.ParseURI(uri)
-	require.NoError(t, err)
-	c, err := net.DialTimeout("tcp", net.JoinHostPort(u.Host, itoa(u.Port)), time.Second)
-	if err != nil {
-		t.Skipf("RabbitMQ is not reachable at %s:%d (set OUTBOX_TEST_AMQP_URL or run `make services`): %v", u.Host, u.Port, err)
-	}
-	_ = c.Close()
-	return uri
-}
-
-func itoa(n int) string { return (&net.TCPAddr{Port: n}).String()[1:] }
-
-func unique(prefix string) string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return prefix + "-" + hex.EncodeToString(b)
-}
 
 func newPublisher(t *testing.T, cfg amqp.Config) *wa.Publisher {
 	t.Helper()
@@ -67,24 +39,24 @@ func rawChannel(t *testing.T, uri string) *amqp091.Channel {
 }
 
 func TestMissingExchangeIsRejected(t *testing.T) {
-	uri := brokerURI(t)
+	uri := brokertest.AMQPURL(t)
 	pub := newPublisher(t, amqp.Config{URI: uri})
-	err := pub.Publish(unique("missing"), message.NewMessage("m1", []byte("x")))
+	err := pub.Publish(brokertest.Unique("missing"), message.NewMessage("m1", []byte("x")))
 	require.Error(t, err)
 	require.Equal(t, forwarder.Verdict{Outcome: forwarder.Rejected, Code: "AMQP_NOT_FOUND"}, amqp.Classify(err), "error: %v", err)
 }
 
 func TestReservedExchangeNameIsAccessRefused(t *testing.T) {
-	uri := brokerURI(t)
+	uri := brokertest.AMQPURL(t)
 	pub := newPublisher(t, amqp.Config{URI: uri, CreateMissingExchanges: true})
-	err := pub.Publish(unique("amq.outbox"), message.NewMessage("m1", []byte("x")))
+	err := pub.Publish(brokertest.Unique("amq.outbox"), message.NewMessage("m1", []byte("x")))
 	require.Error(t, err)
 	require.Equal(t, forwarder.Verdict{Outcome: forwarder.Rejected, Code: "AMQP_ACCESS_REFUSED"}, amqp.Classify(err), "error: %v", err)
 }
 
 func TestIncompatibleExchangeIsPreconditionFailed(t *testing.T) {
-	uri := brokerURI(t)
-	name := unique("direct")
+	uri := brokertest.AMQPURL(t)
+	name := brokertest.Unique("direct")
 	ch := rawChannel(t, uri)
 	require.NoError(t, ch.ExchangeDeclare(name, "direct", false, true, false, false, nil))
 	pub := newPublisher(t, amqp.Config{URI: uri, CreateMissingExchanges: true})
@@ -114,8 +86,8 @@ func TestConfigValidation(t *testing.T) {
 }
 
 func TestEndToEnd(t *testing.T) {
-	uri := brokerURI(t)
-	topic := unique("orders")
+	uri := brokertest.AMQPURL(t)
+	topic := brokertest.Unique("orders")
 	// A throwaway queue bound to the durable fanout exchange the relay
 	// publishes to; the subscriber declares both.
 	subCfg := wa.NewNonDurablePubSubConfig(uri, func(topic string) string { return topic + "-e2e" })

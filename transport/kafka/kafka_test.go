@@ -5,7 +5,6 @@ package kafka_test
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/IBM/sarama"
 	wk "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
 	"github.com/fencedoutbox/watermill-outbox/transport/internal/e2e"
 	"github.com/fencedoutbox/watermill-outbox/transport/kafka"
 )
@@ -25,14 +25,10 @@ const maxMessageBytes = 4096
 // creation off and a small message.max.bytes.
 func cluster(t *testing.T) []string {
 	t.Helper()
-	c, err := kfake.NewCluster(
-		kfake.NumBrokers(1),
+	return brokertest.Kafka(t,
 		kfake.SeedTopics(4, "orders"),
 		kfake.BrokerConfigs(map[string]string{"message.max.bytes": fmt.Sprint(maxMessageBytes)}),
 	)
-	require.NoError(t, err)
-	t.Cleanup(c.Close)
-	return c.ListenAddrs()
 }
 
 func newPublisher(t *testing.T, brokers []string) *wk.Publisher {
@@ -41,57 +37,6 @@ func newPublisher(t *testing.T, brokers []string) *wk.Publisher {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	return pub
-}
-
-type record struct {
-	partition int32
-	key, uuid string
-	headers   map[string]string
-	value     []byte
-}
-
-// readAll returns every record of topic, partition by partition, in offset order.
-func readAll(t *testing.T, brokers []string, topic string) []record {
-	t.Helper()
-	cfg := sarama.NewConfig()
-	cfg.Version = sarama.V2_1_0_0
-	client, err := sarama.NewClient(brokers, cfg)
-	require.NoError(t, err)
-	defer client.Close()
-	consumer, err := sarama.NewConsumerFromClient(client)
-	require.NoError(t, err)
-	defer consumer.Close()
-	parts, err := client.Partitions(topic)
-	require.NoError(t, err)
-	var out []record
-	for _, p := range parts {
-		hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-		require.NoError(t, err)
-		if hwm == 0 {
-			continue
-		}
-		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
-		require.NoError(t, err)
-		for {
-			var m *sarama.ConsumerMessage
-			select {
-			case m = <-pc.Messages():
-			case <-time.After(10 * time.Second):
-				t.Fatalf("partition %d: no record before the high water mark %d", p, hwm)
-			}
-			r := record{partition: p, key: string(m.Key), value: m.Value, headers: map[string]string{}}
-			for _, h := range m.Headers {
-				r.headers[string(h.Key)] = string(h.Value)
-			}
-			r.uuid = r.headers[wk.UUIDHeaderKey]
-			out = append(out, r)
-			if m.Offset+1 >= hwm {
-				break
-			}
-		}
-		require.NoError(t, pc.Close())
-	}
-	return out
 }
 
 func TestOneKeyLandsOnOnePartitionInOrder(t *testing.T) {
@@ -104,17 +49,17 @@ func TestOneKeyLandsOnOnePartitionInOrder(t *testing.T) {
 		require.NoError(t, pub.Publish("orders", msg))
 		sent = append(sent, msg.UUID)
 	}
-	recs := readAll(t, brokers, "orders")
+	recs := brokertest.ReadKafka(t, brokers, "orders")
 	require.Len(t, recs, 40)
 	partitionOf := map[string]int32{}
 	perKey := map[string][]string{}
 	for _, r := range recs {
-		if p, ok := partitionOf[r.key]; ok {
-			require.Equal(t, p, r.partition, "key %s on two partitions", r.key)
+		if p, ok := partitionOf[r.Key]; ok {
+			require.Equal(t, p, r.Partition, "key %s on two partitions", r.Key)
 		}
-		partitionOf[r.key] = r.partition
-		require.Equal(t, r.key, r.headers[envelope.KeyPartitionKey])
-		perKey[r.key] = append(perKey[r.key], r.uuid)
+		partitionOf[r.Key] = r.Partition
+		require.Equal(t, r.Key, r.Headers[envelope.KeyPartitionKey])
+		perKey[r.Key] = append(perKey[r.Key], r.UUID())
 	}
 	require.Len(t, perKey, 2)
 	for key, got := range perKey {
@@ -134,11 +79,11 @@ func TestRecordKeyFallsBackToUUID(t *testing.T) {
 	msg := message.NewMessage("no-key-id", []byte("x"))
 	msg.Metadata.Set("h", "v")
 	require.NoError(t, pub.Publish("orders", msg))
-	recs := readAll(t, brokers, "orders")
+	recs := brokertest.ReadKafka(t, brokers, "orders")
 	require.Len(t, recs, 1)
-	require.Equal(t, "no-key-id", recs[0].key)
-	require.Equal(t, "no-key-id", recs[0].uuid)
-	require.Equal(t, "v", recs[0].headers["h"])
+	require.Equal(t, "no-key-id", recs[0].Key)
+	require.Equal(t, "no-key-id", recs[0].UUID())
+	require.Equal(t, "v", recs[0].Headers["h"])
 	require.Equal(t, "no-key-id", kafka.RoutingKey(msg))
 }
 
@@ -198,12 +143,12 @@ func TestEndToEnd(t *testing.T) {
 	pub := newPublisher(t, brokers)
 	e2e.Relay(t, "orders", pub, kafka.Classify)
 
-	recs := readAll(t, brokers, "orders")
+	recs := brokertest.ReadKafka(t, brokers, "orders")
 	var got []*message.Message
 	for _, r := range recs {
-		msg, err := kafka.Marshaler().Unmarshal(&sarama.ConsumerMessage{Key: []byte(r.key), Value: r.value, Headers: headers(r.headers)})
+		msg, err := kafka.Marshaler().Unmarshal(&sarama.ConsumerMessage{Key: []byte(r.Key), Value: r.Value, Headers: headers(r.Headers)})
 		require.NoError(t, err)
-		require.Equal(t, kafka.RoutingKey(msg), r.key)
+		require.Equal(t, kafka.RoutingKey(msg), r.Key)
 		got = append(got, msg)
 	}
 	e2e.Check(t, got)

@@ -2,12 +2,7 @@ package nats_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"net"
-	"net/url"
-	"os"
 	"testing"
 	"time"
 
@@ -19,48 +14,10 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
 	"github.com/fencedoutbox/watermill-outbox/transport/internal/e2e"
 	"github.com/fencedoutbox/watermill-outbox/transport/nats"
 )
-
-// serverURL returns the NATS URL, skipping the test when nothing answers.
-func serverURL(t *testing.T) string {
-	t.Helper()
-	u := os.Getenv("OUTBOX_TEST_NATS_URL")
-	if u == "" {
-		u = "nats://127.0.0.1:4222"
-	}
-	parsed, err := url.Parse(u)
-	require.NoError(t, err)
-	c, err := net.DialTimeout("tcp", parsed.Host, time.Second)
-	if err != nil {
-		t.Skipf("NATS (JetStream) is not reachable at %s (set OUTBOX_TEST_NATS_URL or run `make services`): %v", parsed.Host, err)
-	}
-	_ = c.Close()
-	return u
-}
-
-func unique(prefix string) string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return prefix + "-" + hex.EncodeToString(b)
-}
-
-// stream creates a stream capturing subject, deleted at cleanup.
-func stream(t *testing.T, u, subject string, maxMsgSize int32) {
-	t.Helper()
-	nc, err := natsgo.Connect(u)
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := nc.JetStream()
-	require.NoError(t, err)
-	_, err = js.AddStream(&natsgo.StreamConfig{Name: subject, Subjects: []string{subject}, MaxMsgSize: maxMsgSize, Storage: natsgo.MemoryStorage})
-	if err != nil && errors.Is(err, natsgo.ErrJetStreamNotEnabled) {
-		t.Skipf("NATS at %s has JetStream disabled (start nats-server with -js)", u)
-	}
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = js.DeleteStream(subject) })
-}
 
 func newPublisher(t *testing.T, u string) *wn.Publisher {
 	t.Helper()
@@ -71,17 +28,17 @@ func newPublisher(t *testing.T, u string) *wn.Publisher {
 }
 
 func TestSubjectWithoutStreamIsRejected(t *testing.T) {
-	u := serverURL(t)
+	u := brokertest.NATSURL(t)
 	pub := newPublisher(t, u)
-	err := pub.Publish(unique("nostream"), message.NewMessage("m1", []byte("x")))
+	err := pub.Publish(brokertest.Unique("nostream"), message.NewMessage("m1", []byte("x")))
 	require.Error(t, err)
 	require.Equal(t, forwarder.Verdict{Outcome: forwarder.Rejected, Code: nats.CodeNoStream}, nats.Classify(err), "error: %v", err)
 }
 
 func TestMessageOverStreamMaxMsgSizeIsRejected(t *testing.T) {
-	u := serverURL(t)
-	subject := unique("small")
-	stream(t, u, subject, 256)
+	u := brokertest.NATSURL(t)
+	subject := brokertest.Unique("small")
+	brokertest.JetStream(t, u, subject, 256)
 	pub := newPublisher(t, u)
 	err := pub.Publish(subject, message.NewMessage("big", make([]byte, 1024)))
 	require.Error(t, err)
@@ -91,9 +48,9 @@ func TestMessageOverStreamMaxMsgSizeIsRejected(t *testing.T) {
 }
 
 func TestPayloadOverServerMaxPayloadIsRejected(t *testing.T) {
-	u := serverURL(t)
-	subject := unique("huge")
-	stream(t, u, subject, 0)
+	u := brokertest.NATSURL(t)
+	subject := brokertest.Unique("huge")
+	brokertest.JetStream(t, u, subject, 0)
 	nc, err := natsgo.Connect(u)
 	require.NoError(t, err)
 	limit := nc.MaxPayload() // announced by the server in INFO
@@ -113,9 +70,9 @@ func TestClassifyAmbiguous(t *testing.T) {
 }
 
 func TestClosedConnectionIsAmbiguous(t *testing.T) {
-	u := serverURL(t)
-	subject := unique("closed")
-	stream(t, u, subject, 0)
+	u := brokertest.NATSURL(t)
+	subject := brokertest.Unique("closed")
+	brokertest.JetStream(t, u, subject, 0)
 	nc, err := natsgo.Connect(u)
 	require.NoError(t, err)
 	cfg := nats.Config{URL: u}.WatermillConfig()
@@ -133,9 +90,9 @@ func TestConfigValidation(t *testing.T) {
 }
 
 func TestEndToEnd(t *testing.T) {
-	u := serverURL(t)
-	subject := unique("orders")
-	stream(t, u, subject, 0)
+	u := brokertest.NATSURL(t)
+	subject := brokertest.Unique("orders")
+	brokertest.JetStream(t, u, subject, 0)
 	sub, err := wn.NewSubscriber(wn.SubscriberConfig{
 		URL:              u,
 		SubscribersCount: 1,
