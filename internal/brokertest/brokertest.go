@@ -8,6 +8,7 @@
 package brokertest
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -42,36 +43,32 @@ const dialTimeout = time.Second
 // AMQPURL returns the RabbitMQ URI, skipping the test when nothing answers.
 func AMQPURL(t testing.TB) string {
 	t.Helper()
-	uri := os.Getenv(AMQPURLEnv)
-	if uri == "" {
-		uri = DefaultAMQPURL
-	}
+	uri := cmp.Or(os.Getenv(AMQPURLEnv), DefaultAMQPURL)
 	u, err := amqp091.ParseURI(uri)
 	require.NoError(t, err)
-	addr := net.JoinHostPort(u.Host, strconv.Itoa(u.Port))
-	c, err := net.DialTimeout("tcp", addr, dialTimeout)
-	if err != nil {
-		t.Skipf("RabbitMQ is not reachable at %s (set %s or run `make services`): %v", addr, AMQPURLEnv, err)
-	}
-	_ = c.Close()
+	skipUnlessListening(t, "RabbitMQ", net.JoinHostPort(u.Host, strconv.Itoa(u.Port)), AMQPURLEnv)
 	return uri
 }
 
 // NATSURL returns the NATS URL, skipping the test when nothing answers.
 func NATSURL(t testing.TB) string {
 	t.Helper()
-	u := os.Getenv(NATSURLEnv)
-	if u == "" {
-		u = DefaultNATSURL
-	}
+	u := cmp.Or(os.Getenv(NATSURLEnv), DefaultNATSURL)
 	parsed, err := url.Parse(u)
 	require.NoError(t, err)
-	c, err := net.DialTimeout("tcp", parsed.Host, dialTimeout)
+	skipUnlessListening(t, "NATS (JetStream)", parsed.Host, NATSURLEnv)
+	return u
+}
+
+// skipUnlessListening skips the test, naming server and how to point the
+// tests at one, when nothing accepts a TCP connection at addr.
+func skipUnlessListening(t testing.TB, server, addr, env string) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, dialTimeout)
 	if err != nil {
-		t.Skipf("NATS (JetStream) is not reachable at %s (set %s or run `make services`): %v", parsed.Host, NATSURLEnv, err)
+		t.Skipf("%s is not reachable at %s (set %s or run `make services`): %v", server, addr, env, err)
 	}
 	_ = c.Close()
-	return u
 }
 
 // JetStream creates an in-memory stream named subject capturing subject on
