@@ -77,13 +77,6 @@ WHEN (OLD.status IN ('FAILED', 'EXHAUSTED') AND NEW.status = 'PENDING') EXECUTE 
 	}
 }
 
-func count(t *testing.T, db *sql.DB, q string, args ...any) int {
-	t.Helper()
-	var n int
-	require.NoError(t, db.QueryRow(q, args...).Scan(&n))
-	return n
-}
-
 func TestConfigRefusals(t *testing.T) {
 	_, err := journal.New(nil, journal.Config{})
 	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
@@ -216,7 +209,7 @@ func TestBeginConcurrentReplicasExactlyOneRuns(t *testing.T) {
 		n++
 	}
 	require.Equal(t, replicas-1, n)
-	require.Equal(t, 1, count(t, s.DB, `SELECT count(*) FROM messaging_admin_operation`))
+	require.Equal(t, 1, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_admin_operation`))
 }
 
 // Two replicas run the same approved redrive at the same time: one does the
@@ -256,8 +249,8 @@ func TestRedriveConcurrentReplicas(t *testing.T) {
 	code := outbox.CodeOf(refused.err)
 	require.Contains(t, []outbox.Code{journal.CodeInFlight, journal.CodeAlreadyExecuted}, code, refused.err.Error())
 
-	require.Equal(t, 120, count(t, s.DB, `SELECT count(*) FROM redrive_log`))
-	require.Equal(t, 120, count(t, s.DB, `SELECT count(DISTINCT message_id) FROM redrive_log`))
+	require.Equal(t, 120, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM redrive_log`))
+	require.Equal(t, 120, testdb.QueryInt(t, s.DB, `SELECT count(DISTINCT message_id) FROM redrive_log`))
 	require.Equal(t, 120, s.Count(t, "status = 'PENDING' AND attempts = 0"))
 
 	_, err := a.Redrive(context.Background(), "T-7", journal.Filter{}, journal.Options{})
@@ -304,7 +297,7 @@ func TestCrashResumesFromCheckpoint(t *testing.T) {
 	var seq20 string
 	require.NoError(t, s.DB.QueryRow(`SELECT seq::text FROM messaging_outbox WHERE message_id = 'x-20'`).Scan(&seq20))
 	require.Equal(t, seq20, rec.Checkpoint, "the checkpoint is the last committed row's seq")
-	require.Equal(t, 20, count(t, s.DB, `SELECT count(*) FROM redrive_log`))
+	require.Equal(t, 20, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM redrive_log`))
 
 	// A relay fails a redriven row again before the resume: the resume must
 	// not redo it (it is behind the cursor: that approval already acted).
@@ -323,8 +316,8 @@ func TestCrashResumesFromCheckpoint(t *testing.T) {
 	require.Equal(t, 3, out.Batches, "10 + 10 + 5 remaining rows")
 	require.EqualValues(t, 45, out.Items)
 
-	require.Equal(t, 45, count(t, s.DB, `SELECT count(*) FROM redrive_log`))
-	require.Equal(t, 45, count(t, s.DB, `SELECT count(DISTINCT message_id) FROM redrive_log`), "no row redriven twice")
+	require.Equal(t, 45, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM redrive_log`))
+	require.Equal(t, 45, testdb.QueryInt(t, s.DB, `SELECT count(DISTINCT message_id) FROM redrive_log`), "no row redriven twice")
 	require.Equal(t, 44, s.Count(t, "status = 'PENDING' AND attempts = 0"))
 	require.Equal(t, 1, s.Count(t, "message_id = 'x-3' AND status = 'EXHAUSTED' AND attempts = 10"))
 
@@ -512,7 +505,7 @@ func TestRedriveTouchesOnlyMatchingParkedRows(t *testing.T) {
 
 	// Redriven rows: PENDING, budget reset, due now, lease cleared, token
 	// kept, last failure kept.
-	require.Equal(t, 7, count(t, s.DB, `
+	require.Equal(t, 7, testdb.QueryInt(t, s.DB, `
 SELECT count(*) FROM messaging_outbox
  WHERE message_id LIKE 'match-%' AND status = 'PENDING' AND attempts = 0 AND next_attempt_at = $1
    AND parked_at IS NULL AND lease_owner IS NULL AND lease_expires_at IS NULL AND lease_token = 7
@@ -603,7 +596,7 @@ BEGIN IF NEW.message_id = 'x-7' THEN RAISE EXCEPTION 'x-7 is not welcome'; END I
 	require.Equal(t, string(journal.CodeBatchFailed), rec.FailureCode)
 	require.Contains(t, rec.FailureDetail, "x-7 is not welcome")
 	require.EqualValues(t, 6, rec.ItemsCompleted)
-	require.Equal(t, 6, count(t, s.DB, `SELECT count(*) FROM redrive_log`), "the failed batch rolled back")
+	require.Equal(t, 6, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM redrive_log`), "the failed batch rolled back")
 
 	_, err = s.DB.Exec(`DROP TRIGGER refuse_x7 ON messaging_outbox`)
 	require.NoError(t, err)
@@ -611,8 +604,8 @@ BEGIN IF NEW.message_id = 'x-7' THEN RAISE EXCEPTION 'x-7 is not welcome'; END I
 	require.NoError(t, err)
 	require.True(t, out.Run.TookOver)
 	require.EqualValues(t, 9, out.Items)
-	require.Equal(t, 9, count(t, s.DB, `SELECT count(DISTINCT message_id) FROM redrive_log`))
-	require.Equal(t, 9, count(t, s.DB, `SELECT count(*) FROM redrive_log`))
+	require.Equal(t, 9, testdb.QueryInt(t, s.DB, `SELECT count(DISTINCT message_id) FROM redrive_log`))
+	require.Equal(t, 9, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM redrive_log`))
 }
 
 // Redrive and purge batches find parked rows through a partial index and
@@ -633,18 +626,7 @@ SELECT 'pub-' || g, 'orders', '\x01'::bytea, 'PUBLISHED', now() FROM generate_se
 			if name == "redrive" {
 				args = append(args, t0)
 			}
-			tx, err := s.DB.Begin()
-			require.NoError(t, err)
-			rows, err := tx.Query(`EXPLAIN `+q, args...)
-			require.NoError(t, err, name)
-			var plan string
-			for rows.Next() {
-				var line string
-				require.NoError(t, rows.Scan(&line))
-				plan += line + "\n"
-			}
-			require.NoError(t, rows.Err())
-			require.NoError(t, tx.Rollback())
+			plan := testdb.Explain(t, s.DB, q, args...)
 			// The pick uses a partial index over unpublished rows (parked or
 			// backlog, the planner's choice); the change goes by primary key.
 			require.Regexp(t, `Index Scan using messaging_outbox_(parked|backlog)_idx`, plan, "%s plan:\n%s", name, plan)

@@ -53,13 +53,6 @@ VALUES ($1, 'orders', '\x01'::bytea, $1, $2, $2)`, st, at)
 	}
 }
 
-func count(t *testing.T, db *sql.DB, q string, args ...any) int {
-	t.Helper()
-	var n int
-	require.NoError(t, db.QueryRow(q, args...).Scan(&n))
-	return n
-}
-
 func TestConfigDefaultsAreValid(t *testing.T) {
 	require.NoError(t, retention.Config{}.Validate())
 	s := newSchema(t)
@@ -114,7 +107,7 @@ func TestRunDeletesPublishedInBatches(t *testing.T) {
 		Now:       clock,
 		OnBatch: func(b retention.Batch) {
 			removed = append(removed, b.Removed)
-			remaining = append(remaining, count(t, s.DB, `SELECT count(*) FROM messaging_outbox WHERE message_id LIKE 'old-%'`))
+			remaining = append(remaining, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_outbox WHERE message_id LIKE 'old-%'`))
 		},
 	}
 	var delBefore int
@@ -133,8 +126,8 @@ func TestRunDeletesPublishedInBatches(t *testing.T) {
 	require.Equal(t, []int{1000, 1000, 1000, 1000, 1000, 0}, removed)
 	require.Equal(t, []int{4000, 3000, 2000, 1000, 0, 0}, remaining)
 
-	require.Equal(t, 50, count(t, s.DB, `SELECT count(*) FROM messaging_outbox WHERE message_id LIKE 'new-%'`))
-	require.Equal(t, 5, count(t, s.DB, `SELECT count(*) FROM messaging_outbox WHERE status <> 'PUBLISHED'`))
+	require.Equal(t, 50, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_outbox WHERE message_id LIKE 'new-%'`))
+	require.Equal(t, 5, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_outbox WHERE status <> 'PUBLISHED'`))
 
 	// The statistics collector agrees (it flushes asynchronously: force it).
 	_, err = s.DB.Exec(`SELECT pg_stat_force_next_flush()`)
@@ -261,7 +254,7 @@ SELECT jsonb_object_agg(e.key, e.value)::text
 	require.Equal(t, 3, res.Batches)
 
 	require.Equal(t, 5, s.Count(t, ""), "only the non-PUBLISHED rows stay")
-	require.Equal(t, 21, count(t, s.DB, `SELECT count(*) FROM messaging_outbox_archive`))
+	require.Equal(t, 21, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_outbox_archive`))
 	var after string
 	var archivedAt time.Time
 	require.NoError(t, s.DB.QueryRow(`
@@ -314,7 +307,7 @@ func TestByCreatedAtArchive(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 5, res.Archived)
 	require.Zero(t, s.Count(t, ""))
-	require.Equal(t, 1, count(t, s.DB, `SELECT count(*) FROM messaging_outbox_archive WHERE status = 'EXHAUSTED'`))
+	require.Equal(t, 1, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_outbox_archive WHERE status = 'EXHAUSTED'`))
 }
 
 func TestInboxCleanup(t *testing.T) {
@@ -335,7 +328,7 @@ SELECT 'billing', 'recent-' || g, $1::timestamptz FROM generate_series(1, 10) g`
 		BatchSize: 1000, InboxHorizon: 24 * time.Hour, Now: clock,
 		OnBatch: func(b retention.Batch) {
 			if b.Table == "messaging_inbox" {
-				inboxBatches = append(inboxBatches, count(t, s.DB, `SELECT count(*) FROM messaging_inbox`))
+				inboxBatches = append(inboxBatches, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_inbox`))
 			}
 		},
 	})
@@ -346,7 +339,7 @@ SELECT 'billing', 'recent-' || g, $1::timestamptz FROM generate_series(1, 10) g`
 	require.Equal(t, 2500, res.InboxDeleted)
 	require.Equal(t, 3, res.InboxBatches)
 	require.Equal(t, []int{1510, 510, 10}, inboxBatches)
-	require.Equal(t, 10, count(t, s.DB, `SELECT count(*) FROM messaging_inbox WHERE message_id LIKE 'recent-%'`))
+	require.Equal(t, 10, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_inbox WHERE message_id LIKE 'recent-%'`))
 
 	// Zero InboxHorizon leaves the inbox alone.
 	_, err = s.DB.Exec(`UPDATE messaging_inbox SET processed_at = $1`, now.Add(-1000*time.Hour))
@@ -356,7 +349,7 @@ SELECT 'billing', 'recent-' || g, $1::timestamptz FROM generate_series(1, 10) g`
 	res, err = off.Run(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, res.InboxBatches)
-	require.Equal(t, 10, count(t, s.DB, `SELECT count(*) FROM messaging_inbox`))
+	require.Equal(t, 10, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_inbox`))
 }
 
 // holdBatch returns a config whose first batch blocks inside its transaction
@@ -552,18 +545,7 @@ SELECT 'c', 'm-' || g, $1::timestamptz - make_interval(secs => g) FROM generate_
 		"inbox":             "messaging_inbox_processed_idx",
 	}
 	for name, q := range retention.Statements {
-		tx, err := s.DB.Begin()
-		require.NoError(t, err)
-		rows, err := tx.Query(`EXPLAIN `+q, now, 100, (72 * time.Hour).Seconds())
-		require.NoError(t, err, name)
-		var plan string
-		for rows.Next() {
-			var line string
-			require.NoError(t, rows.Scan(&line))
-			plan += line + "\n"
-		}
-		require.NoError(t, rows.Err())
-		require.NoError(t, tx.Rollback())
+		plan := testdb.Explain(t, s.DB, q, now, 100, (72 * time.Hour).Seconds())
 		require.Contains(t, plan, want[name], "%s plan:\n%s", name, plan)
 		require.NotContains(t, plan, "Seq Scan", "%s plan:\n%s", name, plan)
 	}
