@@ -100,6 +100,12 @@ type Config struct {
 	DrainTimeout time.Duration
 	// OnReport, when set, is called after every pass (also failing ones).
 	OnReport func(Report)
+	// DisablePrefetch turns off claiming the next batch while a full batch
+	// is being published (Run only; RunOnce never prefetches). Prefetching
+	// holds up to 2 x BatchSize rows per relay and uses a second connection
+	// during a pass; per-key order, leases and Close's release are the same
+	// either way.
+	DisablePrefetch bool
 }
 
 // withDefaults fills every unset field. The one place defaults live.

@@ -54,10 +54,17 @@
 // RELAY_MODE_CONFLICT), keeps a heartbeat, wakes on LISTEN/NOTIFY when
 // ListenURL is set, polls otherwise (at once again while batches come back
 // full, backing off with jitter while they come back empty), and keeps going
-// after a failing pass (logged, counted, backed off). Close, or cancelling
-// Run's context, drains the pass in progress: publishes already started get
-// DrainTimeout to finish, rows not yet started are released, outcomes are
-// written, and the heartbeat is removed. RouterPlugin ties all of this to a
+// after a failing pass (logged, counted, backed off). While a full batch is
+// being published, Run already claims the next one on a second connection
+// (prefetch; Config.DisablePrefetch turns it off), so the database works on
+// that claim while the relay publishes and writes outcomes: a relay then holds
+// up to 2 x BatchSize rows. Order per key is unaffected (the rows in flight
+// block their keys for the next claim), a prefetched batch's start-by deadline
+// counts from its own claim, and it is reported as its own pass. Close, or
+// cancelling Run's context, drains the pass in progress: publishes already
+// started get DrainTimeout to finish, rows not yet started are released (a
+// prefetched batch is released whole), outcomes are written, and the
+// heartbeat is removed. RouterPlugin ties all of this to a
 // watermill Router.
 //
 // # Observability

@@ -223,9 +223,21 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		"listen": f.cfg.ListenURL != "",
 	})
 
+	// next is the batch claimed ahead while the previous one was being
+	// published (see pass; off with DisablePrefetch). Every way out of the loop hands it to one more
+	// pass, which sees stopping closed and releases its rows, so no row is
+	// left IN_FLIGHT under this relay's name.
+	var next <-chan claimedBatch
+	defer func() {
+		if next != nil {
+			<-stopping
+			_, _, _ = f.pass(ctx, stopping, drainExpired, next, false)
+		}
+	}()
 	var idle, failures int
 	for {
-		rep, err := f.pass(ctx, stopping, drainExpired)
+		rep, pre, err := f.pass(ctx, stopping, drainExpired, next, !f.cfg.DisablePrefetch)
+		next = pre
 		var delay time.Duration
 		switch {
 		case err != nil:
@@ -358,7 +370,8 @@ func (f *Forwarder) RunOnce(ctx context.Context) (Report, error) {
 		case <-exit:
 		}
 	}()
-	return f.pass(ctx, stopping, drainExpired)
+	rep, _, err := f.pass(ctx, stopping, drainExpired, nil, false)
+	return rep, err
 }
 
 // dbNow is the clock passed to SQL: zero (server time) unless injected.
@@ -386,7 +399,34 @@ type item struct {
 	unknown bool   // classifier returned an unknown Outcome
 }
 
-func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan struct{}) (rep Report, err error) {
+// claimedBatch is the result of one claim and the local time just before
+// it, which is where its rows' start-by deadline is measured from.
+type claimedBatch struct {
+	claimed   []fencing.Claimed
+	claimedAt time.Time
+	err       error
+}
+
+func (f *Forwarder) claim(ctx context.Context) claimedBatch {
+	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+	defer cancel()
+	at := f.localNow()
+	claimed, err := fencing.Claim(dbctx, f.db, fencing.ClaimParams{
+		Owner: f.cfg.Owner, Limit: f.cfg.BatchSize, Lease: f.cfg.LeaseDuration,
+		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
+	})
+	return claimedBatch{claimed: claimed, claimedAt: at, err: err}
+}
+
+// pass claims a batch (or takes the one claimed ahead, pre), publishes it
+// and writes its outcomes. With prefetch set and a full batch claimed, it
+// starts claiming the next batch on another connection right away and
+// returns it as next, so the database runs that claim while this pass
+// publishes and writes outcomes. That cannot reorder a key: this batch's
+// rows are IN_FLIGHT (not PUBLISHED) while the next claim runs, so it
+// returns no later row of their keys. A pass given pre always consumes it,
+// also when stopping (its rows are then released, not published).
+func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan struct{}, pre <-chan claimedBatch, prefetch bool) (rep Report, next <-chan claimedBatch, err error) {
 	start := time.Now()
 	defer func() {
 		rep.Duration = time.Since(start)
@@ -395,31 +435,42 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 			f.cfg.OnReport(rep)
 		}
 	}()
-	select {
-	case <-stopping:
-		return rep, nil
-	default:
+	var b claimedBatch
+	if pre != nil {
+		b = <-pre
+	} else {
+		select {
+		case <-stopping:
+			return rep, nil, nil
+		default:
+		}
+		b = f.claim(ctx)
+	}
+	if b.err != nil {
+		return rep, nil, b.err
+	}
+	claimed := b.claimed
+	rep.Claimed = len(claimed)
+	if len(claimed) == 0 {
+		return rep, nil, nil
+	}
+	if prefetch && len(claimed) >= f.cfg.BatchSize {
+		select {
+		case <-stopping:
+		default:
+			ch := make(chan claimedBatch, 1) // buffered: the claim never waits for its reader
+			go func() { ch <- f.claim(ctx) }()
+			next = ch
+		}
 	}
 	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
 	defer cancel()
-
-	claimedAt := f.localNow()
-	claimed, err := fencing.Claim(dbctx, f.db, fencing.ClaimParams{
-		Owner: f.cfg.Owner, Limit: f.cfg.BatchSize, Lease: f.cfg.LeaseDuration,
-		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
-	})
-	if err != nil {
-		return rep, err
-	}
-	rep.Claimed = len(claimed)
-	if len(claimed) == 0 {
-		return rep, nil
-	}
 	// No publish starts unless it can end (PublishTimeout) and its outcome
 	// be written (a margin of half a PublishTimeout) before the lease
-	// expires; measured on the local clock from just before the claim, so
+	// expires; measured on the local clock from just before this batch's own
+	// claim (a prefetched batch waited for the previous pass meanwhile), so
 	// clock skew with the database cannot stretch it.
-	startBy := claimedAt.Add(f.cfg.LeaseDuration - f.cfg.PublishTimeout - f.cfg.PublishTimeout/2)
+	startBy := b.claimedAt.Add(f.cfg.LeaseDuration - f.cfg.PublishTimeout - f.cfg.PublishTimeout/2)
 
 	items := make([]*item, 0, len(claimed))
 	var work []*item
@@ -461,7 +512,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	}
 	results, err := f.apply(dbctx, outcomes)
 	if err != nil {
-		return rep, fmt.Errorf("forwarder: write outcomes of %d rows: %w", len(outcomes), err)
+		return rep, next, fmt.Errorf("forwarder: write outcomes of %d rows: %w", len(outcomes), err)
 	}
 	stale := make(map[*item]bool)
 	for i, r := range results {
@@ -506,7 +557,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 			})
 		}
 	}
-	return rep, unknown
+	return rep, next, unknown
 }
 
 // apply writes the outcomes, trying again twice on a database error: the

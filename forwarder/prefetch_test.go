@@ -1,0 +1,129 @@
+package forwarder_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
+)
+
+// With prefetch on (the default), Run claims batch N+1 while batch N is
+// published. A key's later row must still never go out before its earlier
+// one: the earlier row is IN_FLIGHT while the next claim runs, so it blocks
+// its key.
+func TestPrefetchKeepsPerKeyOrder(t *testing.T) {
+	s := newDB(t)
+	const keys, perKey = 5, 8
+	for i := range perKey {
+		for k := range keys {
+			m := message.NewMessage(fmt.Sprintf("k%d-%02d", k, i), []byte("x"))
+			envelope.SetOrderingKey(m, fmt.Sprintf("key-%d", k))
+			insert(t, s.DB, "orders", m)
+		}
+	}
+	// Rows without a key fill the batches, so most claims are full and a
+	// prefetch starts after them.
+	for i := range 40 {
+		insertN(t, s.DB, "orders", fmt.Sprintf("free-%02d", i))
+	}
+	rec := &recorder{}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{BatchSize: 3, PollInterval: 5 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond})
+	done := make(chan error, 1)
+	go func() { done <- f.Run(context.Background()) }()
+	require.Eventually(t, func() bool { return len(rec.ids()) == keys*perKey+40 }, 20*time.Second, 5*time.Millisecond)
+	require.NoError(t, f.Close())
+	require.NoError(t, <-done)
+
+	next := map[string]int{}
+	for _, id := range rec.ids() {
+		var k, i int
+		if _, err := fmt.Sscanf(id, "k%d-%d", &k, &i); err != nil {
+			continue
+		}
+		key := fmt.Sprint(k)
+		require.Equal(t, next[key], i, "key %d: row %d published out of order", k, i)
+		next[key]++
+	}
+	var inFlight int
+	require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_outbox WHERE status <> 'PUBLISHED'`).Scan(&inFlight))
+	require.Zero(t, inFlight)
+}
+
+// A batch claimed ahead while Close is waiting for the current one is
+// released, not published and not left IN_FLIGHT: its rows go back PENDING
+// with no attempt counted, and the pass that released them says so.
+func TestCloseReleasesThePrefetchedBatch(t *testing.T) {
+	s := newDB(t)
+	insertN(t, s.DB, "orders", "a", "b", "c", "d")
+	h := newHanger(t)
+	var mu sync.Mutex
+	var reports []forwarder.Report
+	f := newForwarder(t, s.DB, h, forwarder.Config{
+		Owner: "pf", BatchSize: 2, Concurrency: 1, PublishTimeout: 200 * time.Millisecond,
+		PollInterval: time.Hour, MaxPollInterval: time.Hour,
+		OnReport: func(r forwarder.Report) { mu.Lock(); reports = append(reports, r); mu.Unlock() },
+	})
+	done := make(chan error, 1)
+	go func() { done <- f.Run(context.Background()) }()
+	require.Equal(t, "a", <-h.entered, "the first batch is being published")
+	// While "a" hangs, the next batch (c, d) is claimed ahead: all four rows
+	// are IN_FLIGHT under this relay.
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_outbox WHERE status = 'IN_FLIGHT' AND lease_owner = 'pf'`).Scan(&n))
+		return n == 4
+	}, 10*time.Second, 5*time.Millisecond, "the next batch is claimed while the current one publishes")
+
+	require.NoError(t, f.Close())
+	require.NoError(t, <-done)
+	var n int
+	require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_outbox WHERE status = 'IN_FLIGHT'`).Scan(&n))
+	require.Zero(t, n, "Close leaves no row IN_FLIGHT")
+	require.Equal(t, "AMBIGUOUS", state(t, s.DB, "a").Status, "the hanging publish timed out")
+	for _, id := range []string{"b", "c", "d"} {
+		st := state(t, s.DB, id)
+		require.Equal(t, "PENDING", st.Status, id)
+		require.Zero(t, st.Attempts, id)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, reports, 2)
+	require.Equal(t, forwarder.Report{Claimed: 2, Ambiguous: 1, Released: 1}, withoutDuration(reports[0]))
+	require.Equal(t, forwarder.Report{Claimed: 2, Released: 2}, withoutDuration(reports[1]), "the prefetched batch is reported as its own pass")
+}
+
+// With DisablePrefetch a relay holds one batch at a time.
+func TestDisablePrefetchHoldsOneBatch(t *testing.T) {
+	s := newDB(t)
+	insertN(t, s.DB, "orders", "a", "b", "c", "d")
+	h := newHanger(t)
+	var mu sync.Mutex
+	var reports []forwarder.Report
+	f := newForwarder(t, s.DB, h, forwarder.Config{
+		Owner: "nopf", BatchSize: 2, Concurrency: 1, PublishTimeout: 200 * time.Millisecond, DisablePrefetch: true,
+		PollInterval: time.Hour, MaxPollInterval: time.Hour,
+		OnReport: func(r forwarder.Report) { mu.Lock(); reports = append(reports, r); mu.Unlock() },
+	})
+	done := make(chan error, 1)
+	go func() { done <- f.Run(context.Background()) }()
+	require.Equal(t, "a", <-h.entered)
+	require.NoError(t, f.Close())
+	require.NoError(t, <-done)
+	for _, id := range []string{"c", "d"} {
+		st := state(t, s.DB, id)
+		require.Equal(t, "PENDING", st.Status, id)
+		require.Empty(t, st.Owner, "%s was never claimed", id)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, reports, 1)
+}
+
+func withoutDuration(r forwarder.Report) forwarder.Report { r.Duration = 0; return r }
