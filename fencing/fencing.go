@@ -275,6 +275,26 @@ UPDATE messaging_outbox o
    AND o.lease_token = u.token
 RETURNING o.message_id`
 
+// ApplyPublishedSQL is ApplySQL for the common batch: every outcome is
+// PUBLISHED and names the same owner. It makes exactly the same change
+// (PUBLISHED, attempts + 1, published_at, next_attempt_at and lease_expires_at
+// cleared, the failure columns and parked_at left alone) under the same
+// fence, with two array parameters instead of seven and no CASE per column,
+// so the server parses, binds and evaluates less per statement.
+const ApplyPublishedSQL = `
+UPDATE messaging_outbox o
+   SET status = 'PUBLISHED',
+       attempts = o.attempts + 1,
+       published_at = coalesce($1::timestamptz, now()),
+       next_attempt_at = NULL,
+       lease_expires_at = NULL
+  FROM unnest($3::text[], $4::int8[]) AS u(id, token)
+ WHERE o.message_id = u.id
+   AND o.status = 'IN_FLIGHT'
+   AND o.lease_owner = $2
+   AND o.lease_token = u.token
+RETURNING o.message_id`
+
 // Apply writes many fenced outcomes in one statement and returns one result
 // per outcome, in input order. Outcomes must name distinct rows; all share
 // the Now of the first outcome. A database error is returned as an error (no
@@ -303,8 +323,14 @@ func Apply(ctx context.Context, db DBTX, outcomes []Outcome) ([]Result, error) {
 		}
 		codes[i], details[i] = CleanText(o.Code, 200), CleanText(o.Detail, MaxFailureDetail)
 	}
-	rows, err := db.QueryContext(ctx, ApplySQL, nowArg(outcomes[0].Now),
-		pq.Array(ids), pq.Array(owners), pq.Array(tokens), pq.Array(tos), pq.Array(nexts), pq.Array(codes), pq.Array(details))
+	var rows *sql.Rows
+	var err error
+	if allPublished(outcomes) {
+		rows, err = db.QueryContext(ctx, ApplyPublishedSQL, nowArg(outcomes[0].Now), owners[0], pq.Array(ids), pq.Array(tokens))
+	} else {
+		rows, err = db.QueryContext(ctx, ApplySQL, nowArg(outcomes[0].Now),
+			pq.Array(ids), pq.Array(owners), pq.Array(tokens), pq.Array(tos), pq.Array(nexts), pq.Array(codes), pq.Array(details))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
@@ -324,6 +350,16 @@ func Apply(ctx context.Context, db DBTX, outcomes []Outcome) ([]Result, error) {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	return results, nil
+}
+
+// allPublished reports whether ApplyPublishedSQL can carry the batch.
+func allPublished(outcomes []Outcome) bool {
+	for _, o := range outcomes {
+		if o.To != envelope.StatusPublished || o.Lease.Owner != outcomes[0].Lease.Owner {
+			return false
+		}
+	}
+	return true
 }
 
 func checkOutcome(op string, o Outcome) error {
