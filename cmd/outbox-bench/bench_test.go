@@ -92,7 +92,7 @@ func TestSmoke(t *testing.T) {
 	require.NotEmpty(t, rep.Targets)
 	require.Contains(t, rep.ExplainClaim, "messaging_outbox_claimable_idx", "the claim must be an index scan on the claimable index")
 	require.NotEmpty(t, rep.Machine.PostgreSQL)
-	require.Len(t, rep.WAL, 5, "WAL per row of the five statements")
+	require.Len(t, rep.WAL, 6, "WAL per row of the six statements")
 
 	md, err := os.ReadFile(filepath.Join(filepath.Dir(cfg.Out), "results.md"))
 	require.NoError(t, err)
@@ -144,4 +144,13 @@ func TestPercentile(t *testing.T) {
 	require.Equal(t, 3.0, percentileMS(d, 50))
 	require.Equal(t, 5.0, percentileMS(d, 99))
 	require.Equal(t, 0.0, percentileMS(nil, 99))
+}
+
+// -drain keeps only the named drain cells, in the scenario's order, for
+// paired A/B runs of two relay variants.
+func TestDrainFilter(t *testing.T) {
+	cfg := defaultConfig()
+	require.Equal(t, drainKinds, cfg.drainKinds())
+	cfg.Drain = []string{"outbox-noprefetch/x1", "outbox/x1", "nonsense/x9"}
+	require.Equal(t, []drainKind{{relayOurs, 1}, {relayOursNoPF, 1}}, cfg.drainKinds())
 }

@@ -56,15 +56,17 @@ const (
 
 // Relay kinds of the drain scenarios.
 const (
-	relayOurs        = "outbox"       // this module's forwarder (fencing on), defaults
-	relayOursTuned   = "outbox-tuned" // same, BatchSize ourTunedBatch (watermill tuned reads 1000 per query)
-	ourTunedBatch    = 1000
-	relayWMDefault   = "watermill"       // components/forwarder + watermill-sql subscriber, defaults
-	relayWMTuned     = "watermill-tuned" // same, PollInterval 10ms, batch 1000
-	relayMinimal     = "skiplocked"      // minimal SKIP LOCKED relay, one UPDATE per batch
-	wmTunedPoll      = 10 * time.Millisecond
-	wmTunedBatch     = 1000
-	minimalBatchSize = forwarder.DefaultBatchSize
+	relayOurs          = "outbox"                  // this module's forwarder (fencing on), defaults
+	relayOursTuned     = "outbox-tuned"            // same, BatchSize ourTunedBatch (watermill tuned reads 1000 per query)
+	relayOursNoPF      = "outbox-noprefetch"       // defaults but DisablePrefetch: the pipelining's paired baseline
+	relayOursTunedNoPF = "outbox-tuned-noprefetch" // BatchSize ourTunedBatch, DisablePrefetch
+	ourTunedBatch      = 1000
+	relayWMDefault     = "watermill"       // components/forwarder + watermill-sql subscriber, defaults
+	relayWMTuned       = "watermill-tuned" // same, PollInterval 10ms, batch 1000
+	relayMinimal       = "skiplocked"      // minimal SKIP LOCKED relay, one UPDATE per batch
+	wmTunedPoll        = 10 * time.Millisecond
+	wmTunedBatch       = 1000
+	minimalBatchSize   = forwarder.DefaultBatchSize
 )
 
 func prefill(ctx context.Context, db *sql.DB, query, prefix string, n int, payload []byte) error {
@@ -146,9 +148,9 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 		rctx, cancel := context.WithCancel(ctx)
 		errc := make(chan error, 1)
 		switch kind {
-		case relayOurs, relayOursTuned:
-			cfg := forwarder.Config{}
-			if kind == relayOursTuned {
+		case relayOurs, relayOursTuned, relayOursNoPF, relayOursTunedNoPF:
+			cfg := forwarder.Config{DisablePrefetch: kind == relayOursNoPF || kind == relayOursTunedNoPF}
+			if kind == relayOursTuned || kind == relayOursTunedNoPF {
 				cfg.BatchSize = ourTunedBatch
 			}
 			if listen {

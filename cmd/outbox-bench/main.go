@@ -58,6 +58,9 @@ type Config struct {
 	Quiet bool     `json:"-"`
 	// WhatIf adds the prototype relay to the drain scenario.
 	WhatIf bool `json:"what_if,omitempty"`
+	// Drain, when non-empty, restricts the drain scenario to these cells
+	// (names like outbox/x1): for paired A/B runs of two relay variants.
+	Drain []string `json:"drain,omitempty"`
 }
 
 func defaultConfig() Config {
@@ -112,11 +115,15 @@ func main() {
 	flag.IntVar(&cfg.Probes, "probes", cfg.Probes, "scale: claim probes per backlog")
 	flag.BoolVar(&cfg.Quiet, "quiet", false, "no progress lines")
 	flag.BoolVar(&cfg.WhatIf, "what-if", false, "drain: also run the one-commit-per-batch prototype relay (evidence for BENCHMARKS.md, not the product)")
+	drain := flag.String("drain", "", "comma-separated drain cells to run (e.g. outbox/x1,outbox-noprefetch/x1); default all")
 	only := flag.String("only", "", "comma-separated groups to run (write,drain,latency,idle,scale,retention); default all")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *only != "" {
 		cfg.Only = strings.Split(*only, ",")
+	}
+	if *drain != "" {
+		cfg.Drain = strings.Split(*drain, ",")
 	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -185,7 +192,8 @@ type drainKind struct {
 	relays int
 }
 
-var drainKinds = []drainKind{{relayOurs, 1}, {relayOurs, 4}, {relayOursTuned, 1}, {relayWMDefault, 1}, {relayWMTuned, 1}, {relayMinimal, 1}}
+var drainKinds = []drainKind{{relayOurs, 1}, {relayOursNoPF, 1}, {relayOurs, 4}, {relayOursTuned, 1}, {relayOursTunedNoPF, 1},
+	{relayWMDefault, 1}, {relayWMTuned, 1}, {relayMinimal, 1}}
 
 var latencyKinds = []string{relayOurs, relayWMDefault, relayWMTuned}
 
@@ -329,10 +337,20 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 }
 
 func (c Config) drainKinds() []drainKind {
+	kinds := drainKinds
 	if c.WhatIf {
-		return append(slices.Clone(drainKinds), drainKind{relayOneCommit, 1})
+		kinds = append(slices.Clone(drainKinds), drainKind{relayOneCommit, 1})
 	}
-	return drainKinds
+	if len(c.Drain) == 0 {
+		return kinds
+	}
+	var out []drainKind
+	for _, d := range kinds {
+		if slices.Contains(c.Drain, strings.TrimPrefix(drainName(d.kind, d.relays), "drain/")) {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 func (c Config) runs(group string) bool {

@@ -54,6 +54,8 @@ func targets(cfg Config, c *collector) []Target {
 	add("drain: outbox x1 / watermill tuned", c.pairRatio(ours1, drainName(relayWMTuned, 1)), 1.5, "defaults (batch 100)")
 	add("drain: outbox x1 / minimal SKIP LOCKED relay", c.pairRatio(ours1, drainName(relayMinimal, 1)), 0.8, "both batch 100")
 	add("drain: outbox x4 / outbox x1", c.pairRatio(drainName(relayOurs, 4), ours1), 1.0, "")
+	add("drain: prefetch on (default) / DisablePrefetch, batch 100", c.pairRatio(ours1, drainName(relayOursNoPF, 1)), 1.0, "pipelining: not a target of issue 7, kept as evidence")
+	add("drain: prefetch on (default) / DisablePrefetch, batch 1000", c.pairRatio(drainName(relayOursTuned, 1), drainName(relayOursTunedNoPF, 1)), 1.0, "pipelining: not a target of issue 7, kept as evidence")
 	tuned := drainName(relayOursTuned, 1)
 	add("drain: outbox batch 1000 x1 / watermill tuned", c.pairRatio(tuned, drainName(relayWMTuned, 1)), 1.5, "both read 1000 rows per query")
 	add("drain: outbox batch 1000 x1 / minimal SKIP LOCKED relay", c.pairRatio(tuned, drainName(relayMinimal, 1)), 0.8, "minimal at batch 100")

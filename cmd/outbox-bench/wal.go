@@ -105,6 +105,20 @@ func walCosts(ctx context.Context, db *sql.DB, payload []byte) ([]WALCost, error
 	}
 	if err == nil {
 		err = step(func(tx *sql.Tx) (WALCost, error) {
+			got, err := fencing.Claim(ctx, tx, probeParams())
+			if err != nil {
+				return WALCost{}, err
+			}
+			ids, tokens := make([]string, len(got)), make([]int64, len(got))
+			for i, c := range got {
+				ids[i], tokens[i] = c.Lease.MessageID, c.Lease.Token
+			}
+			return explainWAL(ctx, tx, "outbox terminal write, all PUBLISHED (ApplyPublishedSQL)", len(got), fencing.ApplyPublishedSQL, nil,
+				probeParams().Owner, pq.Array(ids), pq.Array(tokens))
+		})
+	}
+	if err == nil {
+		err = step(func(tx *sql.Tx) (WALCost, error) {
 			return explainWAL(ctx, tx, "minimal claim (SELECT FOR UPDATE SKIP LOCKED)", batch, minimalClaim, batch)
 		})
 	}
