@@ -35,6 +35,15 @@
 //     DefaultNotifyChannel (or Config.NotifyChannel); PostgreSQL delivers it
 //     when the transaction commits and drops it on rollback, so a listening
 //     relay wakes up exactly when there is committed work.
+//   - The statement carries only the columns the call's messages fill (one
+//     of three fixed texts: 4, 11 or 21 columns), so the common message does
+//     not pay for parsing 21 parameters; the stored rows are the same.
+//
+// Cost: one statement per Publish call, which lib/pq sends in two round trips
+// (Parse/Describe, then Bind/Execute) unless the connection string sets
+// binary_parameters=yes (one round trip; about 0.89x the time of a
+// one-message transaction on a local server). Putting several messages in one
+// Publish call is the biggest lever: one statement, one commit.
 //
 // Services that already publish through watermill-sql keep their publisher
 // and swap the schema adapter: see the sub-packages sqlv3 and sqlv4.
