@@ -23,9 +23,17 @@
 //
 // Follow-ups published through [Publisher] get msg.causation_id = the consumed
 // message id and the consumed message's correlation id, unless they set their
-// own. Messages the handler returns (watermill's produced messages) are passed
-// through unchanged: the router publishes them after the handler, outside the
-// transaction; use [Publisher] for messages that must commit with the effect.
+// own.
+//
+// A handler must not return produced messages (watermill's return value for
+// messages the router publishes after the handler). The router would publish
+// them outside the transaction, after the inbox record committed: if that
+// publish failed, the redelivery would be skipped as already processed and the
+// messages would be lost. So when a handler returns a non-empty slice the
+// middleware rolls everything back (no effect, no inbox record, no
+// follow-ups) and fails with INBOX_PRODUCED_MESSAGES ([ErrProducedMessages]);
+// the message is nacked. Emit follow-ups with [Publisher] instead: they commit
+// with the effect.
 //
 // The inbox only helps when the effect lives in the same database as
 // messaging_inbox and is written through [Tx]. Consumer names are part of

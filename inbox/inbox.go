@@ -21,6 +21,16 @@ import (
 // uncommitted one makes it wait for that transaction's outcome.
 const insertInbox = `INSERT INTO messaging_inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`
 
+// CodeProducedMessages is returned when a handler wrapped by the middleware
+// returns produced messages. The router would publish them after the inbox
+// record commits; if that publish failed, the redelivery would be skipped as
+// already processed and they would be lost. The transaction is rolled back
+// (no effect, no inbox record, no follow-ups) and the message is nacked.
+const CodeProducedMessages outbox.Code = "INBOX_PRODUCED_MESSAGES"
+
+// ErrProducedMessages matches CodeProducedMessages with errors.Is.
+var ErrProducedMessages = &outbox.Error{Code: CodeProducedMessages}
+
 // MaxConsumerLength bounds consumer names (bytes).
 const MaxConsumerLength = 200
 
@@ -126,7 +136,9 @@ func NewMiddleware(db *sql.DB, consumer string, cfg Config) (message.HandlerMidd
 // documentation). With invalid arguments (see Validate) every message fails
 // with that error and is nacked, so nothing is processed without the inbox;
 // use NewMiddleware to find out at construction. A message with an empty
-// UUID fails with OUTBOX_MESSAGE_ID_REQUIRED: it cannot be de-duplicated.
+// UUID fails with OUTBOX_MESSAGE_ID_REQUIRED: it cannot be de-duplicated. A
+// handler that returns produced messages fails with INBOX_PRODUCED_MESSAGES
+// and nothing commits: emit follow-ups with Publisher(msg.Context()).
 func Middleware(db *sql.DB, consumer string, cfg Config) message.HandlerMiddleware {
 	invalid := Validate(db, consumer, cfg)
 	logger := cfg.Logger
@@ -199,10 +211,21 @@ func handle(db *sql.DB, consumer string, cfg Config, logger watermill.LoggerAdap
 		}
 		return produced, err
 	}
+	if len(produced) > 0 {
+		// Committing here and returning them would let the router publish
+		// them after the inbox record is durable: a failed publish would
+		// then be skipped on redelivery and the messages lost for good.
+		refusal := outbox.Errorf(CodeProducedMessages, op,
+			"handler returned %d produced message(s) for %s; use inbox.Publisher(msg.Context()) to emit follow-ups: they commit with the effect", len(produced), msg.UUID)
+		if rbErr := tx.Rollback(); rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
+			return nil, errors.Join(refusal, fmt.Errorf("inbox: rollback: %w", rbErr))
+		}
+		return nil, refusal
+	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("inbox: commit %s: %w", msg.UUID, err)
 	}
-	return produced, nil
+	return nil, nil
 }
 
 func firstNonEmpty(a, b string) string {

@@ -224,16 +224,40 @@ func TestFollowUpKeepsItsOwnCausation(t *testing.T) {
 	require.Equal(t, 1, e.s.Count(t, "message_id = 'f-1' AND causation_id = 'explicit' AND correlation_id IS NULL"))
 }
 
-func TestProducedMessagesPassThroughUnchanged(t *testing.T) {
+// Produced messages would be published by the router after the inbox record
+// committed; if that publish failed, the redelivery would be skipped and they
+// would be lost. The middleware refuses them and commits nothing.
+func TestProducedMessagesAreRefusedAndNothingCommits(t *testing.T) {
 	e := newEnv(t)
-	out := message.NewMessage("produced", []byte("p"))
 	h := inbox.Middleware(e.db, "billing", inbox.Config{})(func(msg *message.Message) ([]*message.Message, error) {
-		return []*message.Message{out}, nil
+		if _, err := effectHandler(msg); err != nil {
+			return nil, err
+		}
+		follow := message.NewMessage("follow-"+msg.UUID, nil)
+		if err := inbox.Publisher(msg.Context()).Publish("t", follow); err != nil {
+			return nil, err
+		}
+		return []*message.Message{message.NewMessage("produced", []byte("p"))}, nil
 	})
-	produced, err := h(message.NewMessage("in-2", nil))
+	for range 2 { // the redelivery is refused again, not skipped as done
+		produced, err := h(message.NewMessage("in-2", nil))
+		require.ErrorIs(t, err, inbox.ErrProducedMessages)
+		require.Equal(t, inbox.CodeProducedMessages, outbox.CodeOf(err))
+		require.Empty(t, produced, "nothing is handed to the router to publish")
+		require.Equal(t, 0, e.applied(t, "in-2"))
+		require.Equal(t, 0, e.inboxRows(t, "billing", "in-2"))
+		require.Equal(t, 0, e.s.Count(t, "message_id = $1", "follow-in-2"))
+	}
+
+	// An empty (non-nil) slice is not a produced message.
+	empty := inbox.Middleware(e.db, "billing", inbox.Config{})(func(msg *message.Message) ([]*message.Message, error) {
+		_, err := effectHandler(msg)
+		return []*message.Message{}, err
+	})
+	_, err := empty(message.NewMessage("in-3", nil))
 	require.NoError(t, err)
-	require.Equal(t, []*message.Message{out}, produced)
-	require.Empty(t, out.Metadata)
+	require.Equal(t, 1, e.applied(t, "in-3"))
+	require.Equal(t, 1, e.inboxRows(t, "billing", "in-3"))
 }
 
 func TestOutsideTheMiddlewareThereIsNoTransaction(t *testing.T) {
