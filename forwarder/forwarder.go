@@ -43,10 +43,12 @@ var (
 
 const tracerName = "github.com/fencedoutbox/watermill-outbox/forwarder"
 
-// dbTimeout bounds the forwarder's own statements (claim, outcome batch). They
-// run on a context that stopping does not cancel: a claim cancelled half way
-// could leave rows claimed but never published until their lease expires.
-const dbTimeout = 15 * time.Second
+// defaultDBTimeout bounds each of the forwarder's own statements (the claim,
+// the outcome batch), each on its own context: a pass may publish for up to
+// LeaseDuration - 1.5 x PublishTimeout between them. They run on a context
+// that stopping does not cancel: a claim cancelled half way could leave rows
+// claimed but never published until their lease expires.
+const defaultDBTimeout = 15 * time.Second
 
 // Report counts what one pass did. Stale rows are possible duplicate
 // publications: this relay's lease was gone when it wrote the outcome.
@@ -74,6 +76,7 @@ type Forwarder struct {
 	tracer     trace.Tracer
 	metrics    *metrics
 	seed       uint64 // from the owner: per-relay jitter, deterministic per owner
+	dbTimeout  time.Duration
 
 	mu      sync.Mutex
 	started bool
@@ -117,6 +120,7 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 		baseLogger: logger,
 		tracer:     tp.Tracer(tracerName),
 		seed:       seedOf(cfg.Owner),
+		dbTimeout:  defaultDBTimeout,
 		stop:       make(chan struct{}),
 		running:    make(chan struct{}),
 		done:       make(chan struct{}),
@@ -172,7 +176,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		return err
 	}
 	defer func() {
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 		defer cancel()
 		if err := debezium.Leave(lctx, f.db, f.cfg.Owner); err != nil {
 			f.logger.Error("Relay heartbeat not removed", err, nil)
@@ -408,7 +412,7 @@ type claimedBatch struct {
 }
 
 func (f *Forwarder) claim(ctx context.Context) claimedBatch {
-	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 	defer cancel()
 	at := f.localNow()
 	claimed, err := fencing.Claim(dbctx, f.db, fencing.ClaimParams{
@@ -463,8 +467,6 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 			next = ch
 		}
 	}
-	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
-	defer cancel()
 	// No publish starts unless it can end (PublishTimeout) and its outcome
 	// be written (a margin of half a PublishTimeout) before the lease
 	// expires; measured on the local clock from just before this batch's own
@@ -510,6 +512,12 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 			written = append(written, it)
 		}
 	}
+	// The outcome write gets its own timeout, started now: the publishes
+	// above may have taken longer than dbTimeout, and an outcome written on
+	// an expired context would be lost (the rows would be published again
+	// after their leases expire, until EXHAUSTED).
+	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
+	defer cancel()
 	results, err := f.apply(dbctx, outcomes)
 	if err != nil {
 		return rep, next, fmt.Errorf("forwarder: write outcomes of %d rows: %w", len(outcomes), err)
