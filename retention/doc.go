@@ -26,7 +26,13 @@
 // a row deleted before the connector read its insert from the WAL is still
 // delivered (the WAL keeps the insert), but it is gone from the table for
 // anyone who wants to inspect it. Never use ByCreatedAt with the polling
-// forwarder: it would delete undelivered and parked rows.
+// forwarder: it would delete undelivered and parked rows. [Cleaner.Run]
+// enforces this: with ByCreatedAt it reads the relay mode the database
+// records (debezium.CurrentMode) and, unless it is CDC, refuses with
+// RELAY_MODE_CONFLICT before removing anything. The mode is read at the start
+// of each run; switching back to polling (`outboxctl debezium disable`) while a
+// ByCreatedAt run is in progress is not detected until the next run, so stop
+// scheduled ByCreatedAt runs before switching.
 //
 // Inbox rows (messaging_inbox) are removed by processed_at when InboxHorizon
 // is set, in the same bounded form; zero leaves the inbox alone.

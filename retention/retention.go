@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/debezium"
 )
 
 // Mode selects which outbox rows count as old enough to remove.
@@ -27,7 +28,8 @@ const (
 	// mode every row stays PENDING forever and ByPublishedAt would never
 	// delete anything. Do not use it with the polling forwarder: it would
 	// delete rows that were never published, and parked rows an operator
-	// still has to look at.
+	// still has to look at, so Cleaner.Run refuses it (RELAY_MODE_CONFLICT)
+	// unless the database's relay mode is CDC.
 	ByCreatedAt Mode = "BY_CREATED_AT"
 )
 
@@ -270,9 +272,25 @@ DELETE FROM messaging_inbox
 // in its own transaction under StatementTimeout, until a batch comes back
 // short or MaxBatches is reached; then the same for the inbox when
 // InboxHorizon is set. Batches committed before an error stay committed.
+//
+// With ByCreatedAt, Run first reads the database's relay mode and refuses
+// with RELAY_MODE_CONFLICT (debezium.ErrRelayModeConflict), removing nothing,
+// unless it is CDC: in polling mode that mode would delete undelivered and
+// parked rows. The mode is read once per run, before the run lock.
 func (c *Cleaner) Run(ctx context.Context) (res Result, err error) {
 	start := time.Now()
 	defer func() { res.Duration = time.Since(start) }()
+
+	if c.cfg.Mode == ByCreatedAt {
+		mode, err := debezium.CurrentMode(ctx, c.db)
+		if err != nil {
+			return res, fmt.Errorf("retention: %w", err)
+		}
+		if mode != debezium.ModeCDC {
+			return res, outbox.Errorf(debezium.CodeRelayModeConflict, "retention.Cleaner.Run",
+				"Mode %s removes rows of any status and is for CDC relay mode only; the database's relay mode is %s (use %s, or switch with `outboxctl debezium enable`)", ByCreatedAt, mode, ByPublishedAt)
+		}
+	}
 
 	conn, err := c.db.Conn(ctx)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/fencedoutbox/watermill-outbox/retention"
 )
@@ -287,6 +288,7 @@ SELECT 'cdc-new-' || g, 'orders', '\x01'::bytea, $1::timestamptz FROM generate_s
 	require.Zero(t, res.Deleted)
 	require.Equal(t, 285, s.Count(t, ""))
 
+	enableCDC(t, s.DB)
 	c, err := retention.New(s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, BatchSize: 100, Now: clock})
 	require.NoError(t, err)
 	res, err = c.Run(context.Background())
@@ -301,6 +303,7 @@ func TestByCreatedAtArchive(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
 	insertOtherStatuses(t, s.DB, now.Add(-100*time.Hour))
+	enableCDC(t, s.DB)
 	c, err := retention.New(s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, Archive: true, Now: clock})
 	require.NoError(t, err)
 	res, err := c.Run(context.Background())
@@ -308,6 +311,54 @@ func TestByCreatedAtArchive(t *testing.T) {
 	require.Equal(t, 5, res.Archived)
 	require.Zero(t, s.Count(t, ""))
 	require.Equal(t, 1, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_outbox_archive WHERE status = 'EXHAUSTED'`))
+}
+
+func enableCDC(t *testing.T, db *sql.DB) {
+	t.Helper()
+	require.NoError(t, debezium.Enable(context.Background(), db, "retention-test", time.Time{}))
+}
+
+// ByCreatedAt deletes rows of any status, which is only safe when nothing
+// marks rows PUBLISHED (CDC). In polling mode the library itself refuses it,
+// not only outboxctl: nothing is deleted or archived, inbox included.
+func TestByCreatedAtIsRefusedUnlessRelayModeIsCDC(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	insertOtherStatuses(t, s.DB, now.Add(-100*time.Hour))
+	insertPublished(t, s.DB, "pub-", 3, now.Add(-100*time.Hour))
+	_, err := s.DB.Exec(`INSERT INTO messaging_inbox (consumer, message_id, processed_at) VALUES ('c', 'old', $1)`, now.Add(-100*time.Hour))
+	require.NoError(t, err)
+
+	for _, archive := range []bool{false, true} {
+		c, err := retention.New(s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, Archive: archive, InboxHorizon: time.Hour, Now: clock})
+		require.NoError(t, err, "the mode is the database's state at run time, not a configuration error")
+		res, err := c.Run(context.Background())
+		require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
+		require.Equal(t, debezium.CodeRelayModeConflict, outbox.CodeOf(err))
+		require.Zero(t, res.Batches)
+		require.Zero(t, res.Deleted)
+		require.Zero(t, res.Archived)
+		require.Zero(t, res.InboxDeleted)
+		require.Equal(t, 8, s.Count(t, ""))
+		require.Zero(t, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_outbox_archive`))
+		require.Equal(t, 1, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_inbox`))
+	}
+
+	// The default mode is still allowed in polling mode and takes only the
+	// PUBLISHED rows.
+	byPub, err := retention.New(s.DB, nil, retention.Config{Now: clock})
+	require.NoError(t, err)
+	res, err := byPub.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Deleted)
+	require.Equal(t, 5, s.Count(t, ""))
+
+	enableCDC(t, s.DB)
+	c, err := retention.New(s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, Now: clock})
+	require.NoError(t, err)
+	res, err = c.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 5, res.Deleted)
 }
 
 func TestInboxCleanup(t *testing.T) {
