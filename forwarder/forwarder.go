@@ -313,6 +313,10 @@ func (f *Forwarder) stopSignals(ctx context.Context, exit <-chan struct{}) (stop
 
 // listen starts a LISTEN on Config.NotifyChannel when ListenURL is set and returns
 // a channel that receives a value per wake-up (nil channel otherwise).
+// Nothing here blocks the caller: lib/pq's Listener.Listen waits until the
+// listener has a connection, which is forever when ListenURL is unreachable,
+// so it runs in the background and the listener is closed on stop (which
+// also ends that wait). Polling carries the load meanwhile.
 func (f *Forwarder) listen(stopping <-chan struct{}, bg *sync.WaitGroup) <-chan struct{} {
 	if f.cfg.ListenURL == "" {
 		return nil
@@ -323,19 +327,27 @@ func (f *Forwarder) listen(stopping <-chan struct{}, bg *sync.WaitGroup) <-chan 
 			f.logger.Error("Outbox LISTEN connection problem; polling continues", err, watermill.LogFields{"event": int(ev)})
 		}
 	})
-	if err := l.Listen(f.cfg.NotifyChannel); err != nil {
-		// The listener keeps reconnecting in the background and re-issues
-		// LISTEN; meanwhile polling carries the load.
-		f.logger.Error("Outbox LISTEN failed; polling only until it succeeds", err, watermill.LogFields{"channel": f.cfg.NotifyChannel})
-	}
-	bg.Add(1)
+	listened := make(chan error, 1) // buffered: Listen returning after stop must not block
+	bg.Add(2)
 	go func() {
 		defer bg.Done()
-		defer l.Close()
+		listened <- l.Listen(f.cfg.NotifyChannel)
+	}()
+	go func() {
+		defer bg.Done()
+		defer l.Close() // also makes a Listen still waiting for a connection return
+		results := (<-chan error)(listened)
 		for {
 			select {
 			case <-stopping:
 				return
+			case err := <-results:
+				results = nil
+				if err != nil {
+					// The listener keeps reconnecting and re-issues LISTEN
+					// on every new connection; polling goes on regardless.
+					f.logger.Error("Outbox LISTEN failed; polling only until it succeeds", err, watermill.LogFields{"channel": f.cfg.NotifyChannel})
+				}
 			case _, ok := <-l.NotificationChannel():
 				if !ok {
 					return
