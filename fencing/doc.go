@@ -28,6 +28,12 @@
 //     it so the relay reports it. A message that crashes every relay that
 //     touches it therefore stops after max attempts, and no row stays
 //     IN_FLIGHT with an expired lease once a claim has run.
+//   - A PENDING or AMBIGUOUS row whose attempts already reach the budget
+//     (MaxAttempts was lowered after they were spent) is not left waiting
+//     forever, silently holding its key: the claim parks it EXHAUSTED with
+//     code BUDGET_SPENT (the detail keeps its previous code), whatever its
+//     next_attempt_at, under the same ordering rule as any claim, and
+//     returns it not held, like an expired lease that spent the budget.
 //   - Per-key ordering: a row with an ordering_key is not claimable while an
 //     earlier (lower seq) row with the same key is unpublished, so at most one
 //     row per key is ever in flight, across any number of relays. The

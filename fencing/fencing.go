@@ -24,6 +24,11 @@ const (
 	// CodeLeaseExpired is written to last_failure_code when a claim finds a
 	// row whose lease expired before its holder wrote an outcome.
 	CodeLeaseExpired = "LEASE_EXPIRED"
+	// CodeBudgetSpent is written to last_failure_code when a claim finds a
+	// PENDING or AMBIGUOUS row whose attempts already reach the budget (the
+	// budget was lowered after they were spent) and parks it EXHAUSTED; the
+	// detail keeps the code it had before.
+	CodeBudgetSpent = "BUDGET_SPENT"
 )
 
 // ErrInvalidArgument matches CodeInvalidArgument with errors.Is.
@@ -89,8 +94,9 @@ type ClaimParams struct {
 // Claimed is one row returned by [Claim].
 //
 // Row.Status is IN_FLIGHT for a row the caller now holds (Lease is valid), or
-// EXHAUSTED for a row whose expired lease spent the last attempt and that the
-// claim parked instead (Lease is zero; report it, do not publish it).
+// EXHAUSTED for a row the claim parked instead (Lease is zero; report it, do
+// not publish it): its expired lease spent the last attempt (LEASE_EXPIRED),
+// or its attempts already reached a budget lowered since (BUDGET_SPENT).
 //
 // Err is non-nil when the row is held but cannot be decoded (for example its
 // headers are not a flat string object: OUTBOX_CORRUPT_ROW); the identity
@@ -114,11 +120,13 @@ func (c Claimed) Held() bool { return c.Row.Status == envelope.StatusInFlight }
 const (
 	claimHead = `
 WITH picked AS (
-    SELECT o.message_id AS picked_id, o.status AS was
+    SELECT o.message_id AS picked_id, o.status = 'IN_FLIGHT' AS expired,
+           CASE WHEN o.status = 'IN_FLIGHT' THEN o.attempts + 1 >= $4 ELSE o.attempts >= $4 END AS park
       FROM messaging_outbox o
      WHERE o.status IN ('PENDING', 'AMBIGUOUS', 'IN_FLIGHT')
        AND (   (o.status <> 'IN_FLIGHT' AND o.attempts < $4
                 AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= coalesce($1::timestamptz, now())))
+            OR (o.status <> 'IN_FLIGHT' AND o.attempts >= $4)
             OR (o.status = 'IN_FLIGHT' AND o.lease_expires_at <= coalesce($1::timestamptz, now())))
        AND (o.ordering_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM messaging_outbox e
@@ -132,17 +140,22 @@ WITH picked AS (
        FOR UPDATE OF o SKIP LOCKED
 )
 UPDATE messaging_outbox o
-   SET status = CASE WHEN p.was = 'IN_FLIGHT' AND o.attempts + 1 >= $4 THEN 'EXHAUSTED' ELSE 'IN_FLIGHT' END,
-       attempts = o.attempts + CASE WHEN p.was = 'IN_FLIGHT' THEN 1 ELSE 0 END,
-       lease_owner = CASE WHEN p.was = 'IN_FLIGHT' AND o.attempts + 1 >= $4 THEN o.lease_owner ELSE $2 END,
-       lease_token = CASE WHEN p.was = 'IN_FLIGHT' AND o.attempts + 1 >= $4 THEN o.lease_token ELSE o.lease_token + 1 END,
-       lease_expires_at = CASE WHEN p.was = 'IN_FLIGHT' AND o.attempts + 1 >= $4 THEN NULL
+   SET status = CASE WHEN p.park THEN 'EXHAUSTED' ELSE 'IN_FLIGHT' END,
+       attempts = o.attempts + CASE WHEN p.expired THEN 1 ELSE 0 END,
+       lease_owner = CASE WHEN p.park THEN o.lease_owner ELSE $2 END,
+       lease_token = CASE WHEN p.park THEN o.lease_token ELSE o.lease_token + 1 END,
+       lease_expires_at = CASE WHEN p.park THEN NULL
                                ELSE coalesce($1::timestamptz, now()) + make_interval(secs => $3) END,
-       last_attempt_at = CASE WHEN p.was = 'IN_FLIGHT' AND o.attempts + 1 >= $4 THEN o.last_attempt_at ELSE coalesce($1::timestamptz, now()) END,
-       parked_at = CASE WHEN p.was = 'IN_FLIGHT' AND o.attempts + 1 >= $4 THEN coalesce($1::timestamptz, now()) ELSE o.parked_at END,
-       last_failure_code = CASE WHEN p.was = 'IN_FLIGHT' THEN '` + CodeLeaseExpired + `' ELSE o.last_failure_code END,
-       last_failure_detail = CASE WHEN p.was = 'IN_FLIGHT'
+       last_attempt_at = CASE WHEN p.park THEN o.last_attempt_at ELSE coalesce($1::timestamptz, now()) END,
+       parked_at = CASE WHEN p.park THEN coalesce($1::timestamptz, now()) ELSE o.parked_at END,
+       last_failure_code = CASE WHEN p.expired THEN '` + CodeLeaseExpired + `'
+                                WHEN p.park THEN '` + CodeBudgetSpent + `'
+                                ELSE o.last_failure_code END,
+       last_failure_detail = CASE WHEN p.expired
            THEN 'lease of ' || coalesce(o.lease_owner, '?') || ' (token ' || o.lease_token || ') expired before an outcome was written'
+           WHEN p.park
+           THEN o.attempts || ' attempts already reach the budget of ' || $4 || '; last failure: '
+                || coalesce(o.last_failure_code, 'none') || coalesce(': ' || o.last_failure_detail, '')
            ELSE o.last_failure_detail END
   FROM picked p
  WHERE o.message_id = p.picked_id
@@ -164,7 +177,7 @@ func nowArg(t time.Time) any {
 // Claim takes up to p.Limit claimable rows for p.Owner in one statement and
 // returns them in seq order (see the package documentation for what is
 // claimable). Rows come back IN_FLIGHT with a fresh lease, or EXHAUSTED when
-// an expired lease spent the budget. Invalid parameters are refused with
+// an expired lease spent the budget or the budget was already spent. Invalid parameters are refused with
 // FENCING_INVALID_ARGUMENT before touching the database.
 func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Claimed, error) {
 	const op = "fencing.Claim"

@@ -200,7 +200,7 @@ func TestAmbiguousRowWaitsForNextAttempt(t *testing.T) {
 	require.Equal(t, int64(2), due[0].Lease.Token)
 }
 
-func TestRowOutOfAttemptsIsNotClaimed(t *testing.T) {
+func TestRowOutOfAttemptsIsParkedNotHeld(t *testing.T) {
 	ctx := context.Background()
 	s := newDB(t)
 	insert(t, s.DB, "m1", "")
@@ -213,9 +213,66 @@ func TestRowOutOfAttemptsIsNotClaimed(t *testing.T) {
 		_, err = fencing.MarkAmbiguous(ctx, s.DB, c[0].Lease, time.Time{}, "X", "", t0)
 		require.NoError(t, err)
 	}
+	// A row with attempts >= max is never held again: the claim parks it.
 	c, err := fencing.Claim(ctx, s.DB, p)
 	require.NoError(t, err)
-	require.Empty(t, c, "a row with attempts >= max is never claimed")
+	require.Len(t, c, 1)
+	require.False(t, c[0].Held())
+	require.Equal(t, fencing.CodeBudgetSpent, state(t, s.DB, "m1").Code)
+}
+
+// A budget lowered below the attempts a row already spent (AMBIGUOUS at 7,
+// MaxAttempts now 5) must not leave the row waiting forever, silently
+// blocking its key: the claim parks it EXHAUSTED, in order, and reports it.
+func TestRowOverALoweredBudgetIsParkedByTheClaim(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	insert(t, s.DB, "k1", "key")
+	insert(t, s.DB, "k2", "key")
+	insert(t, s.DB, "early", "other")
+	insert(t, s.DB, "late", "other") // over budget, but not its key's head
+	insert(t, s.DB, "lone", "")
+	// Spent attempts; k1 even waits for a retry a day from now.
+	_, err := s.DB.Exec(`UPDATE messaging_outbox SET status = 'AMBIGUOUS', attempts = 7, last_failure_code = 'PUBLISH_TIMEOUT',
+		last_failure_detail = 'no answer', next_attempt_at = $1 WHERE message_id = 'k1'`, t0.Add(24*time.Hour))
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`UPDATE messaging_outbox SET status = 'AMBIGUOUS', attempts = 6 WHERE message_id IN ('late', 'lone')`)
+	require.NoError(t, err)
+	p := params("r", t0)
+	p.MaxAttempts = 5
+	c, err := fencing.Claim(ctx, s.DB, p)
+	require.NoError(t, err)
+	require.Equal(t, []string{"k1", "early", "lone"}, ids(c), "k2 waits behind k1, late behind early (ordering rule)")
+	for _, x := range c {
+		switch x.Row.MessageID {
+		case "early":
+			require.True(t, x.Held())
+		default:
+			require.False(t, x.Held(), x.Row.MessageID)
+			require.Equal(t, fencing.Lease{}, x.Lease)
+			require.Equal(t, envelope.StatusExhausted, x.Row.Status)
+			st := state(t, s.DB, x.Row.MessageID)
+			require.Equal(t, fencing.CodeBudgetSpent, st.Code)
+			require.True(t, st.Parked)
+		}
+	}
+	st := state(t, s.DB, "k1")
+	require.Equal(t, 7, st.Attempts, "parking spends no attempt")
+	var detail string
+	require.NoError(t, s.DB.QueryRow(`SELECT last_failure_detail FROM messaging_outbox WHERE message_id = 'k1'`).Scan(&detail))
+	require.Equal(t, "7 attempts already reach the budget of 5; last failure: PUBLISH_TIMEOUT: no answer", detail)
+
+	// Under BlockKey the parked head now visibly blocks k2; SkipParked
+	// lets it through.
+	p.Now = t0.Add(10 * time.Second) // early's lease (30 s) still holds
+	c, err = fencing.Claim(ctx, s.DB, p)
+	require.NoError(t, err)
+	require.Empty(t, c)
+	p.Policy = fencing.SkipParked
+	c, err = fencing.Claim(ctx, s.DB, p)
+	require.NoError(t, err)
+	require.Equal(t, []string{"k2"}, ids(c))
+	require.True(t, c[0].Held())
 }
 
 func TestExpiredLeaseThatSpendsTheBudgetIsParked(t *testing.T) {

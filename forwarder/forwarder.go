@@ -493,9 +493,10 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 		items = append(items, it)
 		switch {
 		case !c.Held():
-			// Parked by the claim: an expired lease spent the budget.
+			// Parked by the claim: an expired lease spent the budget
+			// (LEASE_EXPIRED), or the budget was already spent (BUDGET_SPENT).
 			it.verdict = "exhausted"
-			f.logger.Error("Outbox row exhausted after an expired lease", nil, watermill.LogFields{
+			f.logger.Error("Outbox row exhausted by the claim", nil, watermill.LogFields{
 				"message_id": c.Row.MessageID, "destination": c.Row.Destination, "attempts": c.Row.Attempts,
 				"code": c.Row.LastFailureCode,
 			})
