@@ -39,7 +39,7 @@ func readFull(t *testing.T, db *sql.DB, id string) fullRow {
 func applyGeneric(ctx context.Context, db fencing.DBTX, now time.Time, cs []fencing.Claimed) (int, error) {
 	n := len(cs)
 	ids, owners, tos, empty := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	tokens := make([]int64, n)
+	tokens, retries := make([]int64, n), make([]int64, n)
 	for i, c := range cs {
 		ids[i], owners[i], tokens[i], tos[i] = c.Lease.MessageID, c.Lease.Owner, c.Lease.Token, string(envelope.StatusPublished)
 	}
@@ -48,7 +48,7 @@ func applyGeneric(ctx context.Context, db fencing.DBTX, now time.Time, cs []fenc
 		nowArg = now
 	}
 	rows, err := db.QueryContext(ctx, fencing.ApplySQL, nowArg, pq.Array(ids), pq.Array(owners), pq.Array(tokens),
-		pq.Array(tos), pq.Array(empty), pq.Array(empty), pq.Array(empty))
+		pq.Array(tos), pq.Array(empty), pq.Array(empty), pq.Array(empty), pq.Array(retries))
 	if err != nil {
 		return 0, err
 	}

@@ -245,8 +245,8 @@ func (r Result) String() string {
 
 // Outcome is one fenced transition for [Apply].
 //
-// To is the target state: PUBLISHED, AMBIGUOUS (retry at NextAttemptAt; zero
-// means immediately), FAILED or EXHAUSTED (parked, Code required), or PENDING
+// To is the target state: PUBLISHED, AMBIGUOUS (retry at NextAttemptAt, or
+// else RetryAfter after the statement's clock; both zero means immediately), FAILED or EXHAUSTED (parked, Code required), or PENDING
 // meaning "release": the row was not attempted under this lease and goes back
 // unchanged (PENDING if it never had an attempt, AMBIGUOUS otherwise), its
 // attempts not counted. Every other transition counts one attempt.
@@ -254,9 +254,14 @@ type Outcome struct {
 	Lease         Lease
 	To            envelope.Status
 	NextAttemptAt time.Time // AMBIGUOUS only
-	Code          string    // last_failure_code for AMBIGUOUS/FAILED/EXHAUSTED
-	Detail        string    // human text, truncated to MaxFailureDetail
-	Now           time.Time // zero: the server's now()
+	// RetryAfter (AMBIGUOUS only, when NextAttemptAt is zero) is added to the
+	// statement's clock (Now, or the server's now()), the clock the claim
+	// compares next_attempt_at with: a backoff computed from the caller's
+	// clock would be shortened or stretched by its skew. >= 0.
+	RetryAfter time.Duration
+	Code       string    // last_failure_code for AMBIGUOUS/FAILED/EXHAUSTED
+	Detail     string    // human text, truncated to MaxFailureDetail
+	Now        time.Time // zero: the server's now()
 }
 
 // ApplySQL applies many fenced outcomes in one round trip; each row is
@@ -270,7 +275,8 @@ UPDATE messaging_outbox o
                      ELSE u.to_status END,
        attempts = o.attempts + CASE WHEN u.to_status = 'PENDING' THEN 0 ELSE 1 END,
        published_at = CASE WHEN u.to_status = 'PUBLISHED' THEN c.t ELSE o.published_at END,
-       next_attempt_at = CASE WHEN u.to_status = 'AMBIGUOUS' THEN coalesce(nullif(u.next_at, '')::timestamptz, c.t)
+       next_attempt_at = CASE WHEN u.to_status = 'AMBIGUOUS'
+                              THEN coalesce(nullif(u.next_at, '')::timestamptz, c.t + u.retry_us * interval '1 microsecond')
                               WHEN u.to_status = 'PENDING' THEN o.next_attempt_at
                               ELSE NULL END,
        lease_expires_at = NULL,
@@ -279,8 +285,8 @@ UPDATE messaging_outbox o
        last_failure_detail = CASE WHEN u.to_status IN ('AMBIGUOUS', 'FAILED', 'EXHAUSTED')
                                   THEN nullif(u.detail, '') ELSE o.last_failure_detail END,
        parked_at = CASE WHEN u.to_status IN ('FAILED', 'EXHAUSTED') THEN c.t ELSE o.parked_at END
-  FROM unnest($2::text[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::text[], $8::text[])
-           AS u(id, owner, token, to_status, next_at, code, detail),
+  FROM unnest($2::text[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int8[])
+           AS u(id, owner, token, to_status, next_at, code, detail, retry_us),
        clock c
  WHERE o.message_id = u.id
    AND o.status = 'IN_FLIGHT'
@@ -320,7 +326,7 @@ func Apply(ctx context.Context, db DBTX, outcomes []Outcome) ([]Result, error) {
 	}
 	n := len(outcomes)
 	ids, owners, tos, nexts, codes, details := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	tokens := make([]int64, n)
+	tokens, retries := make([]int64, n), make([]int64, n)
 	seen := make(map[string]int, n)
 	for i, o := range outcomes {
 		if err := checkOutcome(op, o); err != nil {
@@ -334,6 +340,9 @@ func Apply(ctx context.Context, db DBTX, outcomes []Outcome) ([]Result, error) {
 		if o.To == envelope.StatusAmbiguous && !o.NextAttemptAt.IsZero() {
 			nexts[i] = o.NextAttemptAt.UTC().Format(time.RFC3339Nano)
 		}
+		if o.To == envelope.StatusAmbiguous {
+			retries[i] = o.RetryAfter.Microseconds()
+		}
 		codes[i], details[i] = CleanText(o.Code, 200), CleanText(o.Detail, MaxFailureDetail)
 	}
 	var rows *sql.Rows
@@ -342,7 +351,7 @@ func Apply(ctx context.Context, db DBTX, outcomes []Outcome) ([]Result, error) {
 		rows, err = db.QueryContext(ctx, ApplyPublishedSQL, nowArg(outcomes[0].Now), owners[0], pq.Array(ids), pq.Array(tokens))
 	} else {
 		rows, err = db.QueryContext(ctx, ApplySQL, nowArg(outcomes[0].Now),
-			pq.Array(ids), pq.Array(owners), pq.Array(tokens), pq.Array(tos), pq.Array(nexts), pq.Array(codes), pq.Array(details))
+			pq.Array(ids), pq.Array(owners), pq.Array(tokens), pq.Array(tos), pq.Array(nexts), pq.Array(codes), pq.Array(details), pq.Array(retries))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
@@ -381,6 +390,8 @@ func checkOutcome(op string, o Outcome) error {
 		return outbox.Errorf(CodeInvalidArgument, op, "outcome needs the lease's message id and owner (got %q, %q)", o.Lease.MessageID, o.Lease.Owner)
 	case o.Lease.Token <= 0:
 		return outbox.Errorf(CodeInvalidArgument, op, "row %s: lease token must be > 0 (a claimed row always has one), got %d", o.Lease.MessageID, o.Lease.Token)
+	case o.RetryAfter < 0:
+		return outbox.Errorf(CodeInvalidArgument, op, "row %s: retry delay must be >= 0, got %s", o.Lease.MessageID, o.RetryAfter)
 	}
 	switch o.To {
 	case envelope.StatusPublished, envelope.StatusAmbiguous, envelope.StatusPending:

@@ -44,7 +44,10 @@
 // LeaseDuration must be at least twice PublishTimeout (refused otherwise with
 // OUTBOX_LEASE_TOO_SHORT), and a publish is only started while it can finish
 // and its outcome be written before the lease runs out; rows that cannot are
-// released without spending an attempt. Retry delays and loop backoff carry
+// released without spending an attempt. A retry delay is written as a delay
+// and added to the database's clock (or Config.Now) by the outcome
+// statement, the clock the claim compares with, so host clock skew neither
+// removes nor stretches it. Retry delays and loop backoff carry
 // jitter derived from the owner id: replicas spread differently, a given
 // owner is deterministic. Config.Now injects the clock.
 //

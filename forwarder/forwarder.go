@@ -574,7 +574,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 			f.logger.Info("Outbox publish not confirmed", watermill.LogFields{
 				"message_id": row.MessageID, "destination": row.Destination, "outcome": it.verdict,
 				"code": it.outcome.Code, "attempt": row.Attempts + 1, "lease_token": it.claimed.Lease.Token,
-				"next_attempt_at": it.outcome.NextAttemptAt, "error": fmt.Sprint(it.err),
+				"retry_in": it.outcome.RetryAfter, "error": fmt.Sprint(it.err),
 			})
 		}
 	}
@@ -696,9 +696,12 @@ func (f *Forwarder) handle(it *item, startBy time.Time, stopping, drainExpired <
 		return
 	}
 	it.verdict = "ambiguous"
+	// The delay, not a local deadline: the outcome statement adds it to the
+	// clock the claim compares with (Config.Now, or the database's now()),
+	// so host clock skew neither removes nor stretches the backoff.
 	it.outcome = fencing.Outcome{
 		To: envelope.StatusAmbiguous, Code: v.Code, Detail: errText(err),
-		NextAttemptAt: f.localNow().Add(f.RetryDelay(row.MessageID, attempt)),
+		RetryAfter: f.RetryDelay(row.MessageID, attempt),
 	}
 }
 

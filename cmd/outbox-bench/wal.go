@@ -100,7 +100,7 @@ func walCosts(ctx context.Context, db *sql.DB, payload []byte) ([]WALCost, error
 				ids[i], owners[i], tokens[i], tos[i] = c.Lease.MessageID, c.Lease.Owner, c.Lease.Token, string(envelope.StatusPublished)
 			}
 			return explainWAL(ctx, tx, "outbox terminal write (IN_FLIGHT->PUBLISHED)", len(got), fencing.ApplySQL, nil,
-				pq.Array(ids), pq.Array(owners), pq.Array(tokens), pq.Array(tos), pq.Array(empty), pq.Array(empty), pq.Array(empty))
+				pq.Array(ids), pq.Array(owners), pq.Array(tokens), pq.Array(tos), pq.Array(empty), pq.Array(empty), pq.Array(empty), pq.Array(make([]int64, len(got))))
 		})
 	}
 	if err == nil {
