@@ -156,8 +156,11 @@ func (f *Forwarder) Close() error {
 // Run relays until ctx is cancelled or Close is called; both drain the pass
 // in progress. It refuses to start with RELAY_MODE_CONFLICT when the database
 // records CDC mode, and stops with that error if a heartbeat finds the mode
-// switched. A failing pass is logged and counted and the loop goes on.
-func (f *Forwarder) Run(ctx context.Context) error {
+// switched. A failing pass is logged and counted and the loop goes on. If
+// the last pass on the way out (releasing a batch claimed ahead) fails, Run
+// returns that error too: those rows stay IN_FLIGHT until their leases
+// expire.
+func (f *Forwarder) Run(ctx context.Context) (err error) {
 	f.mu.Lock()
 	switch {
 	case f.closed:
@@ -233,9 +236,14 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	// left IN_FLIGHT under this relay's name.
 	var next <-chan claimedBatch
 	defer func() {
-		if next != nil {
-			<-stopping
-			_, _, _ = f.pass(ctx, stopping, drainExpired, next, false)
+		if next == nil {
+			return
+		}
+		<-stopping
+		if _, _, rerr := f.pass(ctx, stopping, drainExpired, next, false); rerr != nil {
+			rerr = fmt.Errorf("forwarder: release the batch claimed ahead: %w", rerr)
+			f.logger.Error("Outbox final release failed; its rows stay IN_FLIGHT until their leases expire", rerr, nil)
+			err = errors.Join(err, rerr)
 		}
 	}()
 	var idle, failures int

@@ -128,3 +128,45 @@ func TestRetryBackoffIgnoresHostClockSkew(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, rep.Claimed)
 }
+
+// gate blocks every Publish until open is closed, and reports each entry.
+type gate struct {
+	entered chan string
+	open    chan struct{}
+}
+
+func (g *gate) Publish(_ string, msgs ...*message.Message) error {
+	g.entered <- msgs[0].UUID
+	<-g.open
+	return nil
+}
+
+func (g *gate) Close() error { return nil }
+
+// The pass that releases a batch claimed ahead runs after the loop ended; if
+// its write fails, the rows stay IN_FLIGHT, and Run must say so.
+func TestFailedFinalReleaseIsReturnedByRun(t *testing.T) {
+	s := newDB(t)
+	insertN(t, s.DB, "orders", "m1", "m2")
+	fdb := s.Open(t) // the relay's own pool, closed under it below
+	fdb.SetMaxOpenConns(4)
+	g := &gate{entered: make(chan string, 10), open: make(chan struct{})}
+	f := newForwarder(t, fdb, g, forwarder.Config{
+		BatchSize: 1, BackoffBase: time.Hour, BackoffMax: time.Hour, PollInterval: time.Hour, MaxPollInterval: time.Hour,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	require.Equal(t, "m1", waitOrFail(t, g.entered, "the first publish"))
+	// A full batch of one: m2 is claimed ahead while m1 is published.
+	require.Eventually(t, func() bool { return state(t, s.DB, "m2").Status == "IN_FLIGHT" }, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, fdb.Close())
+	cancel()
+	close(g.open)
+	err := waitOrFail(t, done, "Run returning")
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "release the batch claimed ahead")
+	require.Contains(t, err.Error(), "database is closed")
+	require.Equal(t, "IN_FLIGHT", state(t, s.DB, "m2").Status, "what the error reports")
+}
