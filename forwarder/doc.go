@@ -54,7 +54,10 @@
 // # Running
 //
 // Run checks the relay mode (a database switched to CDC refuses with
-// RELAY_MODE_CONFLICT), keeps a heartbeat, wakes on LISTEN/NOTIFY when
+// RELAY_MODE_CONFLICT), keeps a heartbeat (while heartbeats have failed for
+// longer than their lifetime, 3 x HeartbeatInterval, a CDC switch could go
+// through, so passes claim nothing and fail with FORWARDER_HEARTBEAT_LAPSED
+// until one succeeds again), wakes on LISTEN/NOTIFY when
 // ListenURL is set, polls otherwise (at once again while batches come back
 // full, backing off with jitter while they come back empty), and keeps going
 // after a failing pass (logged, counted, backed off). While a full batch is

@@ -9,6 +9,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -32,13 +33,18 @@ const (
 	CodeClosed         outbox.Code = "FORWARDER_CLOSED"          // Run after Close
 	CodeAlreadyRunning outbox.Code = "FORWARDER_ALREADY_RUNNING" // Run twice
 	CodeUnknownOutcome outbox.Code = "FORWARDER_UNKNOWN_OUTCOME" // a classifier returned an Outcome the forwarder does not know
+	// CodeHeartbeatLapsed: a pass of Run claimed nothing because no heartbeat
+	// succeeded within the heartbeat's lifetime; the loop goes on and claims
+	// again after the next successful heartbeat.
+	CodeHeartbeatLapsed outbox.Code = "FORWARDER_HEARTBEAT_LAPSED"
 )
 
 // Sentinels for errors.Is.
 var (
-	ErrClosed         = &outbox.Error{Code: CodeClosed}
-	ErrAlreadyRunning = &outbox.Error{Code: CodeAlreadyRunning}
-	ErrUnknownOutcome = &outbox.Error{Code: CodeUnknownOutcome}
+	ErrClosed          = &outbox.Error{Code: CodeClosed}
+	ErrAlreadyRunning  = &outbox.Error{Code: CodeAlreadyRunning}
+	ErrUnknownOutcome  = &outbox.Error{Code: CodeUnknownOutcome}
+	ErrHeartbeatLapsed = &outbox.Error{Code: CodeHeartbeatLapsed}
 )
 
 const tracerName = "github.com/fencedoutbox/watermill-outbox/forwarder"
@@ -77,6 +83,15 @@ type Forwarder struct {
 	metrics    *metrics
 	seed       uint64 // from the owner: per-relay jitter, deterministic per owner
 	dbTimeout  time.Duration
+
+	// Claims of Run wait for a fresh heartbeat: once it has lapsed,
+	// debezium.Enable may switch the database to CDC, and a relay still
+	// claiming would race the connector. lastBeat is when the last successful
+	// Beat was sent (time since beatEpoch, monotonic; the database's
+	// expires_at counts from later); beatTTL is zero outside Run (no gate).
+	beatEpoch time.Time
+	lastBeat  atomic.Int64
+	beatTTL   atomic.Int64
 
 	mu      sync.Mutex
 	started bool
@@ -121,6 +136,7 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 		tracer:     tp.Tracer(tracerName),
 		seed:       seedOf(cfg.Owner),
 		dbTimeout:  defaultDBTimeout,
+		beatEpoch:  time.Now(),
 		stop:       make(chan struct{}),
 		running:    make(chan struct{}),
 		done:       make(chan struct{}),
@@ -175,9 +191,13 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	defer close(f.done)
 
 	ttl := 3 * f.cfg.HeartbeatInterval
+	sent := time.Since(f.beatEpoch)
 	if err := debezium.Beat(ctx, f.db, f.cfg.Owner, ttl); err != nil {
 		return err
 	}
+	f.lastBeat.Store(int64(sent))
+	f.beatTTL.Store(int64(ttl))
+	defer f.beatTTL.Store(0)
 	defer func() {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 		defer cancel()
@@ -210,14 +230,18 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 				return
 			case <-t.C:
 				hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HeartbeatInterval)
+				sent := time.Since(f.beatEpoch)
 				err := debezium.Beat(hctx, f.db, f.cfg.Owner, ttl)
 				cancel()
+				if err == nil {
+					f.lastBeat.Store(int64(sent))
+				}
 				if errors.Is(err, debezium.ErrRelayModeConflict) {
 					fatal <- err
 					return
 				}
 				if err != nil {
-					f.logger.Error("Relay heartbeat failed", err, nil)
+					f.logger.Error("Relay heartbeat failed; claims stop once it has failed for longer than its lifetime", err, watermill.LogFields{"ttl": ttl})
 				}
 			}
 		}
@@ -432,6 +456,13 @@ type claimedBatch struct {
 }
 
 func (f *Forwarder) claim(ctx context.Context) claimedBatch {
+	if ttl := time.Duration(f.beatTTL.Load()); ttl > 0 {
+		if age := time.Since(f.beatEpoch) - time.Duration(f.lastBeat.Load()); age > ttl {
+			return claimedBatch{err: outbox.Errorf(CodeHeartbeatLapsed, "forwarder.claim",
+				"no relay heartbeat succeeded for %s, longer than its lifetime %s: the database may have been switched to CDC meanwhile, so nothing is claimed until a heartbeat succeeds again (check the database connection)",
+				age.Round(time.Millisecond), ttl)}
+		}
+	}
 	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 	defer cancel()
 	at := f.localNow()

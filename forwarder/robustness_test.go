@@ -3,12 +3,15 @@ package forwarder_test
 import (
 	"context"
 	"database/sql"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
@@ -169,4 +172,70 @@ func TestFailedFinalReleaseIsReturnedByRun(t *testing.T) {
 	require.Contains(t, err.Error(), "release the batch claimed ahead")
 	require.Contains(t, err.Error(), "database is closed")
 	require.Equal(t, "IN_FLIGHT", state(t, s.DB, "m2").Status, "what the error reports")
+}
+
+// errLogger records the errors logged, for assertions on their codes.
+type errLogger struct {
+	watermill.NopLogger
+	mu   sync.Mutex
+	errs []error
+}
+
+func (l *errLogger) Error(_ string, err error, _ watermill.LogFields) {
+	l.mu.Lock()
+	l.errs = append(l.errs, err)
+	l.mu.Unlock()
+}
+
+func (l *errLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
+
+func (l *errLogger) count(code outbox.Code) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, err := range l.errs {
+		if outbox.CodeOf(err) == code {
+			n++
+		}
+	}
+	return n
+}
+
+// Once heartbeats have failed for longer than their lifetime, debezium.Enable
+// may switch the database to CDC: the relay must stop claiming until a
+// heartbeat succeeds again.
+func TestRelayClaimsNothingWhileItsHeartbeatHasLapsed(t *testing.T) {
+	s := newDB(t)
+	rec := &recorder{}
+	logs := &errLogger{}
+	f, err := forwarder.New(s.DB, rec, logs, forwarder.Config{
+		HeartbeatInterval: 20 * time.Millisecond,
+		PollInterval:      5 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond,
+		BackoffBase: 5 * time.Millisecond, BackoffMax: 10 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = f.Close() })
+	done := make(chan error, 1)
+	go func() { done <- f.Run(context.Background()) }()
+	waitOrFail(t, f.Running(), "Run reaching its loop")
+
+	// Heartbeats now hang on the lock until their timeout: they fail.
+	tx, err := s.DB.Begin()
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	_, err = tx.Exec(`LOCK TABLE messaging_relay_heartbeat IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return logs.count(forwarder.CodeHeartbeatLapsed) > 0 }, 10*time.Second, 5*time.Millisecond,
+		"passes fail with FORWARDER_HEARTBEAT_LAPSED")
+	insertN(t, s.DB, "orders", "m1")
+	n := logs.count(forwarder.CodeHeartbeatLapsed)
+	require.Eventually(t, func() bool { return logs.count(forwarder.CodeHeartbeatLapsed) >= n+2 }, 10*time.Second, 5*time.Millisecond)
+	require.Empty(t, rec.ids(), "nothing is claimed while the heartbeat has lapsed")
+	require.Equal(t, "PENDING", state(t, s.DB, "m1").Status)
+
+	// A heartbeat succeeds again: claims resume.
+	require.NoError(t, tx.Rollback())
+	require.Eventually(t, func() bool { return len(rec.ids()) == 1 }, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, f.Close())
+	require.NoError(t, waitOrFail(t, done, "Run returning"))
 }
