@@ -50,6 +50,19 @@
 //     caller picks [MarkExhausted] instead of [MarkAmbiguous] when
 //     Row.Attempts + 1 >= max.
 //
+// Cost of a blocked key under [BlockKey]: the rows behind a parked head are
+// unclaimable but still PENDING, so every claim that has not filled its Limit
+// before passing them reads each one from messaging_outbox_claimable_idx and
+// probes its key for an earlier unpublished row, only to drop it. Measured
+// with EXPLAIN ANALYZE on PostgreSQL 15 (one EXHAUSTED head and 20,000 PENDING
+// rows of the same key, nothing claimable; 2 shared cores): 280-450 ms per
+// claim when the probe uses messaging_outbox_ordering_head_idx (the plan
+// before the table is analyzed), 20-50 ms with fresh statistics, where the
+// planner probes with a sequential scan that stops at the head. An idle relay
+// pays it on every poll. The remedy is to redrive or purge the parked head;
+// outboxctl status shows the parked rows (EXHAUSTED/FAILED counts, backlog,
+// stuck correlations).
+//
 // Times: every statement takes an optional now (zero time = the server's
 // now()), so lease expiry and retry schedules are tested without sleeping.
 // Terminal transitions clear lease_expires_at but keep lease_owner and

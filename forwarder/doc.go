@@ -37,7 +37,18 @@
 // (the earliest unpublished row), so at most one row per key is in flight at
 // a time. A parked head blocks its key (fencing.BlockKey, the default) or is
 // skipped (fencing.SkipParked). Rows without a key are published
-// concurrently. Duplicates are possible (at least once); reordering is not.
+// concurrently.
+//
+// Duplicates are possible (at least once), and a duplicate can arrive late.
+// A publish that runs past PublishTimeout (or the drain deadline) is recorded
+// AMBIGUOUS, but it cannot be called back: a publisher that ignores its
+// context keeps sending. If that abandoned send lands after all, its copy can
+// reach the broker after the row's retry and after later rows of the same
+// key. What holds is the order of first copies: a key's next row is claimed
+// only once a publish of this row was confirmed, so each row's first
+// confirmed copy precedes the next row's. Consumers that drop duplicates by
+// message id (package inbox) see a key in seq order; others can see an old
+// message again after newer ones.
 //
 // # Time and leases
 //
