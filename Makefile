@@ -2,7 +2,6 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 GO      ?= go
-DB_URL   = $(shell scripts/ensure-db.sh)
 FUZZTIME ?= 10s
 
 .PHONY: all db test unit fuzz lint demo bench soak services tools
