@@ -115,7 +115,7 @@ func ToRow(topic string, msg *message.Message, opts Options) (Row, error) {
 			r.Baggage = carrier["baggage"]
 		}
 	}
-	if _, err := EncodeHeaders(r.Headers); err != nil {
+	if err := validateHeaders(r.Headers); err != nil {
 		return Row{}, err
 	}
 	r.RoutingKey = r.MessageID

@@ -17,16 +17,8 @@ import (
 // character (jsonb rejects \u0000) and invalid UTF-8 (encoding/json would
 // silently replace it with U+FFFD). Keys must be non-empty.
 func EncodeHeaders(h map[string]string) ([]byte, error) {
-	for k, v := range h {
-		if err := checkText("header name", k); err != nil {
-			return nil, err
-		}
-		if k == "" {
-			return nil, outbox.Errorf(outbox.CodeInvalidHeader, "envelope", "header name must not be empty")
-		}
-		if err := checkText("header "+k, v); err != nil {
-			return nil, err
-		}
+	if err := validateHeaders(h); err != nil {
+		return nil, err
 	}
 	if len(h) == 0 {
 		return []byte("{}"), nil
@@ -38,6 +30,23 @@ func EncodeHeaders(h map[string]string) ([]byte, error) {
 		return nil, outbox.Wrap(outbox.CodeInvalidHeader, "envelope", err, "encode headers")
 	}
 	return bytes.TrimRight(buf.Bytes(), "\n"), nil
+}
+
+// validateHeaders is EncodeHeaders' refusals without the encoding: ToRow
+// checks headers once here, and the publisher encodes them once.
+func validateHeaders(h map[string]string) error {
+	for k, v := range h {
+		if err := checkText("header name", k); err != nil {
+			return err
+		}
+		if k == "" {
+			return outbox.Errorf(outbox.CodeInvalidHeader, "envelope", "header name must not be empty")
+		}
+		if err := checkText("header "+k, v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // DecodeHeaders parses the headers column. Anything but a JSON object whose
