@@ -85,7 +85,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if p.closed {
 		return outbox.Errorf(outbox.CodePublisherClosed, op, "publisher is closed")
 	}
-	st, err := BuildInsert(topic, msgs, p.cfg)
+	st, err := buildInsert(topic, msgs, p.cfg)
 	if err != nil {
 		return err
 	}

@@ -144,11 +144,16 @@ type Statement struct {
 // column sets, see the variant constants), so its text depends on which
 // optional fields the messages set, never on their values or their number.
 func BuildInsert(topic string, msgs []*message.Message, cfg Config) (Statement, error) {
-	const op = "publisher.Publish"
 	if err := cfg.Validate(); err != nil {
 		return Statement{}, err
 	}
-	cfg = cfg.withDefaults()
+	return buildInsert(topic, msgs, cfg.withDefaults())
+}
+
+// buildInsert is BuildInsert for a configuration already validated and
+// defaulted (Publisher.New did both once, so Publish does not repeat them).
+func buildInsert(topic string, msgs []*message.Message, cfg Config) (Statement, error) {
+	const op = "publisher.Publish"
 	if topic == "" {
 		return Statement{}, outbox.Errorf(outbox.CodeTopicRequired, op, "topic must not be empty")
 	}
