@@ -325,8 +325,6 @@ func Apply(ctx context.Context, db DBTX, outcomes []Outcome) ([]Result, error) {
 		return nil, nil
 	}
 	n := len(outcomes)
-	ids, owners, tos, nexts, codes, details := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	tokens, retries := make([]int64, n), make([]int64, n)
 	seen := make(map[string]int, n)
 	for i, o := range outcomes {
 		if err := checkOutcome(op, o); err != nil {
@@ -336,20 +334,29 @@ func Apply(ctx context.Context, db DBTX, outcomes []Outcome) ([]Result, error) {
 			return nil, outbox.Errorf(CodeInvalidArgument, op, "outcomes %d and %d both name row %s", j, i, o.Lease.MessageID)
 		}
 		seen[o.Lease.MessageID] = i
-		ids[i], owners[i], tokens[i], tos[i] = o.Lease.MessageID, o.Lease.Owner, o.Lease.Token, string(o.To)
-		if o.To == envelope.StatusAmbiguous && !o.NextAttemptAt.IsZero() {
-			nexts[i] = o.NextAttemptAt.UTC().Format(time.RFC3339Nano)
-		}
-		if o.To == envelope.StatusAmbiguous {
-			retries[i] = o.RetryAfter.Microseconds()
-		}
-		codes[i], details[i] = CleanText(o.Code, 200), CleanText(o.Detail, MaxFailureDetail)
+	}
+	ids, tokens := make([]string, n), make([]int64, n)
+	for i, o := range outcomes {
+		ids[i], tokens[i] = o.Lease.MessageID, o.Lease.Token
 	}
 	var rows *sql.Rows
 	var err error
 	if allPublished(outcomes) {
-		rows, err = db.QueryContext(ctx, ApplyPublishedSQL, nowArg(outcomes[0].Now), owners[0], pq.Array(ids), pq.Array(tokens))
+		// The common batch: only ids and tokens travel.
+		rows, err = db.QueryContext(ctx, ApplyPublishedSQL, nowArg(outcomes[0].Now), outcomes[0].Lease.Owner, pq.Array(ids), pq.Array(tokens))
 	} else {
+		owners, tos, nexts, codes, details := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		retries := make([]int64, n)
+		for i, o := range outcomes {
+			owners[i], tos[i] = o.Lease.Owner, string(o.To)
+			if o.To == envelope.StatusAmbiguous {
+				if !o.NextAttemptAt.IsZero() {
+					nexts[i] = o.NextAttemptAt.UTC().Format(time.RFC3339Nano)
+				}
+				retries[i] = o.RetryAfter.Microseconds()
+			}
+			codes[i], details[i] = CleanText(o.Code, 200), CleanText(o.Detail, MaxFailureDetail)
+		}
 		rows, err = db.QueryContext(ctx, ApplySQL, nowArg(outcomes[0].Now),
 			pq.Array(ids), pq.Array(owners), pq.Array(tokens), pq.Array(tos), pq.Array(nexts), pq.Array(codes), pq.Array(details), pq.Array(retries))
 	}
