@@ -442,9 +442,29 @@ type item struct {
 	claimed fencing.Claimed
 	msg     *message.Message
 	outcome fencing.Outcome
-	verdict string // for logs and metrics: published, ambiguous, failed, exhausted, released
-	err     error  // the publish error, for the log
-	unknown bool   // classifier returned an unknown Outcome
+	err     error // the publish error, for the log
+	unknown bool  // classifier returned an unknown Outcome
+}
+
+// verdict names what happened to the row, for logs and metrics: derived from
+// the outcome to be written (or, for a row the claim parked, from that).
+func (it *item) verdict() string {
+	if !it.claimed.Held() {
+		return "exhausted" // parked by the claim
+	}
+	switch it.outcome.To {
+	case envelope.StatusPublished:
+		return "published"
+	case envelope.StatusAmbiguous:
+		return "ambiguous"
+	case envelope.StatusFailed:
+		return "failed"
+	case envelope.StatusExhausted:
+		return "exhausted"
+	case envelope.StatusPending:
+		return "released"
+	}
+	return "unknown"
 }
 
 // claimedBatch is the result of one claim and the local time just before
@@ -534,7 +554,6 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 		case !c.Held():
 			// Parked by the claim: an expired lease spent the budget
 			// (LEASE_EXPIRED), or the budget was already spent (BUDGET_SPENT).
-			it.verdict = "exhausted"
 			f.logger.Error("Outbox row exhausted by the claim", nil, watermill.LogFields{
 				"message_id": c.Row.MessageID, "destination": c.Row.Destination, "attempts": c.Row.Attempts,
 				"code": c.Row.LastFailureCode,
@@ -583,16 +602,17 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	var unknown error
 	for _, it := range items {
 		row := it.claimed.Row
+		verdict := it.verdict()
 		if stale[it] {
 			rep.Stale++
 			f.metrics.message("stale", row.Destination)
 			f.warn("Outbox lease lost before the outcome was written: possible duplicate publication", watermill.LogFields{
 				"message_id": row.MessageID, "owner": it.claimed.Lease.Owner,
-				"lease_token": it.claimed.Lease.Token, "destination": row.Destination, "outcome": it.verdict,
+				"lease_token": it.claimed.Lease.Token, "destination": row.Destination, "outcome": verdict,
 			})
 			continue
 		}
-		switch it.verdict {
+		switch verdict {
 		case "published":
 			rep.Published++
 		case "ambiguous":
@@ -604,14 +624,14 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 		case "released":
 			rep.Released++
 		}
-		f.metrics.message(it.verdict, row.Destination)
+		f.metrics.message(verdict, row.Destination)
 		if it.unknown && unknown == nil {
 			unknown = outbox.Errorf(CodeUnknownOutcome, "forwarder.pass",
 				"the classifier returned an unknown outcome for row %s; it was recorded as AMBIGUOUS; fix the classifier to return Confirmed, Rejected or Ambiguous", row.MessageID)
 		}
-		if it.verdict == "ambiguous" || it.verdict == "failed" || (it.verdict == "exhausted" && it.claimed.Held()) {
+		if verdict == "ambiguous" || verdict == "failed" || (verdict == "exhausted" && it.claimed.Held()) {
 			f.logger.Info("Outbox publish not confirmed", watermill.LogFields{
-				"message_id": row.MessageID, "destination": row.Destination, "outcome": it.verdict,
+				"message_id": row.MessageID, "destination": row.Destination, "outcome": verdict,
 				"code": it.outcome.Code, "attempt": row.Attempts + 1, "lease_token": it.claimed.Lease.Token,
 				"retry_in": it.outcome.RetryAfter, "error": fmt.Sprint(it.err),
 			})
@@ -668,7 +688,7 @@ func (f *Forwarder) park(it *item, err error) {
 	if code == "" {
 		code = string(outbox.CodeCorruptRow)
 	}
-	it.verdict, it.err = "failed", err
+	it.err = err
 	it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: code, Detail: err.Error()}
 }
 
@@ -695,12 +715,12 @@ func (f *Forwarder) handle(it *item, startBy time.Time, stopping, drainExpired <
 	row := it.claimed.Row
 	select {
 	case <-stopping:
-		it.verdict, it.outcome = "released", fencing.Outcome{To: envelope.StatusPending}
+		it.outcome = fencing.Outcome{To: envelope.StatusPending}
 		return
 	default:
 	}
 	if f.localNow().After(startBy) {
-		it.verdict, it.outcome = "released", fencing.Outcome{To: envelope.StatusPending}
+		it.outcome = fencing.Outcome{To: envelope.StatusPending}
 		return
 	}
 	attempt := row.Attempts + 1
@@ -717,10 +737,10 @@ func (f *Forwarder) handle(it *item, startBy time.Time, stopping, drainExpired <
 	}
 	switch v.Outcome {
 	case Confirmed:
-		it.verdict, it.outcome = "published", fencing.Outcome{To: envelope.StatusPublished}
+		it.outcome = fencing.Outcome{To: envelope.StatusPublished}
 		return
 	case Rejected:
-		it.verdict, it.outcome = "failed", fencing.Outcome{To: envelope.StatusFailed, Code: cmpOr(v.Code, FailurePublishRejected), Detail: errText(err)}
+		it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: cmpOr(v.Code, FailurePublishRejected), Detail: errText(err)}
 		return
 	case Ambiguous:
 		v.Code = cmpOr(v.Code, FailurePublishError)
@@ -731,10 +751,9 @@ func (f *Forwarder) handle(it *item, startBy time.Time, stopping, drainExpired <
 		v.Code = FailureUnknownOutcome
 	}
 	if attempt >= f.cfg.MaxAttempts {
-		it.verdict, it.outcome = "exhausted", fencing.Outcome{To: envelope.StatusExhausted, Code: v.Code, Detail: errText(err)}
+		it.outcome = fencing.Outcome{To: envelope.StatusExhausted, Code: v.Code, Detail: errText(err)}
 		return
 	}
-	it.verdict = "ambiguous"
 	// The delay, not a local deadline: the outcome statement adds it to the
 	// clock the claim compares with (Config.Now, or the database's now()),
 	// so host clock skew neither removes nor stretches the backoff.
