@@ -4,7 +4,7 @@ SHELL := /bin/bash
 GO      ?= go
 FUZZTIME ?= 10s
 
-.PHONY: all db test unit fuzz lint demo bench soak services tools
+.PHONY: all db test unit fuzz lint demo bench soak services
 
 all: lint test
 

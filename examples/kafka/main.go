@@ -53,8 +53,10 @@ const (
 	createTables = `
 CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, customer_id text NOT NULL, total_cents bigint NOT NULL);
 CREATE TABLE IF NOT EXISTS shipments (order_id text PRIMARY KEY, customer_id text NOT NULL);`
-	insertOrder    = `INSERT INTO orders (id, customer_id, total_cents) VALUES ($1, $2, $3)`
-	customerTotal  = `SELECT sum(total_cents) FROM orders WHERE customer_id = $1`
+	insertOrder = `INSERT INTO orders (id, customer_id, total_cents) VALUES ($1, $2, $3)`
+	// The schema keeps earlier runs' orders; the limit counts this run's
+	// ("ord-<run>-" prefix, $2) so every run behaves the same.
+	customerTotal  = `SELECT sum(total_cents) FROM orders WHERE customer_id = $1 AND starts_with(id, $2)`
 	insertShipment = `INSERT INTO shipments (order_id, customer_id) VALUES ($1, $2)`
 	countShipment  = `SELECT count(*) FROM shipments WHERE order_id = $1`
 	countEventOf   = `SELECT count(*) FROM messaging_outbox WHERE aggregate_id = $1`
@@ -91,7 +93,7 @@ func placeOrder(ctx context.Context, db *sql.DB, orderID, customer, tenant, corr
 			return err
 		}
 		var sum int64
-		if err := tx.QueryRowContext(ctx, customerTotal, customer).Scan(&sum); err != nil {
+		if err := tx.QueryRowContext(ctx, customerTotal, customer, orderID[:strings.LastIndex(orderID, "-")+1]).Scan(&sum); err != nil {
 			return err
 		}
 		if sum > creditLimitCents {
