@@ -174,6 +174,53 @@ func TestConcurrentDeliveriesOfOneIDHaveOneEffect(t *testing.T) {
 	require.Equal(t, 1, e.applied(t, "m-4"))
 }
 
+func TestConcurrentDeliveryProceedsWhenTheFirstRollsBack(t *testing.T) {
+	e := newEnv(t)
+	boom := errors.New("first delivery fails")
+	release := make(chan struct{})
+	entered := make(chan struct{}, 2)
+	calls := 0
+	var mu sync.Mutex
+	h := inbox.Middleware(e.db, "billing", inbox.Config{})(func(msg *message.Message) ([]*message.Message, error) {
+		mu.Lock()
+		calls++
+		first := calls == 1
+		mu.Unlock()
+		entered <- struct{}{}
+		if _, err := effectHandler(msg); err != nil {
+			return nil, err
+		}
+		if first {
+			<-release // hold the first delivery's transaction open
+			return nil, boom
+		}
+		return nil, nil
+	})
+
+	first := make(chan error, 1)
+	go func() { _, err := h(message.NewMessage("m-4b", nil)); first <- err }()
+	<-entered // the first delivery holds the uncommitted inbox key
+
+	second := make(chan error, 1)
+	go func() { _, err := h(message.NewMessage("m-4b", nil)); second <- err }()
+	// The second delivery's INSERT waits on the first's key.
+	require.Eventually(t, func() bool {
+		var n int
+		err := e.db.QueryRow(`SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO messaging_inbox%'`, e.appName).Scan(&n)
+		return err == nil && n == 1
+	}, 10*time.Second, 10*time.Millisecond)
+
+	close(release) // the first handler fails: its transaction rolls back
+	require.ErrorIs(t, <-first, boom)
+	// The waiting INSERT sees no committed conflict, so the second delivery
+	// runs the handler and commits.
+	require.NoError(t, <-second)
+	require.Equal(t, 2, calls)
+	require.Equal(t, 1, e.applied(t, "m-4b"))
+	require.Equal(t, 1, e.inboxRows(t, "billing", "m-4b"))
+}
+
 func TestFollowUpCommitsWithTheEffect(t *testing.T) {
 	e := newEnv(t)
 	fail := false
