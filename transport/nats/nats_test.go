@@ -114,3 +114,23 @@ func TestEndToEnd(t *testing.T) {
 	e2e.Relay(t, subject, pub, nats.Classify)
 	e2e.Check(t, e2e.Receive(t, received, len(e2e.Messages()), 20*time.Second))
 }
+
+func TestRetryInsideDuplicateWindowIsStoredOnce(t *testing.T) {
+	u := brokertest.NATSURL(t)
+	subject := brokertest.Unique("dedup")
+	js := brokertest.JetStream(t, u, subject, 0)
+	pub := newPublisher(t, u)
+	// A relay retry republishes the same row: same UUID, same payload.
+	require.NoError(t, pub.Publish(subject, message.NewMessage("retried", []byte("x"))))
+	require.NoError(t, pub.Publish(subject, message.NewMessage("retried", []byte("x"))))
+	info, err := js.StreamInfo(subject)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), info.State.Msgs)
+
+	// Another UUID is another message: the stream does store repeats of a
+	// payload, it is the message id that de-duplicates.
+	require.NoError(t, pub.Publish(subject, message.NewMessage("other", []byte("x"))))
+	info, err = js.StreamInfo(subject)
+	require.NoError(t, err)
+	require.Equal(t, uint64(2), info.State.Msgs)
+}
