@@ -130,20 +130,33 @@ func (a *app) journalCommand(op, short, long string) *cobra.Command {
 			if op == journal.OpPurge {
 				planFn, runFn = j.PlanPurge, j.Purge
 			}
-			plan, err := planFn(ctx, filter)
-			if err != nil {
-				return err
-			}
 			if f.dryRun {
+				plan, err := planFn(ctx, filter)
+				if err != nil {
+					return err
+				}
 				if a.json {
 					return a.printJSON(map[string]any{"dry_run": true, "plan": planJSON(plan)})
 				}
 				return a.printPlan(plan, true)
 			}
-			if f.expectDigest != "" && f.expectDigest != plan.Digest {
-				return outbox.Errorf(CodeDigestMismatch, "outboxctl "+op, "the flags describe plan %s, not the approved %s", plan.Digest, f.expectDigest)
+			// The digest depends on the operation and filter only, so the
+			// approval check needs no database; the count is the journal's
+			// own, taken when it runs.
+			digest, _, err := journal.Digest(op, filter)
+			if err != nil {
+				return err
+			}
+			if f.expectDigest != "" && f.expectDigest != digest {
+				return outbox.Errorf(CodeDigestMismatch, "outboxctl "+op, "the flags describe plan %s, not the approved %s", digest, f.expectDigest)
 			}
 			if !a.json {
+				// The operator sees the plan before it runs, so the human
+				// output keeps this pre-run count (the journal counts again).
+				plan, err := planFn(ctx, filter)
+				if err != nil {
+					return err
+				}
 				if err := a.printPlan(plan, false); err != nil {
 					return err
 				}
@@ -156,7 +169,7 @@ func (a *app) journalCommand(op, short, long string) *cobra.Command {
 				return err
 			}
 			if a.json {
-				return a.printJSON(map[string]any{"dry_run": false, "plan": planJSON(plan), "ticket": f.ticket,
+				return a.printJSON(map[string]any{"dry_run": false, "plan": planJSON(out.Plan), "ticket": f.ticket,
 					"batches": out.Batches, "items": out.Items, "owner": out.Run.Owner})
 			}
 			fmt.Fprintf(a.stdout, "\n%s complete under ticket %s: %d items (%d batches in this run)\n", op, f.ticket, out.Items, out.Batches)
