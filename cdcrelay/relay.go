@@ -481,8 +481,9 @@ func (s *stream) publishInsert(ctx context.Context, rel *pglogrepl.RelationMessa
 		}
 	}
 	row, err := decodeRow(cols)
+	var msg *message.Message
 	if err == nil {
-		_, err = envelope.ToMessage(row, s.r.cfg.Envelope)
+		msg, err = envelope.ToMessage(row, s.r.cfg.Envelope)
 	}
 	if err != nil {
 		if s.r.cfg.SkipUndecodable {
@@ -491,23 +492,27 @@ func (s *stream) publishInsert(ctx context.Context, rel *pglogrepl.RelationMessa
 		}
 		return err
 	}
-	return s.deliver(ctx, row)
+	return s.deliver(ctx, row, msg)
 }
 
 // deliver publishes row until the publisher accepts it, backing off between
 // attempts; while it waits it keeps the server informed (unchanged position)
 // so a long outage downstream does not hit wal_sender_timeout.
-func (s *stream) deliver(ctx context.Context, row envelope.Row) error {
+// msg is the row's message, already built (and so known to be buildable) for
+// the first attempt.
+func (s *stream) deliver(ctx context.Context, row envelope.Row, msg *message.Message) error {
 	cfg := s.r.cfg
 	delay := cfg.RetryInitial
 	for attempt := 1; ; attempt++ {
-		// A fresh message per attempt: publishers may keep or alter what
-		// they were given. The id is the row's, every time.
-		msg, err := envelope.ToMessage(row, cfg.Envelope)
-		if err != nil {
-			return err
+		if attempt > 1 {
+			// A fresh message per retry: publishers may keep or alter what
+			// they were given. The id is the row's, every time.
+			var err error
+			if msg, err = envelope.ToMessage(row, cfg.Envelope); err != nil {
+				return err
+			}
 		}
-		err = s.r.out.Publish(row.Destination, msg)
+		err := s.r.out.Publish(row.Destination, msg)
 		if err == nil {
 			return nil
 		}
