@@ -12,6 +12,7 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 )
 
 // Mode selects which outbox rows count as old enough to remove.
@@ -215,12 +216,9 @@ WITH picked AS (
 DELETE FROM messaging_outbox o
  WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked))`
 
-	archiveColumns = `message_id, destination, payload, headers, status, seq, created_at,
-occurred_at, published_at, attempts, next_attempt_at, lease_owner, lease_token,
-lease_expires_at, last_failure_code, last_failure_detail, last_attempt_at, producer,
-correlation_id, causation_id, tenant, partition_key, ordering_key, traceparent,
-tracestate, baggage, schema_subject, schema_version, content_type, message_type,
-aggregate_type, aggregate_id, aggregate_version, parked_at, routing_key`
+	// The archive has the outbox's columns (routing_key and seq as plain
+	// values): the envelope's column list is the one place they are named.
+	archiveColumns = envelope.SelectColumns
 
 	// Archive mode: the delete and the insert are one statement, so a row is
 	// either still in the outbox or in the archive, never in both or neither.
