@@ -13,6 +13,7 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/fencedoutbox/watermill-outbox/retention"
 )
@@ -511,25 +512,14 @@ SELECT 'pending-' || g, 'orders', '\x01'::bytea FROM generate_series(1, 20) g`)
 	require.NoError(t, err)
 	_, err = tx.ExecContext(ctx, `INSERT INTO messaging_outbox (message_id, destination, payload) VALUES ('during-retention', 'orders', '\x02'::bytea)`)
 	require.NoError(t, err)
-	rows, err := tx.QueryContext(ctx, `
-SELECT message_id FROM messaging_outbox
- WHERE status IN ('PENDING', 'AMBIGUOUS', 'IN_FLIGHT')
- ORDER BY seq LIMIT 10 FOR UPDATE SKIP LOCKED`)
+	// The relay's real claim (ordering probe, lease, token increment), on
+	// this transaction.
+	claimed, err := fencing.Claim(ctx, tx, fencing.ClaimParams{Owner: "relay", Limit: 10, Lease: time.Minute, MaxAttempts: 10})
 	require.NoError(t, err)
-	var claimed []string
-	for rows.Next() {
-		var id string
-		require.NoError(t, rows.Scan(&id))
-		claimed = append(claimed, id)
-	}
-	require.NoError(t, rows.Err())
 	require.Len(t, claimed, 10)
-	res, err := tx.ExecContext(ctx, `
-UPDATE messaging_outbox SET status = 'IN_FLIGHT', lease_owner = 'relay', lease_token = lease_token + 1
- WHERE message_id = ANY($1)`, pq.Array(claimed))
-	require.NoError(t, err)
-	n, _ := res.RowsAffected()
-	require.EqualValues(t, 10, n)
+	for _, c := range claimed {
+		require.True(t, c.Held(), "claimed %s", c.Row.MessageID)
+	}
 	require.NoError(t, tx.Commit())
 
 	// The batch is still open: it was never waited for.
