@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
@@ -252,4 +254,51 @@ func TestRoundTripThroughWatermillSubscriber(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("message not received")
 	}
+}
+
+// failFirst fails the first call of the function it is installed on with
+// code, then lets every later call through to the fake server.
+type failFirst struct {
+	code  codes.Code
+	fired atomic.Bool
+}
+
+func (f *failFirst) React(any) (bool, any, error) {
+	if f.fired.CompareAndSwap(false, true) {
+		return true, nil, status.Error(f.code, "injected once by the test")
+	}
+	return false, nil, nil
+}
+
+func TestFailedPublishResumesItsOrderingKey(t *testing.T) {
+	keyed := func(id string) *message.Message {
+		msg := message.NewMessage(id, []byte("x"))
+		envelope.SetPartitionKey(msg, "customer-7")
+		return msg
+	}
+	t.Run("resumed", func(t *testing.T) {
+		srv := fakePubSub(t, pstest.ServerReactorOption{FuncName: "Publish", Reactor: &failFirst{code: codes.PermissionDenied}})
+		createTopic(t, srv, "orders")
+		pub := newPublisher(t, srv, googlecloud.Config{EnableMessageOrdering: true})
+		require.Error(t, pub.Publish("orders", keyed("m1")))
+		// The forwarder's retry of the row uses the same key: it goes through.
+		require.NoError(t, pub.Publish("orders", keyed("m1")))
+		msgs := srv.Messages()
+		require.Len(t, msgs, 1)
+		require.Equal(t, "customer-7", msgs[0].OrderingKey)
+	})
+	t.Run("without auto-resume the key stays paused", func(t *testing.T) {
+		// The contrast that shows what the setting buys.
+		srv := fakePubSub(t, pstest.ServerReactorOption{FuncName: "Publish", Reactor: &failFirst{code: codes.PermissionDenied}})
+		createTopic(t, srv, "orders")
+		cfg := googlecloud.Config{ProjectID: project, EnableMessageOrdering: true, ClientOptions: dial(t, srv)}.WatermillConfig()
+		cfg.EnableMessageOrderingAutoResumePublishOnError = false
+		pub, err := wgc.NewPublisher(cfg, nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = pub.Close() })
+		require.Error(t, pub.Publish("orders", keyed("m1")))
+		err = pub.Publish("orders", keyed("m1"))
+		require.ErrorAs(t, err, &pubsub.ErrPublishingPaused{})
+		require.Empty(t, srv.Messages())
+	})
 }
