@@ -26,8 +26,8 @@
 //     (attempts + 1). When that spends the budget the same statement parks the
 //     row EXHAUSTED with code LEASE_EXPIRED instead of claiming it, and returns
 //     it so the relay reports it. A message that crashes every relay that
-//     touches it therefore stops after max attempts, and no row stays
-//     IN_FLIGHT with an expired lease once a claim has run.
+//     touches it therefore stops after max attempts, and an expired lease that
+//     a claim reaches (in seq order, within its limit) is never left IN_FLIGHT.
 //   - A PENDING or AMBIGUOUS row whose attempts already reach the budget
 //     (MaxAttempts was lowered after they were spent) is not left waiting
 //     forever, silently holding its key: the claim parks it EXHAUSTED with

@@ -44,8 +44,8 @@
 // AMBIGUOUS, but it cannot be called back: a publisher that ignores its
 // context keeps sending. If that abandoned send lands after all, its copy can
 // reach the broker after the row's retry and after later rows of the same
-// key. What holds is the order of first copies: a key's next row is claimed
-// only once a publish of this row was confirmed, so each row's first
+// key. What holds (under fencing.BlockKey) is the order of first copies: a key's
+// next row is claimed only once a publish of this row was confirmed, so each row's first
 // confirmed copy precedes the next row's. Consumers that drop duplicates by
 // message id (package inbox) see a key in seq order; others can see an old
 // message again after newer ones.

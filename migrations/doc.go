@@ -1,5 +1,5 @@
 // Package migrations owns the SQL of watermill-outbox: the messaging_outbox
-// table (34 columns and the generated routing_key), messaging_admin_operation,
+// table (34 columns, the generated routing_key, and created_at_utc, a generated copy of created_at for the CDC router), messaging_admin_operation,
 // messaging_inbox, the relay-mode tables and the retention archive. The files
 // are embedded and are the single source of truth; nothing else in the module
 // creates tables.

@@ -22,8 +22,9 @@
 // # Metrics
 //
 // [Collector] samples the backlog at most once per CollectorOptions.Interval
-// whatever the scrape rate (scrapes inside the interval read the cached
-// sample; concurrent scrapes wait for one query). Labels are bounded: the
+// after a successful sample, whatever the scrape rate (scrapes inside the
+// interval read the cached sample; concurrent scrapes wait for one query). A
+// failed sample is retried on the next scrape. Labels are bounded: the
 // destination label is capped at CollectorOptions.MaxDestinations (the rest
 // summed under "_other"), tenants and message ids never become labels. A
 // failed sample does not fail the scrape: the previous sample is served and
