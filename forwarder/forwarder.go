@@ -155,7 +155,8 @@ func (f *Forwarder) Running() chan struct{} { return f.running }
 // Close stops the loop and waits for Run to return. The pass in progress is
 // drained: publishes already started get up to DrainTimeout to finish,
 // rows not yet started are released, and every outcome is written, so no
-// row is left IN_FLIGHT under this relay's name. Safe to call twice, or
+// row is left IN_FLIGHT under this relay's name — unless that last write
+// fails (database gone), which Run returns. Safe to call twice, or
 // before Run (Run then returns FORWARDER_CLOSED).
 func (f *Forwarder) Close() error {
 	f.mu.Lock()
