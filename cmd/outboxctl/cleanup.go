@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -32,18 +33,18 @@ horizon. It is refused unless the database's relay mode is CDC (exit 3).
 Progress is printed per batch on stderr.`,
 		Args: cobra.NoArgs,
 		RunE: a.withDB(func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
-			mode, err := debezium.CurrentMode(ctx, db)
-			if err != nil {
-				return err
-			}
 			if byCreatedAt {
-				if mode != debezium.ModeCDC {
-					return outbox.Errorf(CodeRetentionMode, "outboxctl cleanup",
-						"--by-created-at removes rows of any status and is for CDC relay mode only; the database's relay mode is %s", mode)
-				}
+				// The Cleaner reads the relay mode itself and refuses outside
+				// CDC mode; the CLI only names that refusal its own way.
 				cfg.Mode = retention.ByCreatedAt
-			} else if mode == debezium.ModeCDC {
-				a.progress("warning: relay mode is CDC: rows are never marked PUBLISHED, so this run removes nothing; use --by-created-at")
+			} else {
+				mode, err := debezium.CurrentMode(ctx, db)
+				if err != nil {
+					return err
+				}
+				if mode == debezium.ModeCDC {
+					a.progress("warning: relay mode is CDC: rows are never marked PUBLISHED, so this run removes nothing; use --by-created-at")
+				}
 			}
 			cfg.OnBatch = func(b retention.Batch) {
 				a.progress("batch %d on %s: %d rows", b.Number, b.Table, b.Removed)
@@ -53,6 +54,10 @@ Progress is printed per batch on stderr.`,
 				return err
 			}
 			res, err := c.Run(ctx)
+			if errors.Is(err, debezium.ErrRelayModeConflict) {
+				return outbox.Wrap(CodeRetentionMode, "outboxctl cleanup", err,
+					"--by-created-at removes rows of any status and is for CDC relay mode only")
+			}
 			if err != nil {
 				return err
 			}

@@ -295,6 +295,12 @@ VALUES ('new', 'orders', 'x', 'PUBLISHED', now(), NULL, now()),
 	require.EqualValues(t, 1, res["deleted"])
 	require.Equal(t, "BY_CREATED_AT", res["mode"])
 	require.Equal(t, 1, s.Count(t, "message_id = 'new'"))
+
+	// Without --by-created-at in CDC mode the run is allowed but warned about.
+	r = db(t, s, "cleanup", "--horizon", "72h")
+	requireCode(t, r, 0)
+	require.Contains(t, r.stderr, "warning: relay mode is CDC")
+	require.Equal(t, 1, s.Count(t, "message_id = 'new'"))
 }
 
 func TestDebeziumConfigEqualsGenerator(t *testing.T) {
