@@ -202,6 +202,14 @@ func TestReservedUUIDAttributeIsRefused(t *testing.T) {
 	require.Equal(t, string(googlecloud.CodeReservedAttribute), v.Code)
 }
 
+func TestEmptyReservedUUIDAttributeIsRefused(t *testing.T) {
+	// Present but empty would otherwise overwrite the UUID attribute with "".
+	msg := message.NewMessage("m1", []byte("x"))
+	msg.Metadata.Set(wgc.UUIDHeaderKey, "")
+	_, err := googlecloud.Marshaler{}.Marshal("orders", msg)
+	require.ErrorIs(t, err, googlecloud.ErrReservedAttribute)
+}
+
 func TestClassifyLocalErrors(t *testing.T) {
 	require.Equal(t, googlecloud.Confirmed, googlecloud.ClassifyResult(nil).Kind)
 	require.Equal(t, forwarder.Confirmed, googlecloud.Classify(nil).Outcome)

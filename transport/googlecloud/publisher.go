@@ -121,18 +121,19 @@ type Marshaler struct {
 
 var _ wgc.MarshalerUnmarshaler = Marshaler{}
 
-// Marshal implements wgc.Marshaler.
+// Marshal implements wgc.Marshaler: watermill-googlecloud's default
+// marshaler, after our own typed check for the reserved attribute. The check
+// is by presence, not value: the library only refuses a non-empty value, and
+// copies metadata over the UUID attribute, so an empty one would erase it.
 func (m Marshaler) Marshal(topic string, msg *message.Message) (*pubsub.Message, error) {
 	if _, ok := msg.Metadata[wgc.UUIDHeaderKey]; ok {
 		return nil, outbox.Errorf(CodeReservedAttribute, "googlecloud.Marshal",
 			"message %s: metadata key %q carries the message UUID and may not be set", msg.UUID, wgc.UUIDHeaderKey)
 	}
-	attrs := make(map[string]string, len(msg.Metadata)+1)
-	for k, v := range msg.Metadata {
-		attrs[k] = v
+	out, err := wgc.DefaultMarshalerUnmarshaler{}.Marshal(topic, msg)
+	if err != nil {
+		return nil, err
 	}
-	attrs[wgc.UUIDHeaderKey] = msg.UUID
-	out := &pubsub.Message{Data: msg.Payload, Attributes: attrs}
 	if m.Ordering {
 		out.OrderingKey = msg.Metadata.Get(envelope.KeyPartitionKey)
 	}
