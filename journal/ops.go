@@ -103,6 +103,8 @@ func (f Filter) Validate() error {
 	return nil
 }
 
+// args are the filter's statement parameters ($1..$7), normalized; execute
+// computes them once for all its batches.
 func (f Filter) args() []any {
 	n := f.Normalize()
 	statuses := make([]string, len(n.Statuses))
@@ -241,7 +243,7 @@ func (j *Journal) plan(ctx context.Context, op string, f Filter) (Plan, error) {
 		return Plan{}, err
 	}
 	p := Plan{Operation: op, Filter: n, Digest: digest}
-	if err := j.db.QueryRowContext(ctx, sqlCount, f.args()...).Scan(&p.Matching); err != nil {
+	if err := j.db.QueryRowContext(ctx, sqlCount, n.args()...).Scan(&p.Matching); err != nil {
 		return Plan{}, fmt.Errorf("journal: plan %s: %w", op, err)
 	}
 	return p, nil
@@ -284,6 +286,7 @@ func (j *Journal) execute(ctx context.Context, op, batchSQL, ticket string, f Fi
 	out.Run = run
 	out.Items = run.ItemsCompleted
 
+	filterArgs := plan.Filter.args() // once for all batches
 	var cursor int64
 	if run.Checkpoint != "" {
 		cursor, err = strconv.ParseInt(run.Checkpoint, 10, 64)
@@ -292,7 +295,7 @@ func (j *Journal) execute(ctx context.Context, op, batchSQL, ticket string, f Fi
 		}
 	}
 	for {
-		n, next, err := j.batch(ctx, batchSQL, run, f, cursor)
+		n, next, err := j.batch(ctx, batchSQL, run, filterArgs, cursor)
 		if err != nil {
 			if ctx.Err() == nil && outbox.CodeOf(err) != CodeLeaseLost {
 				// Release the operation for any replica to resume; a lost
@@ -321,7 +324,7 @@ func (j *Journal) execute(ctx context.Context, op, batchSQL, ticket string, f Fi
 }
 
 // batch applies one batch and its checkpoint in one transaction.
-func (j *Journal) batch(ctx context.Context, batchSQL string, run *Run, f Filter, cursor int64) (int64, int64, error) {
+func (j *Journal) batch(ctx context.Context, batchSQL string, run *Run, filterArgs []any, cursor int64) (int64, int64, error) {
 	tx, err := j.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, 0, err
@@ -335,7 +338,7 @@ func (j *Journal) batch(ctx context.Context, batchSQL string, run *Run, f Filter
 	if err != nil {
 		return 0, 0, fmt.Errorf("journal: %s batch: %w", run.Operation, err)
 	}
-	args := append(f.args(), cursor, j.cfg.BatchSize)
+	args := append(append(make([]any, 0, len(filterArgs)+3), filterArgs...), cursor, j.cfg.BatchSize)
 	if run.Operation == OpRedrive {
 		args = append(args, j.now()) // $10, the redriven rows' next_attempt_at
 	}
