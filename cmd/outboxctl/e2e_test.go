@@ -384,3 +384,20 @@ func TestUsageAndConnectionErrors(t *testing.T) {
 	require.Contains(t, r.stdout, "Exit codes:")
 	require.Contains(t, r.stdout, "3  refused by a guard")
 }
+
+// The relay's LISTEN connection and openDB read the URL through one helper, so
+// a padded flag or variable resolves the same way for both.
+func TestResolvedURLTrimsAndFallsBackToEnv(t *testing.T) {
+	t.Parallel()
+	env := func(v string) func(string) string {
+		return func(k string) string {
+			if k == "OUTBOX_DATABASE_URL" {
+				return v
+			}
+			return ""
+		}
+	}
+	require.Equal(t, "postgres://flag", (&app{databaseURL: " postgres://flag\n", getenv: env("postgres://env")}).resolvedURL())
+	require.Equal(t, "postgres://env", (&app{databaseURL: "  ", getenv: env(" postgres://env ")}).resolvedURL())
+	require.Empty(t, (&app{databaseURL: " ", getenv: env(" ")}).resolvedURL())
+}

@@ -195,13 +195,21 @@ func (a *app) runE(fn func(ctx context.Context, cmd *cobra.Command, args []strin
 	}
 }
 
+// resolvedURL is the database URL the command connects with: --database-url,
+// else OUTBOX_DATABASE_URL, blanks trimmed ("" when neither is set). openDB
+// and the relay's LISTEN connection both use it, so they reach the same
+// database.
+func (a *app) resolvedURL() string {
+	if url := strings.TrimSpace(a.databaseURL); url != "" {
+		return url
+	}
+	return strings.TrimSpace(a.getenv("OUTBOX_DATABASE_URL"))
+}
+
 // openDB opens and pings the database. A missing URL is a usage error; a
 // ping that fails is "unreachable" (exit 4) so scripts can retry on it alone.
 func (a *app) openDB(ctx context.Context) (*sql.DB, error) {
-	url := strings.TrimSpace(a.databaseURL)
-	if url == "" {
-		url = strings.TrimSpace(a.getenv("OUTBOX_DATABASE_URL"))
-	}
+	url := a.resolvedURL()
 	if url == "" {
 		return nil, outbox.Errorf(CodeDatabaseURLRequired, "outboxctl", "set --database-url or OUTBOX_DATABASE_URL")
 	}

@@ -228,14 +228,6 @@ func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, cf
 	return nil
 }
 
-// resolvedURL is the database URL the command connected with.
-func (a *app) resolvedURL() string {
-	if a.databaseURL != "" {
-		return a.databaseURL
-	}
-	return a.getenv("OUTBOX_DATABASE_URL")
-}
-
 // logPublisher is the `--to log` downstream: one JSON line per message on
 // stdout, confirmed as soon as the line is written.
 type logPublisher struct {
