@@ -78,12 +78,10 @@ func ToRow(topic string, msg *message.Message, opts Options) (Row, error) {
 	if r.Payload == nil {
 		r.Payload = []byte{}
 	}
-	var watermillCorrelation string
 	for k, v := range msg.Metadata {
 		switch {
 		case k == WatermillCorrelationKey:
-			watermillCorrelation = v
-			continue
+			continue // a fallback for correlation_id, checked below when used
 		case len(k) >= len(ReservedPrefix) && k[:len(ReservedPrefix)] == ReservedPrefix:
 			if !isCanonical(k) {
 				return Row{}, outbox.Errorf(outbox.CodeReservedHeader, op, "metadata key %q is in the reserved %q namespace and is not a canonical field", k, ReservedPrefix)
@@ -98,11 +96,12 @@ func ToRow(topic string, msg *message.Message, opts Options) (Row, error) {
 			r.Headers[k] = v
 		}
 	}
-	if r.CorrelationID == "" && watermillCorrelation != "" {
-		if err := checkText("metadata "+WatermillCorrelationKey, watermillCorrelation); err != nil {
+	r.CorrelationID = CorrelationID(msg)
+	if r.CorrelationID != "" && msg.Metadata.Get(KeyCorrelationID) == "" {
+		// The value came from watermill's key, which the loop did not check.
+		if err := checkText("metadata "+WatermillCorrelationKey, r.CorrelationID); err != nil {
 			return Row{}, err
 		}
-		r.CorrelationID = watermillCorrelation
 	}
 	if r.Producer == "" {
 		r.Producer = opts.Producer
@@ -118,10 +117,7 @@ func ToRow(topic string, msg *message.Message, opts Options) (Row, error) {
 	if err := validateHeaders(r.Headers); err != nil {
 		return Row{}, err
 	}
-	r.RoutingKey = r.MessageID
-	if r.PartitionKey != "" {
-		r.RoutingKey = r.PartitionKey
-	}
+	r.RoutingKey = RoutingKey(msg)
 	return r, nil
 }
 

@@ -131,3 +131,34 @@ func TestStatus(t *testing.T) {
 	require.True(t, envelope.StatusExhausted.Parked())
 	require.False(t, envelope.StatusAmbiguous.Parked())
 }
+
+func TestRoutingKeyAndCorrelationIDAreToRowsRules(t *testing.T) {
+	msg := message.NewMessage("id-1", nil)
+	require.Equal(t, "id-1", envelope.RoutingKey(msg), "without a partition key the message id routes")
+	require.Empty(t, envelope.CorrelationID(msg))
+
+	msg.Metadata.Set(envelope.WatermillCorrelationKey, "from-watermill")
+	require.Equal(t, "from-watermill", envelope.CorrelationID(msg))
+	envelope.SetPartitionKey(msg, "customer-7")
+	envelope.SetCorrelationID(msg, "canonical")
+	require.Equal(t, "customer-7", envelope.RoutingKey(msg))
+	require.Equal(t, "canonical", envelope.CorrelationID(msg), "the canonical key wins")
+
+	r, err := envelope.ToRow("t", msg, envelope.Options{})
+	require.NoError(t, err)
+	require.Equal(t, envelope.RoutingKey(msg), r.RoutingKey)
+	require.Equal(t, envelope.CorrelationID(msg), r.CorrelationID)
+}
+
+func TestInvalidWatermillCorrelationIsRefusedOnlyWhenUsed(t *testing.T) {
+	msg := message.NewMessage("id-1", nil)
+	msg.Metadata.Set(envelope.WatermillCorrelationKey, "bad\x00id")
+	_, err := envelope.ToRow("t", msg, envelope.Options{})
+	require.Error(t, err)
+	require.NotEmpty(t, outbox.CodeOf(err))
+
+	envelope.SetCorrelationID(msg, "canonical") // wins, so the bad fallback is ignored
+	r, err := envelope.ToRow("t", msg, envelope.Options{})
+	require.NoError(t, err)
+	require.Equal(t, "canonical", r.CorrelationID)
+}

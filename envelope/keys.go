@@ -1,6 +1,7 @@
 package envelope
 
 import (
+	"cmp"
 	"strconv"
 	"strings"
 	"time"
@@ -126,4 +127,18 @@ func SetAggregate(msg *message.Message, aggregateType, aggregateID string, versi
 	set(msg, KeyAggregateType, aggregateType)
 	set(msg, KeyAggregateID, aggregateID)
 	set(msg, KeyAggregateVersion, strconv.FormatInt(version, 10))
+}
+
+// RoutingKey is the downstream key of msg: msg.partition_key when set, else
+// the message UUID. It is the rule of the generated routing_key column, and
+// ToRow fills Row.RoutingKey with it.
+func RoutingKey(msg *message.Message) string {
+	return cmp.Or(msg.Metadata.Get(KeyPartitionKey), msg.UUID)
+}
+
+// CorrelationID is the correlation id of msg: msg.correlation_id when set,
+// else watermill's correlation_id (WatermillCorrelationKey). ToRow fills
+// Row.CorrelationID with it.
+func CorrelationID(msg *message.Message) string {
+	return cmp.Or(msg.Metadata.Get(KeyCorrelationID), msg.Metadata.Get(WatermillCorrelationKey))
 }

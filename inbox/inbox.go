@@ -93,7 +93,7 @@ func (f *FollowUp) Publish(topic string, msgs ...*message.Message) error {
 		if m.Metadata.Get(envelope.KeyCausationID) == "" {
 			envelope.SetCausationID(m, f.causation)
 		}
-		if m.Metadata.Get(envelope.KeyCorrelationID) == "" && m.Metadata.Get(envelope.WatermillCorrelationKey) == "" {
+		if envelope.CorrelationID(m) == "" {
 			envelope.SetCorrelationID(m, f.correlation)
 		}
 	}
@@ -187,7 +187,7 @@ func handle(db *sql.DB, consumer string, cfg Config, logger watermill.LoggerAdap
 	st := &state{tx: tx, pub: &FollowUp{
 		out:         out,
 		causation:   msg.UUID,
-		correlation: firstNonEmpty(msg.Metadata.Get(envelope.KeyCorrelationID), msg.Metadata.Get(envelope.WatermillCorrelationKey)),
+		correlation: envelope.CorrelationID(msg),
 	}}
 	msg.SetContext(context.WithValue(ctx, ctxKey{}, st))
 	defer msg.SetContext(ctx)
@@ -226,11 +226,4 @@ func handle(db *sql.DB, consumer string, cfg Config, logger watermill.LoggerAdap
 		return nil, fmt.Errorf("inbox: commit %s: %w", msg.UUID, err)
 	}
 	return nil, nil
-}
-
-func firstNonEmpty(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }

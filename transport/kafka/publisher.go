@@ -79,13 +79,8 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*wk.Publisher, er
 }
 
 // RoutingKey is the record key of msg: msg.partition_key when set, else the
-// message UUID (the routing_key column's rule).
-func RoutingKey(msg *message.Message) string {
-	if k := msg.Metadata.Get(envelope.KeyPartitionKey); k != "" {
-		return k
-	}
-	return msg.UUID
-}
+// message UUID (the routing_key column's rule, envelope.RoutingKey).
+func RoutingKey(msg *message.Message) string { return envelope.RoutingKey(msg) }
 
 // Marshaler returns watermill-kafka's partitioning marshaler keyed by
 // RoutingKey. Its Unmarshal is watermill-kafka's default.
