@@ -2,7 +2,6 @@ package status
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -97,7 +96,7 @@ SELECT 'pending-' || g, 'topic-' || (g % 7), 'x', CASE WHEN g % 10 = 0 THEN 'AMB
 		})
 		require.NotEmpty(t, indexes, "%s reads messaging_outbox without an index:\n%s", q.name, raw)
 		if *updateExplain {
-			text := explainText(t, s.DB, q.query, q.args)
+			text := strings.TrimSpace(testdb.Explain(t, s.DB, "(COSTS OFF) "+q.query, q.args...))
 			fmt.Fprintf(&doc, "## %s\n\n```sql\n%s\n```\n\n```\n%s\n```\n\n", q.name, strings.TrimSpace(q.query), text)
 		}
 	}
@@ -110,19 +109,4 @@ SELECT 'pending-' || g, 'topic-' || (g % 7), 'x', CASE WHEN g % 10 = 0 THEN 'AMB
 			"a sequential scan is their right plan and they are not listed.\n\n"
 		require.NoError(t, os.WriteFile("EXPLAIN.md", []byte(header+doc.String()), 0o644))
 	}
-}
-
-func explainText(t *testing.T, db *sql.DB, query string, args []any) string {
-	t.Helper()
-	rows, err := db.Query("EXPLAIN (COSTS OFF) "+query, args...)
-	require.NoError(t, err)
-	defer rows.Close()
-	var lines []string
-	for rows.Next() {
-		var l string
-		require.NoError(t, rows.Scan(&l))
-		lines = append(lines, l)
-	}
-	require.NoError(t, rows.Err())
-	return strings.Join(lines, "\n")
 }

@@ -115,11 +115,7 @@ func (s *Schema) Count(t testing.TB, where string, args ...any) int {
 	if where != "" {
 		q += " WHERE " + where
 	}
-	var n int
-	if err := s.DB.QueryRow(q, args...).Scan(&n); err != nil {
-		t.Fatalf("testdb: count: %v", err)
-	}
-	return n
+	return QueryInt(t, s.DB, q, args...)
 }
 
 func dropStale(ctx context.Context, db *sql.DB) {
