@@ -55,7 +55,6 @@ var usageCodes = map[outbox.Code]bool{
 	outbox.CodeInvalidConfig:      true,
 	outbox.CodeLeaseTooShort:      true,
 	outbox.CodeMessageIDRequired:  true,
-	outbox.CodeInvalidTenant:      true,
 	debezium.CodeOperatorRequired: true,
 	CodeDatabaseURLRequired:       true,
 	CodeUsage:                     true,
