@@ -19,6 +19,7 @@ import (
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
 )
@@ -34,6 +35,19 @@ func TestDefaultsSatisfyTheirOwnRules(t *testing.T) {
 	require.Equal(t, 500*time.Millisecond, c.PollInterval)
 	require.Equal(t, 10, c.MaxAttempts)
 	require.Equal(t, time.Minute, c.BackoffMax)
+	require.Equal(t, 5*time.Second, c.MaxPollInterval)
+	require.Equal(t, time.Second, c.BackoffBase)
+	require.Equal(t, 8, c.Concurrency)
+	require.Equal(t, 10*time.Second, c.HeartbeatInterval)
+	require.Equal(t, c.PublishTimeout, c.DrainTimeout)
+	require.Equal(t, fencing.BlockKey, c.OrderingPolicy)
+	require.Equal(t, publisher.DefaultNotifyChannel, c.NotifyChannel)
+	require.NotNil(t, c.Classifier)
+	// The exported constants are the values filled in.
+	require.Equal(t, forwarder.DefaultMaxPollInterval, c.MaxPollInterval)
+	require.Equal(t, forwarder.DefaultBackoffBase, c.BackoffBase)
+	require.Equal(t, forwarder.DefaultConcurrency, c.Concurrency)
+	require.Equal(t, forwarder.DefaultHeartbeatInterval, c.HeartbeatInterval)
 	require.NoError(t, c.Validate(), "the filled-in config passes again")
 	require.NotEmpty(t, f.Owner())
 
