@@ -129,7 +129,7 @@ func NewMiddleware(db *sql.DB, consumer string, cfg Config) (message.HandlerMidd
 	if err := Validate(db, consumer, cfg); err != nil {
 		return nil, err
 	}
-	return Middleware(db, consumer, cfg), nil
+	return middleware(db, consumer, cfg, nil), nil
 }
 
 // Middleware returns the inbox middleware for consumer (see the package
@@ -140,7 +140,16 @@ func NewMiddleware(db *sql.DB, consumer string, cfg Config) (message.HandlerMidd
 // handler that returns produced messages fails with INBOX_PRODUCED_MESSAGES
 // and nothing commits: emit follow-ups with Publisher(msg.Context()).
 func Middleware(db *sql.DB, consumer string, cfg Config) message.HandlerMiddleware {
-	invalid := Validate(db, consumer, cfg)
+	return middleware(db, consumer, cfg, Validate(db, consumer, cfg))
+}
+
+// middleware builds the middleware from arguments validated once by the
+// caller; invalid is what Validate returned for them.
+//
+// Each message still builds its follow-up publisher with publisher.New,
+// which validates cfg.Publisher again: the publisher package offers no
+// constructor that skips it, and the check is a few string scans.
+func middleware(db *sql.DB, consumer string, cfg Config, invalid error) message.HandlerMiddleware {
 	logger := cfg.Logger
 	if logger == nil {
 		logger = watermill.NopLogger{}
