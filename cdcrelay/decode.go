@@ -1,6 +1,7 @@
 package cdcrelay
 
 import (
+	"cmp"
 	"encoding/hex"
 	"strconv"
 	"strings"
@@ -128,16 +129,9 @@ func decodeRow(cols []column) (envelope.Row, error) {
 		r.Headers = map[string]string{}
 	}
 	if r.RoutingKey == "" {
-		r.RoutingKey = cmpOr(r.PartitionKey, r.MessageID)
+		r.RoutingKey = cmp.Or(r.PartitionKey, r.MessageID)
 	}
 	return r, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // parseBytea reads bytea's text output: the hex format (\x...) the relay asks

@@ -197,8 +197,7 @@ func (r *Relay) run(ctx context.Context) error {
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.PublicationName + "'"},
 	})
 	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == sqlstateObjectInUse {
+		if isSQLState(err, sqlstateObjectInUse) {
 			return outbox.Wrap(CodeSlotInUse, "cdcrelay.Run", err, fmt.Sprintf("slot %s is being streamed by another consumer; one relay per slot", r.cfg.SlotName))
 		}
 		return fmt.Errorf("cdcrelay: start replication on slot %s: %w", r.cfg.SlotName, err)
