@@ -57,8 +57,12 @@ func TestOutcomesClearTheExpiryButKeepTheLastHolder(t *testing.T) {
 		func() (fencing.Result, error) {
 			return fencing.MarkAmbiguous(ctx, s.DB, leases["amb"], t0.Add(24*time.Hour), "E", "unknown", now)
 		},
-		func() (fencing.Result, error) { return fencing.MarkFailed(ctx, s.DB, leases["fail"], "R", "rejected", now) },
-		func() (fencing.Result, error) { return fencing.MarkExhausted(ctx, s.DB, leases["exh"], "E", "spent", now) },
+		func() (fencing.Result, error) {
+			return fencing.MarkFailed(ctx, s.DB, leases["fail"], "R", "rejected", now)
+		},
+		func() (fencing.Result, error) {
+			return fencing.MarkExhausted(ctx, s.DB, leases["exh"], "E", "spent", now)
+		},
 	} {
 		res, err := step()
 		require.NoError(t, err)
