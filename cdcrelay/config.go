@@ -3,12 +3,12 @@ package cdcrelay
 import (
 	"cmp"
 	"database/sql"
-	"regexp"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 )
 
@@ -16,7 +16,7 @@ import (
 const (
 	DefaultSchema          = "public"
 	DefaultSlotName        = "messaging_outbox_relay"
-	DefaultPublicationName = "messaging_outbox_cdc" // the debezium package's default: one insert-only publication serves both
+	DefaultPublicationName = debezium.DefaultPublicationName // one insert-only publication serves both
 	DefaultStandbyTimeout  = 10 * time.Second
 	DefaultRetryInitial    = 100 * time.Millisecond
 	DefaultRetryMax        = 10 * time.Second
@@ -98,8 +98,6 @@ type Config struct {
 	Envelope envelope.Options
 }
 
-var identChars = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-
 func (c Config) withDefaults() Config {
 	c.Schema = cmp.Or(c.Schema, DefaultSchema)
 	c.SlotName = cmp.Or(c.SlotName, DefaultSlotName)
@@ -133,7 +131,7 @@ func (c Config) replicationConfig() (*pgconn.Config, error) {
 	}
 	c = c.withDefaults()
 	for _, f := range []struct{ what, v string }{{"Schema", c.Schema}, {"SlotName", c.SlotName}, {"PublicationName", c.PublicationName}} {
-		if !identChars.MatchString(f.v) {
+		if !debezium.IsIdentifier(f.v) {
 			return invalid("%s %q must match ^[a-z_][a-z0-9_]{0,62}$ (PostgreSQL slot-name rules)", f.what, f.v)
 		}
 	}

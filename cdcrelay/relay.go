@@ -52,7 +52,7 @@ var (
 )
 
 // Table is the only relation the relay streams.
-const Table = "messaging_outbox"
+const Table = debezium.Table
 
 // Catalog SQL, run through Config.DB (the replication connection speaks only
 // the simple query protocol, which cannot bind parameters).

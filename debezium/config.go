@@ -67,6 +67,15 @@ const (
 	EventTimestampColumn = "created_at_utc"
 )
 
+// DefaultPublicationName is the insert-only publication the connector reads
+// (and package cdcrelay's default too: one publication serves both).
+const DefaultPublicationName = "messaging_outbox_cdc"
+
+// IsIdentifier reports whether s is usable as a schema, slot or publication
+// name here: PostgreSQL's slot-name rule (lower-case letters, digits, '_'),
+// so nothing ever needs quoting.
+func IsIdentifier(s string) bool { return identChars.MatchString(s) }
+
 // Options tune the generated connector configuration. The zero value is
 // usable: every empty field takes the default documented beside it.
 type Options struct {
@@ -111,7 +120,7 @@ func (o Options) withDefaults() Options {
 	def(&o.Schema, "public")
 	def(&o.ServerName, "outbox-cdc")
 	def(&o.SlotName, "messaging_outbox_cdc")
-	def(&o.PublicationName, "messaging_outbox_cdc")
+	def(&o.PublicationName, DefaultPublicationName)
 	def(&o.DatabaseHostname, secretRef("hostname"))
 	def(&o.DatabasePort, secretRef("port"))
 	def(&o.DatabaseUser, secretRef("user"))
