@@ -41,7 +41,7 @@ func TestRelayToAMQP(t *testing.T) {
 INSERT INTO messaging_outbox (message_id, destination, payload, headers)
 VALUES ('a-1', $1, 'one', '{"app":"shop"}'), ('a-2', $1, 'two', '{}'), ('a-missing', $2, 'x', '{}')`, exchange, missing)
 
-	cmd, stderr := startRelay(t, s, "--to", "amqp", "--amqp-url", uri)
+	cmd, stderr := startRelay(t, s, nil, "--to", "amqp", "--amqp-url", uri)
 	got := map[string]amqp091.Delivery{}
 	deadline := time.After(45 * time.Second)
 	for len(got) < 2 {

@@ -144,3 +144,9 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// syncWriter is an io.Writer the test can read while the child writes.
+type syncWriter struct{ b syncBuffer }
+
+func (w *syncWriter) Write(p []byte) (int, error) { w.b.WriteString(string(p)); return len(p), nil }
+func (w *syncWriter) String() string              { return w.b.String() }

@@ -16,13 +16,14 @@ import (
 )
 
 // startRelay runs `outboxctl relay` against s with args and a fast poll, its
-// stderr collected for failure messages. The process is killed at cleanup if
-// the test did not stop it.
-func startRelay(t *testing.T, s *testdb.Schema, args ...string) (*exec.Cmd, *syncWriter) {
+// stderr collected for failure messages. The child's environment is PATH and
+// HOME plus env ("KEY=value", e.g. an emulator address). The process is
+// killed at cleanup if the test did not stop it.
+func startRelay(t *testing.T, s *testdb.Schema, env []string, args ...string) (*exec.Cmd, *syncWriter) {
 	t.Helper()
 	all := append([]string{"--database-url", s.URL, "relay", "--poll-interval", "50ms", "--max-poll-interval", "200ms"}, args...)
 	cmd := exec.Command(binary, all...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, env...)
 	stderr := &syncWriter{}
 	cmd.Stderr = stderr
 	require.NoError(t, cmd.Start())
@@ -83,7 +84,7 @@ VALUES ('k-1', 'orders', 'one', '{"app":"shop"}', 'customer-1'),
        ('k-2', 'orders', 'two', '{}', NULL),
        ('k-missing', 'no-such-topic', 'x', '{}', NULL)`)
 
-	cmd, stderr := startRelay(t, s, "--to", "kafka", "--kafka-brokers", strings.Join(brokers, ","))
+	cmd, stderr := startRelay(t, s, nil, "--to", "kafka", "--kafka-brokers", strings.Join(brokers, ","))
 	waitStatus(t, s, stderr, "k-1", "PUBLISHED")
 	waitStatus(t, s, stderr, "k-2", "PUBLISHED")
 	// kafka.Classify is the relay's classifier: a missing topic is a

@@ -26,7 +26,7 @@ func TestRelayToNATS(t *testing.T) {
 INSERT INTO messaging_outbox (message_id, destination, payload, headers)
 VALUES ('n-1', $1, 'one', '{"app":"shop"}'), ('n-2', $1, 'two', '{}'), ('n-missing', $2, 'x', '{}')`, subject, missing)
 
-	cmd, stderr := startRelay(t, s, "--to", "nats", "--nats-url", u)
+	cmd, stderr := startRelay(t, s, nil, "--to", "nats", "--nats-url", u)
 	waitStatus(t, s, stderr, "n-1", "PUBLISHED")
 	waitStatus(t, s, stderr, "n-2", "PUBLISHED")
 	// nats.Classify is the relay's classifier: a subject no stream captures
