@@ -228,14 +228,8 @@ func (r *Relay) Prepare(ctx context.Context) error {
 // checkMode refuses unless the database records CDC mode: while it says
 // POLLING, forwarders may be running and would publish the same rows.
 func (r *Relay) checkMode(ctx context.Context) error {
-	mode, err := debezium.CurrentMode(ctx, r.cfg.DB)
-	if err != nil {
-		return err
-	}
-	if mode != debezium.ModeCDC {
-		return outbox.Errorf(debezium.CodeRelayModeConflict, "cdcrelay.Run", "the database's relay mode is %s, not CDC; stop the polling relays and run `outboxctl debezium enable` first", mode)
-	}
-	return nil
+	return debezium.RequireMode(ctx, r.cfg.DB, debezium.ModeCDC, "cdcrelay.Run",
+		"stop the polling relays and run `outboxctl debezium enable` first")
 }
 
 func (r *Relay) checkSchema(ctx context.Context) error {

@@ -80,6 +80,20 @@ func CurrentMode(ctx context.Context, db *sql.DB) (Mode, error) {
 	return Mode(m), nil
 }
 
+// RequireMode returns RELAY_MODE_CONFLICT (from op, with hint saying what to
+// do) unless the database records want: the one start-up gate every relay
+// and the age-based cleaner use.
+func RequireMode(ctx context.Context, db *sql.DB, want Mode, op, hint string) error {
+	mode, err := CurrentMode(ctx, db)
+	if err != nil {
+		return err
+	}
+	if mode != want {
+		return outbox.Errorf(CodeRelayModeConflict, op, "the database's relay mode is %s, not %s: %s", mode, want, hint)
+	}
+	return nil
+}
+
 // Beat records that the polling relay owner is alive until now+ttl, after
 // checking, in the same statement, that the database is in polling mode. It
 // returns RELAY_MODE_CONFLICT when the mode is CDC. The forwarder calls it at

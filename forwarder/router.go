@@ -5,7 +5,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
 )
 
@@ -19,13 +18,9 @@ const HandlerName = "outbox_forwarder"
 // records CDC mode.
 func (f *Forwarder) RouterPlugin() message.RouterPlugin {
 	return func(r *message.Router) error {
-		mode, err := debezium.CurrentMode(context.Background(), f.db)
-		if err != nil {
+		if err := debezium.RequireMode(context.Background(), f.db, debezium.ModePolling, "forwarder.RouterPlugin",
+			"a polling forwarder must not run (switch back with `outboxctl debezium disable`)"); err != nil {
 			return err
-		}
-		if mode != debezium.ModePolling {
-			return outbox.Errorf(debezium.CodeRelayModeConflict, "forwarder.RouterPlugin",
-				"the database's relay mode is %s; a polling forwarder must not run (switch back with `outboxctl debezium disable`)", mode)
 		}
 		r.AddConsumerHandler(HandlerName, HandlerName, lifecycle{f: f}, func(*message.Message) error { return nil })
 		return nil

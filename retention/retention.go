@@ -280,13 +280,9 @@ func (c *Cleaner) Run(ctx context.Context) (res Result, err error) {
 	defer func() { res.Duration = time.Since(start) }()
 
 	if c.cfg.Mode == ByCreatedAt {
-		mode, err := debezium.CurrentMode(ctx, c.db)
-		if err != nil {
-			return res, fmt.Errorf("retention: %w", err)
-		}
-		if mode != debezium.ModeCDC {
-			return res, outbox.Errorf(debezium.CodeRelayModeConflict, "retention.Cleaner.Run",
-				"Mode %s removes rows of any status and is for CDC relay mode only; the database's relay mode is %s (use %s, or switch with `outboxctl debezium enable`)", ByCreatedAt, mode, ByPublishedAt)
+		if err := debezium.RequireMode(ctx, c.db, debezium.ModeCDC, "retention.Cleaner.Run",
+			fmt.Sprintf("Mode %s removes rows of any status and is for CDC relay mode only (use %s, or switch with `outboxctl debezium enable`)", ByCreatedAt, ByPublishedAt)); err != nil {
+			return res, err
 		}
 	}
 
