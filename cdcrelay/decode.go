@@ -1,7 +1,6 @@
 package cdcrelay
 
 import (
-	"cmp"
 	"encoding/hex"
 	"strconv"
 	"strings"
@@ -128,9 +127,7 @@ func decodeRow(cols []column) (envelope.Row, error) {
 	if r.Headers == nil {
 		r.Headers = map[string]string{}
 	}
-	if r.RoutingKey == "" {
-		r.RoutingKey = cmp.Or(r.PartitionKey, r.MessageID)
-	}
+	r.RoutingKey = r.DownstreamKey()
 	return r, nil
 }
 

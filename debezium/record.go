@@ -42,13 +42,7 @@ type EmittedRecord struct {
 // no such rule.
 func Record(row envelope.Row, opts Options) EmittedRecord {
 	o := opts.withDefaults()
-	key := row.RoutingKey
-	if key == "" { // the generated column's rule, for rows not read back
-		key = row.MessageID
-		if row.PartitionKey != "" {
-			key = row.PartitionKey
-		}
-	}
+	key := row.DownstreamKey()
 	rec := EmittedRecord{
 		Topic:     o.TopicPrefix + row.Destination,
 		Key:       key,

@@ -1,6 +1,7 @@
 package envelope
 
 import (
+	"cmp"
 	"database/sql"
 	"time"
 )
@@ -70,6 +71,11 @@ type Row struct {
 	ParkedAt          time.Time
 	RoutingKey        string // generated: PartitionKey when set, else MessageID
 }
+
+// DownstreamKey is the row's routing key: the stored routing_key when the row
+// was read back, else the generated column's rule (PartitionKey when set, else
+// MessageID), for rows built in memory.
+func (r Row) DownstreamKey() string { return cmp.Or(r.RoutingKey, r.PartitionKey, r.MessageID) }
 
 // SelectColumns is the column list, in Row field order, that [ScanRow] reads.
 // Prefix-free, so callers qualify it only where their query needs to.
