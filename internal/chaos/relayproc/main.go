@@ -84,7 +84,6 @@ func run(dsn, sinkDSN, owner string, seed uint64, pErr, pAmbig, pHang float64) e
 	ds := &downstream{db: sinkDB, owner: owner, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)),
 		pErr: pErr, pAmbig: pAmbig, pHang: pHang}
 	logger := &evidenceLogger{LoggerAdapter: watermill.NewStdLogger(false, false), ds: ds}
-	var failedMu sync.Mutex
 	fwd, err := forwarder.New(db, ds, logger, forwarder.Config{
 		Owner:             owner,
 		BatchSize:         20,
@@ -98,9 +97,9 @@ func run(dsn, sinkDSN, owner string, seed uint64, pErr, pAmbig, pHang float64) e
 		MaxAttempts:       25,
 		HeartbeatInterval: time.Second,
 		TracerProvider:    sdktrace.NewTracerProvider(),
+		// Run calls OnReport after each pass from its one loop goroutine,
+		// never concurrently, so it needs no lock of its own.
 		OnReport: func(r forwarder.Report) {
-			failedMu.Lock()
-			defer failedMu.Unlock()
 			ds.endPass()
 			if r.Stale > 0 {
 				ds.exec(insertReport, owner, r.Stale, false)
@@ -125,10 +124,9 @@ type downstream struct {
 	rng                 *rand.Rand
 	pErr, pAmbig, pHang float64
 
-	passMu    sync.Mutex
-	thisPass  []attempt // confirmed in the pass in progress
-	lastPass  []attempt // confirmed in the pass that just ended
-	closeOnce sync.Once
+	passMu   sync.Mutex
+	thisPass []attempt // confirmed in the pass in progress
+	lastPass []attempt // confirmed in the pass that just ended
 }
 
 type attempt struct {
