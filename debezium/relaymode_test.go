@@ -181,12 +181,9 @@ func TestEnableConcurrentWithBeatSeesTheHeartbeat(t *testing.T) {
 	beatTx, err := s.DB.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = beatTx.Rollback() })
-	// The same statement Beat runs, held open in a transaction so the switch
-	// has to wait for it.
-	res, err := beatTx.ExecContext(ctx, `
-INSERT INTO messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at)
-SELECT 'slow-relay', now(), now(), now() + interval '1 minute'
-WHERE EXISTS (SELECT 1 FROM messaging_relay_mode WHERE id AND mode = 'POLLING' FOR SHARE)`)
+	// Beat's own statement, held open in a transaction so the switch has to
+	// wait for it.
+	res, err := beatTx.ExecContext(ctx, debezium.SQLBeat, "slow-relay", time.Minute.Seconds())
 	require.NoError(t, err)
 	n, _ := res.RowsAffected()
 	require.EqualValues(t, 1, n)
