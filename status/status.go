@@ -10,6 +10,7 @@ import (
 	"time"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 )
 
@@ -154,7 +155,7 @@ func CollectWith(ctx context.Context, db *sql.DB, opts Options) (Snapshot, error
 	// "stuck" by one query's clock and not by another's.
 	err = tx.QueryRowContext(ctx, relayModeQuery).Scan(&s.Mode, &s.ModeChangedAt, &s.ModeChangedBy)
 	if errors.Is(err, sql.ErrNoRows) {
-		s.Mode = "POLLING" // the migration inserts the row; absent means nobody switched
+		s.Mode = string(debezium.ModePolling) // the migration inserts the row; absent means nobody switched (as debezium.CurrentMode reads it)
 	} else if err != nil {
 		return Snapshot{}, fmt.Errorf("status: relay mode: %w", err)
 	}
