@@ -8,6 +8,6 @@
 // and the delivery log are checked against the product's promises; see
 // docs/SOAK.md for the checks and the latest long run.
 //
-// Short form (make test): a few hundred messages, about a minute.
+// Short form (make test): a few hundred messages, about 30 seconds.
 // Long form (make soak): OUTBOX_SOAK=long. OUTBOX_SOAK_SEED replays a seed.
 package chaos
