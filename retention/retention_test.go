@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -424,24 +425,41 @@ func holdBatch(cfg retention.Config) (retention.Config, chan struct{}, chan stru
 	return cfg, held, release
 }
 
+// runOutcome is what a run started in the background returned.
+type runOutcome struct {
+	res retention.Result
+	err error
+}
+
+// startHeldRun starts a run (batches of 10) on db and returns once its first
+// batch holds its locks; that batch commits when release is called (also at
+// cleanup, so a failing test never leaves it open).
+func startHeldRun(t *testing.T, db *sql.DB) (done <-chan runOutcome, release func()) {
+	t.Helper()
+	cfg, held, releaseCh := holdBatch(retention.Config{BatchSize: 10, Now: clock})
+	c, err := retention.New(db, nil, cfg)
+	require.NoError(t, err)
+	ch := make(chan runOutcome, 1)
+	go func() {
+		res, err := c.Run(context.Background())
+		ch <- runOutcome{res, err}
+	}()
+	var once sync.Once
+	release = func() { once.Do(func() { close(releaseCh) }) }
+	t.Cleanup(release)
+	select {
+	case <-held:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the run did not reach its first batch within 20s")
+	}
+	return ch, release
+}
+
 func TestConcurrentRunsOneSkips(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
 	insertPublished(t, s.DB, "old-", 30, now.Add(-100*time.Hour))
-	cfg, held, release := holdBatch(retention.Config{BatchSize: 10, Now: clock})
-	first, err := retention.New(s.DB, nil, cfg)
-	require.NoError(t, err)
-
-	type outcome struct {
-		res retention.Result
-		err error
-	}
-	done := make(chan outcome, 1)
-	go func() {
-		res, err := first.Run(context.Background())
-		done <- outcome{res, err}
-	}()
-	<-held
+	done, release := startHeldRun(t, s.DB)
 
 	// A second cleaner on a separate pool (another replica) skips.
 	other, err := retention.New(s.Open(t), nil, retention.Config{BatchSize: 10, Now: clock})
@@ -451,7 +469,7 @@ func TestConcurrentRunsOneSkips(t *testing.T) {
 	require.True(t, res.Skipped)
 	require.Zero(t, res.Batches)
 
-	close(release)
+	release()
 	o := <-done
 	require.NoError(t, o.err)
 	require.False(t, o.res.Skipped)

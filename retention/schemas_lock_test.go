@@ -19,30 +19,7 @@ func TestCleanersInOtherSchemasDoNotExcludeEachOther(t *testing.T) {
 	insertPublished(t, a.DB, "a-", 30, now.Add(-100*time.Hour))
 	insertPublished(t, b.DB, "b-", 30, now.Add(-100*time.Hour))
 
-	cfg, held, release := holdBatch(retention.Config{BatchSize: 10, Now: clock})
-	inA, err := retention.New(a.DB, nil, cfg)
-	require.NoError(t, err)
-	type outcome struct {
-		res retention.Result
-		err error
-	}
-	done := make(chan outcome, 1)
-	go func() {
-		res, err := inA.Run(context.Background())
-		done <- outcome{res, err}
-	}()
-	defer func() {
-		select {
-		case <-release:
-		default:
-			close(release)
-		}
-	}()
-	select {
-	case <-held:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the run in schema A did not reach its first batch within 20s")
-	}
+	done, release := startHeldRun(t, a.DB)
 
 	// The lock in A is really held: another cleaner of schema A skips...
 	otherA, err := retention.New(a.Open(t), nil, retention.Config{BatchSize: 10, Now: clock})
@@ -61,8 +38,8 @@ func TestCleanersInOtherSchemasDoNotExcludeEachOther(t *testing.T) {
 	require.Zero(t, b.Count(t, ""))
 	require.Equal(t, 30, a.Count(t, ""), "schema A's first batch is still open, nothing of A committed yet")
 
-	close(release)
-	var o outcome
+	release()
+	var o runOutcome
 	select {
 	case o = <-done:
 	case <-time.After(20 * time.Second):
