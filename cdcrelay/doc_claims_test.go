@@ -1,0 +1,79 @@
+package cdcrelay_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+)
+
+// TestRelayDocClaims shows the package documentation's claims about what the
+// relay ignores and what it confirms against a real logical slot.
+func TestRelayDocClaims(t *testing.T) {
+	base := testdb.Logical(t)
+
+	t.Run("a publication of every operation and of another schema's outbox yields this outbox's inserts only", func(t *testing.T) {
+		e := newEnv(t, base)
+		other := newEnv(t, base) // a second outbox in the same database
+		e.enableCDC(t)
+		cfg := e.config()
+		cfg.CreatePublication = false
+		// Wider than debezium.PublicationSQL on both axes: every operation,
+		// and a second relation whose inserts are not this relay's.
+		_, err := e.s.DB.Exec(`CREATE PUBLICATION ` + cfg.PublicationName + ` FOR TABLE ` +
+			e.s.Name + `.messaging_outbox, ` + other.s.Name + `.messaging_outbox WITH (publish = 'insert, update, delete, truncate')`)
+		require.NoError(t, err)
+		out := &recorder{}
+		r, err := cdcrelay.New(cfg, out, nil)
+		require.NoError(t, err)
+		wait := e.streaming(t, r)
+
+		e.publish(t, "orders", msg("ins-1", "1", nil), msg("ins-2", "2", nil))
+		other.publish(t, "orders", msg("other-schema", "o", nil))
+		e.publish(t, "orders", msg("ins-3", "3", nil))
+
+		// UPDATEs: the forwarder's fenced claim and PUBLISHED outcome.
+		claimed, err := fencing.Claim(context.Background(), e.s.DB, fencing.ClaimParams{
+			Owner: "fw", Limit: 10, Lease: time.Minute, MaxAttempts: 5, Policy: fencing.BlockKey,
+		})
+		require.NoError(t, err)
+		require.Len(t, claimed, 3)
+		outcomes := make([]fencing.Outcome, len(claimed))
+		for i, c := range claimed {
+			outcomes[i] = fencing.Outcome{Lease: c.Lease, To: envelope.StatusPublished}
+		}
+		res, err := fencing.Apply(context.Background(), e.s.DB, outcomes)
+		require.NoError(t, err)
+		require.Equal(t, []fencing.Result{fencing.Applied, fencing.Applied, fencing.Applied}, res)
+		require.Equal(t, 3, e.s.Count(t, "status = 'PUBLISHED'"))
+		// A DELETE, a plain UPDATE, a TRUNCATE, and the same on the other
+		// schema's outbox.
+		_, err = e.s.DB.Exec(`DELETE FROM messaging_outbox WHERE message_id = 'ins-1'`)
+		require.NoError(t, err)
+		_, err = e.s.DB.Exec(`UPDATE messaging_outbox SET destination = 'elsewhere' WHERE message_id = 'ins-2'`)
+		require.NoError(t, err)
+		_, err = e.s.DB.Exec(`TRUNCATE messaging_outbox`)
+		require.NoError(t, err)
+		_, err = other.s.DB.Exec(`UPDATE messaging_outbox SET destination = 'elsewhere'`)
+		require.NoError(t, err)
+		_, err = other.s.DB.Exec(`DELETE FROM messaging_outbox`)
+		require.NoError(t, err)
+		e.publish(t, "orders", msg("marker", "m", nil))
+
+		// The marker commits last: once it is out, every change above was
+		// streamed before it and ignored.
+		require.Eventually(t, func() bool { return len(out.ids()) >= 4 }, 20*time.Second, 10*time.Millisecond)
+		require.Equal(t, []string{"ins-1", "ins-2", "ins-3", "marker"}, out.ids())
+		for _, id := range out.ids() {
+			require.Equal(t, 1, out.attemptsOf(id), id)
+		}
+		require.Zero(t, out.attemptsOf("other-schema"))
+		require.NoError(t, wait())
+	})
+}
