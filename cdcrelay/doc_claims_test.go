@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
@@ -74,6 +75,34 @@ func TestRelayDocClaims(t *testing.T) {
 			require.Equal(t, 1, out.attemptsOf(id), id)
 		}
 		require.Zero(t, out.attemptsOf("other-schema"))
+		require.NoError(t, wait())
+	})
+
+	t.Run("an idle relay confirms the server's keepalive position, so the slot does not hold WAL", func(t *testing.T) {
+		e := newEnv(t, base)
+		e.enableCDC(t)
+		cfg := e.config()
+		cfg.StandbyTimeout = 250 * time.Millisecond
+		out := &recorder{}
+		r, err := cdcrelay.New(cfg, out, nil)
+		require.NoError(t, err)
+		wait := e.streaming(t, r)
+
+		// WAL that is not in the publication: a non-transactional logical
+		// message has no transaction, so pgoutput sends no BEGIN/COMMIT the
+		// relay could confirm; only the server's keepalive carries its
+		// position. No outbox row is written in this test.
+		_, err = e.s.DB.Exec(`SELECT pg_logical_emit_message(false, 'cdcrelay-test', 'idle')`)
+		require.NoError(t, err)
+		var lsnText string
+		require.NoError(t, e.s.DB.QueryRow(`SELECT pg_current_wal_insert_lsn()::text`).Scan(&lsnText))
+		target, err := pglogrepl.ParseLSN(lsnText)
+		require.NoError(t, err)
+		require.Less(t, e.confirmedLSN(t), target, "the slot starts behind the new WAL")
+
+		require.Eventually(t, func() bool { return e.confirmedLSN(t) >= target }, 8*cfg.StandbyTimeout, 10*time.Millisecond,
+			"an idle slot's confirmed_flush_lsn reaches the server's WAL position")
+		require.Empty(t, out.ids())
 		require.NoError(t, wait())
 	})
 }

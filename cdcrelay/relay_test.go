@@ -170,8 +170,19 @@ func running(t *testing.T, r *cdcrelay.Relay) (wait func() error) {
 func (e *env) streaming(t *testing.T, r *cdcrelay.Relay) (wait func() error) {
 	t.Helper()
 	wait = running(t, r)
-	require.Eventually(t, func() bool { return e.slotActive(t) }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, 20*time.Second, 10*time.Millisecond)
 	return wait
+}
+
+// walsenderStreaming reports whether a walsender holds the slot. Not just
+// "active": pg_create_logical_replication_slot holds the slot in an ordinary
+// backend while it looks for its consistent point, before confirmed_flush_lsn
+// is set and before the slot holds anything.
+func (e *env) walsenderStreaming(t *testing.T) bool {
+	t.Helper()
+	var ok bool
+	require.NoError(t, e.s.DB.QueryRow(`SELECT EXISTS (SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1)`, e.slot).Scan(&ok))
+	return ok
 }
 
 func msg(id, payload string, md map[string]string) *message.Message {
