@@ -41,10 +41,19 @@
 // # Relay-mode exclusivity
 //
 // The relay refuses to start (RELAY_MODE_CONFLICT, the debezium package's
-// code) unless debezium.CurrentMode says CDC, and it re-reads the mode every
-// StandbyTimeout while streaming: when an operator switches back to POLLING
-// (`outboxctl debezium disable`), Run stops with RELAY_MODE_CONFLICT within
-// one StandbyTimeout. That check is not atomic with publishing: stop the
+// code) unless debezium.CurrentMode says CDC. While streaming it re-reads the
+// mode between replication messages, at the first one after StandbyTimeout
+// has passed since the previous re-read (sooner when the server asks for a
+// reply): when an operator
+// switches back to POLLING (`outboxctl debezium disable`), Run stops with
+// RELAY_MODE_CONFLICT at the next such re-read, which is within one
+// StandbyTimeout only while no message is being delivered. A publish the
+// downstream refuses is retried (the server still gets status updates, the
+// mode is not re-read) until it succeeds or MaxPublishAttempts is spent, so
+// with MaxPublishAttempts 0 a refusing downstream delays the stop without
+// bound; the message is published in POLLING mode, then Run stops before
+// the next one. A re-read that fails (Config.DB unreachable) is logged and
+// streaming goes on. The check is not atomic with publishing: stop the
 // relay before disabling, as for a Debezium connector. The switch to CDC is
 // `outboxctl debezium enable` (debezium.Enable), which refuses while polling
 // forwarders' heartbeats are live, so the two relays never run together.

@@ -2,13 +2,16 @@ package cdcrelay_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pglogrepl"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
+	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
@@ -104,5 +107,59 @@ func TestRelayDocClaims(t *testing.T) {
 			"an idle slot's confirmed_flush_lsn reaches the server's WAL position")
 		require.Empty(t, out.ids())
 		require.NoError(t, wait())
+	})
+
+	t.Run("the mode is not re-read while a refused publish is retried; the stop comes after it succeeds", func(t *testing.T) {
+		e := newEnv(t, base)
+		e.enableCDC(t)
+		cfg := e.config()
+		cfg.StandbyTimeout = 100 * time.Millisecond
+		var (
+			release     bool
+			lastRefusal time.Time
+		)
+		out := &recorder{refuse: func(_ string, m *message.Message) error {
+			if m.UUID == "held" && !release {
+				lastRefusal = time.Now()
+				return errors.New("downstream down")
+			}
+			return nil
+		}}
+		r, err := cdcrelay.New(cfg, out, nil) // MaxPublishAttempts 0: retry forever
+		require.NoError(t, err)
+		errc := make(chan error, 1)
+		go func() { errc <- r.Run(context.Background()) }()
+		t.Cleanup(func() { _ = r.Close() })
+		require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, 20*time.Second, 10*time.Millisecond)
+
+		e.publish(t, "orders", msg("held", "h", nil))
+		e.publish(t, "orders", msg("next", "n", nil))
+		require.Eventually(t, func() bool { return out.attemptsOf("held") > 0 }, 20*time.Second, 10*time.Millisecond)
+		require.NoError(t, debezium.Disable(context.Background(), e.s.DB, "test"))
+		disabled := time.Now()
+
+		// Still retrying three StandbyTimeouts after the switch to POLLING.
+		require.Eventually(t, func() bool {
+			out.mu.Lock()
+			defer out.mu.Unlock()
+			return lastRefusal.After(disabled.Add(3 * cfg.StandbyTimeout))
+		}, 20*time.Second, 10*time.Millisecond)
+		select {
+		case err := <-errc:
+			t.Fatalf("Run returned while a publish was being retried: %v", err)
+		default:
+		}
+
+		out.mu.Lock()
+		release = true
+		out.mu.Unlock()
+		select {
+		case err = <-errc:
+		case <-time.After(20 * time.Second):
+			t.Fatal("relay kept streaming after the publish succeeded in POLLING mode")
+		}
+		require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
+		require.Equal(t, []string{"held"}, out.ids(), "the mode was re-read before the next message")
+		require.Zero(t, out.attemptsOf("next"))
 	})
 }
