@@ -44,10 +44,10 @@
 // code) unless debezium.CurrentMode says CDC. While streaming it re-reads the
 // mode between replication messages, at the first one after StandbyTimeout
 // has passed since the previous re-read (sooner when the server asks for a
-// reply): when an operator
-// switches back to POLLING (`outboxctl debezium disable`), Run stops with
-// RELAY_MODE_CONFLICT at the next such re-read, which is within one
-// StandbyTimeout only while no message is being delivered. A publish the
+// reply): when an operator switches back to POLLING (`outboxctl debezium
+// disable`), Run stops with RELAY_MODE_CONFLICT at the next such re-read,
+// which is within one StandbyTimeout only while no message is being
+// delivered. A publish the
 // downstream refuses is retried (the server still gets status updates, the
 // mode is not re-read) until it succeeds or MaxPublishAttempts is spent, so
 // with MaxPublishAttempts 0 a refusing downstream delays the stop without
