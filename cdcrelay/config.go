@@ -63,8 +63,10 @@ type Config struct {
 	CreatePublication bool
 
 	// StandbyTimeout is the longest the relay stays silent towards the
-	// server: it sends a status update (its confirmed position) and re-reads
-	// the relay mode at least this often. It must be well below the server's
+	// server: it sends a status update (its confirmed position) at least this
+	// often, and re-reads the relay mode at the first replication message
+	// after it has passed (not while a refused publish is being retried; see
+	// the package documentation). It must be well below the server's
 	// wal_sender_timeout (60s by default). Zero means 10s.
 	StandbyTimeout time.Duration
 
