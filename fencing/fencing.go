@@ -112,8 +112,9 @@ type Claimed struct {
 func (c Claimed) Held() bool { return c.Row.Status == envelope.StatusInFlight }
 
 // The claim. The CTE is an index range scan on messaging_outbox_claimable_idx
-// (its WHERE repeats the index predicate, ORDER BY seq LIMIT n follows the
-// index order), SKIP LOCKED makes concurrent claimers take disjoint rows, and
+// (its WHERE repeats the index predicate: "published_at IS NULL AND parked_at
+// IS NULL" is the claimable set PENDING/AMBIGUOUS/IN_FLIGHT, an equivalence
+// the table's CHECKs enforce; ORDER BY seq LIMIT n follows the index order), SKIP LOCKED makes concurrent claimers take disjoint rows, and
 // the ordering check probes messaging_outbox_ordering_head_idx. The UPDATE
 // runs on the server in the same statement, so no row is ever locked but not
 // marked, and the token is advanced by the database, not by the client.
@@ -123,7 +124,7 @@ WITH picked AS (
     SELECT o.message_id AS picked_id, o.status = 'IN_FLIGHT' AS expired,
            CASE WHEN o.status = 'IN_FLIGHT' THEN o.attempts + 1 >= $4 ELSE o.attempts >= $4 END AS park
       FROM messaging_outbox o
-     WHERE o.status IN ('PENDING', 'AMBIGUOUS', 'IN_FLIGHT')
+     WHERE o.published_at IS NULL AND o.parked_at IS NULL
        AND (   (o.status <> 'IN_FLIGHT' AND o.attempts < $4
                 AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= coalesce($1::timestamptz, now())))
             OR (o.status <> 'IN_FLIGHT' AND o.attempts >= $4)
@@ -131,7 +132,12 @@ WITH picked AS (
        AND (o.ordering_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM messaging_outbox e
              WHERE e.ordering_key = o.ordering_key AND e.seq < o.seq
-               AND e.status <> 'PUBLISHED'`
+               AND e.published_at IS NULL`
+	// Written on status, not as "e.parked_at IS NULL" (the same rows, by the
+	// table's CHECK): with parked_at the probe would also match the
+	// claimable index's predicate, and the planner may then walk every
+	// earlier claimable row by seq instead of probing the key's entries in
+	// messaging_outbox_ordering_head_idx.
 	claimSkipParked = `
                AND e.status NOT IN ('FAILED', 'EXHAUSTED')`
 	claimTail = `))

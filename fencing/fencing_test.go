@@ -455,9 +455,9 @@ func TestCorruptRowIsHeldAndReported(t *testing.T) {
 
 func TestClaimPlanUsesTheClaimableIndex(t *testing.T) {
 	s := newDB(t)
-	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, status, ordering_key)
+	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, status, ordering_key, published_at)
 		SELECT 'm' || g, 'd', '', CASE WHEN g % 50 = 0 THEN 'PENDING' ELSE 'PUBLISHED' END,
-		       CASE WHEN g % 3 = 0 THEN 'k' || (g % 17) END
+		       CASE WHEN g % 3 = 0 THEN 'k' || (g % 17) END, CASE WHEN g % 50 <> 0 THEN now() END
 		  FROM generate_series(1, 20000) g`)
 	require.NoError(t, err)
 	_, err = s.DB.Exec(`ANALYZE messaging_outbox`)
@@ -532,4 +532,61 @@ func TestPolicyAndResultNames(t *testing.T) {
 	require.Equal(t, "applied", fencing.Applied.String())
 	require.Equal(t, "stale", fencing.Stale.String())
 	require.Equal(t, "Result(0)", fencing.Result(0).String())
+}
+
+// hotUpdates is the number of this transaction's updates of messaging_outbox
+// that PostgreSQL made as HOT updates (no new index entries, new row version
+// on the same page). The counter is per transaction, so concurrent tests do
+// not disturb it.
+func hotUpdates(t *testing.T, tx *sql.Tx) (hot, all int) {
+	t.Helper()
+	require.NoError(t, tx.QueryRow(`SELECT pg_stat_get_xact_tuples_hot_updated('messaging_outbox'::regclass),
+	       pg_stat_get_xact_tuples_updated('messaging_outbox'::regclass)`).Scan(&hot, &all))
+	return hot, all
+}
+
+// No index reads a column the claim writes (migration 00030), so the claim,
+// a retry (AMBIGUOUS) and a release are HOT updates; only leaving the
+// claimable set (PUBLISHED, parked) adds index entries. This is what halves
+// the WAL a relayed row costs; see BENCHMARKS.md.
+func TestClaimRetryAndReleaseAreHOTUpdates(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	for i := range 20 {
+		key := ""
+		if i%2 == 0 {
+			key = fmt.Sprintf("k%d", i%4)
+		}
+		insert(t, s.DB, fmt.Sprintf("m%02d", i), key)
+	}
+	tx, err := s.DB.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+
+	c, err := fencing.Claim(ctx, tx, params("relay-a", t0))
+	require.NoError(t, err)
+	require.Len(t, c, 12, "10 unkeyed rows and the head of each of the 2 keys")
+	hot, all := hotUpdates(t, tx)
+	require.Equal(t, 12, all)
+	require.Equal(t, 12, hot, "every claim update is HOT")
+
+	var outcomes []fencing.Outcome
+	for i, cl := range c {
+		switch i % 3 {
+		case 0:
+			outcomes = append(outcomes, fencing.Outcome{Lease: cl.Lease, To: envelope.StatusAmbiguous, Code: "PUBLISH_TIMEOUT", Detail: "t", Now: t0})
+		case 1:
+			outcomes = append(outcomes, fencing.Outcome{Lease: cl.Lease, To: envelope.StatusPending, Now: t0})
+		default:
+			outcomes = append(outcomes, fencing.Outcome{Lease: cl.Lease, To: envelope.StatusPublished, Now: t0})
+		}
+	}
+	res, err := fencing.Apply(ctx, tx, outcomes)
+	require.NoError(t, err)
+	for _, r := range res {
+		require.Equal(t, fencing.Applied, r)
+	}
+	hot, all = hotUpdates(t, tx)
+	require.Equal(t, 24, all)
+	require.Equal(t, 12+8, hot, "AMBIGUOUS and released rows stay HOT; the 4 PUBLISHED rows leave the claimable index")
 }

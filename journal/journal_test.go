@@ -49,14 +49,17 @@ func newJournal(t *testing.T, db *sql.DB, owner string, c *clock, batch int) *jo
 }
 
 // parked inserts n rows with the given status, destination, tenant and
-// failure code, ids prefix-1..prefix-n, created at `at`.
+// failure code, ids prefix-1..prefix-n, created (and parked or published,
+// as the status requires) at `at`.
 func parked(t *testing.T, db *sql.DB, prefix string, n int, status, dest, tenant, code string, at time.Time) {
 	t.Helper()
 	_, err := db.Exec(`
 INSERT INTO messaging_outbox (message_id, destination, payload, status, tenant, created_at, attempts,
-    lease_owner, lease_token, lease_expires_at, last_failure_code, last_failure_detail, parked_at, next_attempt_at)
+    lease_owner, lease_token, lease_expires_at, last_failure_code, last_failure_detail, parked_at, next_attempt_at,
+    published_at)
 SELECT $1 || '-' || g, $3, '\x01'::bytea, $2, nullif($4, ''), $6, 10,
-    'relay-x', 7, $6, nullif($5, ''), 'why', $6, $6
+    'relay-x', 7, $6, nullif($5, ''), 'why', CASE WHEN $2 IN ('FAILED', 'EXHAUSTED') THEN $6::timestamptz END, $6,
+    CASE WHEN $2 = 'PUBLISHED' THEN $6::timestamptz END
   FROM generate_series(1, $7) g`, prefix, status, dest, tenant, code, at, n)
 	require.NoError(t, err)
 }

@@ -134,9 +134,12 @@ func nullTime(t time.Time) any {
 }
 
 // filterWhere is the filter as SQL over $1..$7 (see Filter.args); $8 is the
-// keyset cursor. A NULL parameter does not filter.
+// keyset cursor. A NULL parameter does not filter. "parked_at IS NOT NULL" is
+// the predicate of messaging_outbox_parked_idx (parked_at is set exactly when
+// status is FAILED or EXHAUSTED, a table CHECK), so the walk reads parked rows
+// only.
 const filterWhere = `
-       status = ANY($1::text[]) AND status IN ('FAILED', 'EXHAUSTED')
+       parked_at IS NOT NULL AND status = ANY($1::text[]) AND status IN ('FAILED', 'EXHAUSTED')
    AND ($2::text IS NULL OR destination = $2)
    AND ($3::text IS NULL OR tenant = $3)
    AND ($4::text IS NULL OR last_failure_code = $4)

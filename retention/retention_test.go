@@ -44,14 +44,14 @@ SELECT $1 || g, 'orders', '\x01'::bytea, 'PUBLISHED', $2::timestamptz - make_int
 	require.NoError(t, err)
 }
 
-// insertStatus inserts one row per non-PUBLISHED status, created and (for
-// the sake of the test) "published" long before the horizon.
+// insertOtherStatuses inserts one row per non-PUBLISHED status, created and
+// (FAILED, EXHAUSTED) parked long before the horizon.
 func insertOtherStatuses(t *testing.T, db *sql.DB, at time.Time) {
 	t.Helper()
 	for _, st := range []string{"PENDING", "IN_FLIGHT", "AMBIGUOUS", "FAILED", "EXHAUSTED"} {
 		_, err := db.Exec(`
-INSERT INTO messaging_outbox (message_id, destination, payload, status, created_at, published_at)
-VALUES ($1, 'orders', '\x01'::bytea, $1, $2, $2)`, st, at)
+INSERT INTO messaging_outbox (message_id, destination, payload, status, created_at, parked_at)
+VALUES ($1, 'orders', '\x01'::bytea, $1, $2, CASE WHEN $1 IN ('FAILED', 'EXHAUSTED') THEN $2::timestamptz END)`, st, at)
 		require.NoError(t, err)
 	}
 }
@@ -217,7 +217,7 @@ INSERT INTO messaging_outbox (message_id, destination, payload, headers, status,
 VALUES ('full', 'orders', '\xdeadbeef'::bytea, '{"a":"b"}', 'PUBLISHED', $1, $1, $1, 3, $1, 'relay-1', 7, $1,
   'TIMEOUT', 'detail', $1, 'svc', 'corr', 'caus', 'acme', 'pk', 'ok',
   '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', 'k=v', 'b=1', 'subj', '2', 'application/json',
-  'OrderPaid', 'order', 'o-1', 42, $1)`, old)
+  'OrderPaid', 'order', 'o-1', 42, NULL)`, old)
 	require.NoError(t, err)
 	insertPublished(t, s.DB, "old-", 20, old)
 	insertOtherStatuses(t, s.DB, old)

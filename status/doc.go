@@ -12,10 +12,9 @@
 //     READ transaction with one pinned clock, so the totals, the failure
 //     codes and the stuck correlations describe the same instant.
 //   - Cheap: every query against messaging_outbox is bounded (a LIMIT on the
-//     rows it returns) and served by an index, mostly the partial
-//     messaging_outbox_backlog_idx (status, destination, tenant, created_at)
-//     WHERE status <> 'PUBLISHED', so the cost follows the backlog, not the
-//     published history. TestQueriesUseIndexes asserts it against 20,000
+//     rows it returns) and served by indexes: the unpublished rows are read
+//     through the partial claimable and parked indexes (a BitmapOr), so the
+//     cost follows the backlog, not the published history. TestQueriesUseIndexes asserts it against 20,000
 //     published rows on every run; EXPLAIN.md shows the plans.
 //   - Read-only: nothing here writes.
 //

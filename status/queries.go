@@ -7,22 +7,30 @@ import "github.com/fencedoutbox/watermill-outbox/envelope"
 // them against a table holding enough rows for the planner to care, and
 // EXPLAIN.md shows the plans.
 
+// unpublished is the set of rows not yet PUBLISHED, written as the union of
+// the predicates of the two partial indexes that hold it:
+// messaging_outbox_claimable_idx (published_at IS NULL AND parked_at IS NULL:
+// PENDING, AMBIGUOUS, IN_FLIGHT) and messaging_outbox_parked_idx (parked_at IS
+// NOT NULL: FAILED, EXHAUSTED). The table's CHECKs tie both columns to status,
+// so this is exactly "status <> 'PUBLISHED'"; spelled this way the planner can
+// answer it with a BitmapOr of the two indexes and never visits the (much
+// larger) published part of the table. There is no index with status as a
+// key: status changes on every claim, and an index reading it would keep the
+// claim from being a HOT update (migration 00030).
+const unpublished = `((published_at IS NULL AND parked_at IS NULL) OR parked_at IS NOT NULL)`
+
 // backlogQuery answers "how many unpublished rows, by status, destination and
-// tenant, and how old is the oldest of each group". Served by the partial
-// index messaging_outbox_backlog_idx (status, destination, tenant,
-// created_at) WHERE status <> 'PUBLISHED': the predicate matches the index's,
-// every column read is in the index, so the plan is an index-only scan that
-// never visits the (much larger) published part of the table. $1 bounds the
-// number of groups returned.
+// tenant, and how old is the oldest of each group". $1 bounds the number of
+// groups returned.
 const backlogQuery = `
 SELECT status, destination, coalesce(tenant, ''), count(*), min(created_at)
   FROM messaging_outbox
- WHERE status <> 'PUBLISHED'
+ WHERE ` + unpublished + `
  GROUP BY status, destination, tenant
  ORDER BY status, destination, tenant
  LIMIT $1`
 
-// backlogByDestinationQuery is the collector's sample: the same index, with
+// backlogByDestinationQuery is the collector's sample: the same rows, with
 // tenant left out so the metric labels stay bounded. The oldest pending age
 // is computed by the database clock (or $2 when a caller pins "now"), so the
 // age never mixes two clocks. $1 bounds the number of groups.
@@ -30,41 +38,38 @@ const backlogByDestinationQuery = `
 SELECT status, destination, count(*),
        coalesce(extract(epoch FROM coalesce($2::timestamptz, now()) - min(created_at)), 0)::float8
   FROM messaging_outbox
- WHERE status <> 'PUBLISHED'
+ WHERE ` + unpublished + `
  GROUP BY status, destination
  ORDER BY status, destination
  LIMIT $1`
 
 // failureCodesQuery answers "why are rows parked or in doubt": the most
 // frequent last_failure_code per status among AMBIGUOUS, FAILED and
-// EXHAUSTED rows. The status filter is served by messaging_outbox_backlog_idx
-// (its leading column, inside its predicate); only the matching rows are
-// fetched from the heap for last_failure_code. $1 bounds the result.
+// EXHAUSTED rows, read from the unpublished rows only. $1 bounds the result.
 const failureCodesQuery = `
 SELECT status, coalesce(last_failure_code, ''), count(*)
   FROM messaging_outbox
- WHERE status IN ('AMBIGUOUS', 'FAILED', 'EXHAUSTED')
+ WHERE ` + unpublished + `
+   AND status IN ('AMBIGUOUS', 'FAILED', 'EXHAUSTED')
  GROUP BY status, last_failure_code
  ORDER BY count(*) DESC, status, last_failure_code
  LIMIT $1`
 
 // stuckCorrelationsQuery answers "which business flows are stuck": correlation
 // ids with parked rows (FAILED, EXHAUSTED) or with rows still unpublished
-// after the stuck threshold. "status <> 'PUBLISHED'" is written out so the
-// planner can prove the partial predicate of messaging_outbox_backlog_idx;
-// the status and created_at conditions are checked on the index entries, and
-// only matching rows are fetched for correlation_id.
+// after the stuck threshold. Each arm of the OR is the predicate of one
+// partial index (parked, claimable), so the plan is a BitmapOr of the two.
 // $1 = now (NULL: the database clock), $2 = threshold in seconds, $3 = limit.
 const stuckCorrelationsQuery = `
 SELECT correlation_id,
-       count(*) FILTER (WHERE status IN ('FAILED', 'EXHAUSTED')),
-       count(*) FILTER (WHERE status NOT IN ('FAILED', 'EXHAUSTED')),
+       count(*) FILTER (WHERE parked_at IS NOT NULL),
+       count(*) FILTER (WHERE parked_at IS NULL),
        min(created_at)
   FROM messaging_outbox
- WHERE status <> 'PUBLISHED'
-   AND correlation_id IS NOT NULL
-   AND (status IN ('FAILED', 'EXHAUSTED')
-        OR created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $2))
+ WHERE correlation_id IS NOT NULL
+   AND (parked_at IS NOT NULL
+        OR (published_at IS NULL AND parked_at IS NULL
+            AND created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $2)))
  GROUP BY correlation_id
  ORDER BY min(created_at), correlation_id
  LIMIT $3`

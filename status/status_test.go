@@ -19,9 +19,10 @@ var t0 = time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC)
 
 const insertRow = `
 INSERT INTO messaging_outbox (message_id, destination, payload, status, created_at, tenant,
-                              correlation_id, last_failure_code, parked_at)
+                              correlation_id, last_failure_code, parked_at, published_at)
 VALUES ($1, $2, 'x', $3, $4, nullif($5, ''), nullif($6, ''), nullif($7, ''),
-        CASE WHEN $3 IN ('FAILED', 'EXHAUSTED') THEN $4::timestamptz END)`
+        CASE WHEN $3 IN ('FAILED', 'EXHAUSTED') THEN $4::timestamptz END,
+        CASE WHEN $3 = 'PUBLISHED' THEN $4::timestamptz END)`
 
 type seed struct {
 	id, dest, status string

@@ -49,7 +49,8 @@ SELECT $1::text || g, $2::text, $3::bytea, 'PUBLISHED', now() - interval '30 day
 // published_at) and nothing else: no lease, no token, no attempt count.
 const (
 	minimalClaim = `SELECT message_id, destination, payload FROM messaging_outbox
- WHERE status = 'PENDING' ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED`
+ WHERE published_at IS NULL AND parked_at IS NULL AND status = 'PENDING'
+ ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED`
 	minimalDone = `UPDATE messaging_outbox SET status = 'PUBLISHED', published_at = now()
  WHERE message_id = ANY($1::text[])`
 )
@@ -61,12 +62,14 @@ const (
 	relayOursNoPF      = "outbox-noprefetch"       // defaults but DisablePrefetch: the pipelining's paired baseline
 	relayOursTunedNoPF = "outbox-tuned-noprefetch" // BatchSize ourTunedBatch, DisablePrefetch
 	ourTunedBatch      = 1000
-	relayWMDefault     = "watermill"       // components/forwarder + watermill-sql subscriber, defaults
-	relayWMTuned       = "watermill-tuned" // same, PollInterval 10ms, batch 1000
-	relayMinimal       = "skiplocked"      // minimal SKIP LOCKED relay, one UPDATE per batch
+	relayWMDefault     = "watermill"        // components/forwarder + watermill-sql subscriber, defaults
+	relayWMTuned       = "watermill-tuned"  // same, PollInterval 10ms, batch 1000
+	relayMinimal       = "skiplocked"       // minimal SKIP LOCKED relay, one UPDATE per batch
+	relayMinimalTuned  = "skiplocked-tuned" // same, batch minimalTunedBatch
 	wmTunedPoll        = 10 * time.Millisecond
 	wmTunedBatch       = 1000
 	minimalBatchSize   = forwarder.DefaultBatchSize
+	minimalTunedBatch  = ourTunedBatch
 )
 
 func prefill(ctx context.Context, db *sql.DB, query, prefix string, n int, payload []byte) error {
@@ -207,8 +210,12 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 		case relayOneCommit:
 			go func() { errc <- runOneCommit(rctx, db, out) }()
 			stops = append(stops, func() { cancel(); <-errc })
-		case relayMinimal:
-			go func() { errc <- runMinimal(rctx, db, out) }()
+		case relayMinimal, relayMinimalTuned:
+			batch := minimalBatchSize
+			if kind == relayMinimalTuned {
+				batch = minimalTunedBatch
+			}
+			go func() { errc <- runMinimal(rctx, db, out, batch) }()
 			stops = append(stops, func() { cancel(); <-errc })
 		default:
 			cancel()
@@ -221,9 +228,9 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 
 // runMinimal is the minimal SKIP LOCKED relay. It polls every 10ms when
 // idle (it is only measured draining a backlog).
-func runMinimal(ctx context.Context, db *sql.DB, out message.Publisher) error {
+func runMinimal(ctx context.Context, db *sql.DB, out message.Publisher, batch int) error {
 	for ctx.Err() == nil {
-		n, err := minimalPass(ctx, db, out)
+		n, err := minimalPass(ctx, db, out, batch)
 		if err != nil && ctx.Err() == nil {
 			return err
 		}
@@ -237,13 +244,13 @@ func runMinimal(ctx context.Context, db *sql.DB, out message.Publisher) error {
 	return nil
 }
 
-func minimalPass(ctx context.Context, db *sql.DB, out message.Publisher) (int, error) {
+func minimalPass(ctx context.Context, db *sql.DB, out message.Publisher, batch int) (int, error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, err
 	}
 	defer func() { _ = tx.Rollback() }()
-	rows, err := tx.QueryContext(ctx, minimalClaim, minimalBatchSize)
+	rows, err := tx.QueryContext(ctx, minimalClaim, batch)
 	if err != nil {
 		return 0, err
 	}

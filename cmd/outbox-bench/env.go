@@ -31,6 +31,8 @@ type env struct {
 	dbName  string
 	dbURL   string // the bench database
 	admin   *sql.DB
+	// fillfactor, when non-zero, is set on messaging_outbox in every schema.
+	fillfactor int
 }
 
 func withDatabase(base, db string) (string, error) {
@@ -145,6 +147,12 @@ func (e *env) newSchema(ctx context.Context, pool int) (*schema, error) {
 	if _, err := migrations.Up(ctx, db); err != nil {
 		s.drop()
 		return nil, fmt.Errorf("migrate %s: %w", name, err)
+	}
+	if e.fillfactor != 0 {
+		if _, err := db.ExecContext(ctx, fmt.Sprintf("ALTER TABLE messaging_outbox SET (fillfactor = %d)", e.fillfactor)); err != nil {
+			s.drop()
+			return nil, fmt.Errorf("fillfactor %d: %w", e.fillfactor, err)
+		}
 	}
 	return s, nil
 }

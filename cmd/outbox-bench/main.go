@@ -61,6 +61,10 @@ type Config struct {
 	// Drain, when non-empty, restricts the drain scenario to these cells
 	// (names like outbox/x1): for paired A/B runs of two relay variants.
 	Drain []string `json:"drain,omitempty"`
+	// Fillfactor, when non-zero, overrides messaging_outbox's fillfactor
+	// (migration 00030 sets 50) in every schema of the run: for measuring
+	// the write/drain trade-off of that setting.
+	Fillfactor int `json:"fillfactor,omitempty"`
 }
 
 func defaultConfig() Config {
@@ -97,6 +101,7 @@ type Machine struct {
 
 func main() {
 	cfg := defaultConfig()
+	flag.IntVar(&cfg.Fillfactor, "fillfactor", 0, "override messaging_outbox's fillfactor (10-100) in every schema of the run (0: the migration's)")
 	flag.StringVar(&cfg.URL, "db", cfg.URL, "PostgreSQL URL (default: OUTBOX_TEST_DATABASE_URL or the local test server); the run creates and drops its own database there")
 	flag.StringVar(&cfg.Out, "out", cfg.Out, "result file (JSON)")
 	flag.IntVar(&cfg.Reps, "reps", cfg.Reps, "repetitions (>= 3 for a median and a spread)")
@@ -193,7 +198,7 @@ type drainKind struct {
 }
 
 var drainKinds = []drainKind{{relayOurs, 1}, {relayOursNoPF, 1}, {relayOurs, 4}, {relayOursTuned, 1}, {relayOursTunedNoPF, 1},
-	{relayWMDefault, 1}, {relayWMTuned, 1}, {relayMinimal, 1}}
+	{relayWMDefault, 1}, {relayWMTuned, 1}, {relayMinimal, 1}, {relayMinimalTuned, 1}}
 
 var latencyKinds = []string{relayOurs, relayWMDefault, relayWMTuned}
 
@@ -203,11 +208,15 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	}
 	rep := &Report{Started: time.Now().UTC(), Config: cfg, Command: commandLine()}
 	rep.Machine = Machine{NProc: runtime.NumCPU(), GoVersion: runtime.Version(), LoadBefore: loadavg()}
+	if cfg.Fillfactor != 0 && (cfg.Fillfactor < 10 || cfg.Fillfactor > 100) {
+		return nil, fmt.Errorf("-fillfactor %d: PostgreSQL accepts 10 to 100", cfg.Fillfactor)
+	}
 	e, err := newEnv(ctx, cfg.URL)
 	if err != nil {
 		return nil, err
 	}
 	defer e.close()
+	e.fillfactor = cfg.Fillfactor
 	if err := e.admin.QueryRowContext(ctx, "SHOW server_version").Scan(&rep.Machine.PostgreSQL); err != nil {
 		return nil, err
 	}
