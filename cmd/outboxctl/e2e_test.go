@@ -126,13 +126,13 @@ func TestMigrateAppliesEmbeddedMigrations(t *testing.T) {
 func seedStatus(t *testing.T, s *testdb.Schema) {
 	t.Helper()
 	exec1(t, s.DB, `
-INSERT INTO messaging_outbox (message_id, destination, payload, status, created_at, tenant, correlation_id, last_failure_code, parked_at, headers)
-VALUES ('p1', 'orders', 'hello', 'PENDING', now() - interval '2 hours', 'acme', 'flow-slow', NULL, NULL, '{"trace":"t-1"}'),
-       ('p2', 'billing', 'x', 'PENDING', now() - interval '1 minute', NULL, 'flow-ok', NULL, NULL, '{}'),
-       ('f1', 'orders', 'x', 'FAILED', now() - interval '10 minutes', 'acme', 'flow-park', 'REJECTED', now(), '{}'),
-       ('e1', 'billing', 'x', 'EXHAUSTED', now() - interval '20 minutes', NULL, NULL, 'PUBLISH_TIMEOUT', now(), '{}'),
-       ('a1', 'billing', 'x', 'AMBIGUOUS', now() - interval '5 minutes', NULL, NULL, 'PUBLISH_TIMEOUT', NULL, '{}'),
-       ('done', 'orders', 'x', 'PUBLISHED', now() - interval '5 hours', NULL, NULL, NULL, NULL, '{}')`)
+INSERT INTO messaging_outbox (message_id, destination, payload, status, created_at, tenant, correlation_id, last_failure_code, parked_at, published_at, headers)
+VALUES ('p1', 'orders', 'hello', 'PENDING', now() - interval '2 hours', 'acme', 'flow-slow', NULL, NULL, NULL, '{"trace":"t-1"}'),
+       ('p2', 'billing', 'x', 'PENDING', now() - interval '1 minute', NULL, 'flow-ok', NULL, NULL, NULL, '{}'),
+       ('f1', 'orders', 'x', 'FAILED', now() - interval '10 minutes', 'acme', 'flow-park', 'REJECTED', now(), NULL, '{}'),
+       ('e1', 'billing', 'x', 'EXHAUSTED', now() - interval '20 minutes', NULL, NULL, 'PUBLISH_TIMEOUT', now(), NULL, '{}'),
+       ('a1', 'billing', 'x', 'AMBIGUOUS', now() - interval '5 minutes', NULL, NULL, 'PUBLISH_TIMEOUT', NULL, NULL, '{}'),
+       ('done', 'orders', 'x', 'PUBLISHED', now() - interval '5 hours', NULL, NULL, NULL, NULL, now() - interval '4 hours', '{}')`)
 	require.NoError(t, debezium.Beat(context.Background(), s.DB, "relay-a", time.Hour))
 }
 
