@@ -106,6 +106,13 @@ type Config struct {
 	// during a pass; per-key order, leases and Close's release are the same
 	// either way.
 	DisablePrefetch bool
+	// DisablePreparedStatements runs the claim and the outcome writes as
+	// plain statements, parsed and planned on every call. Prepared (the
+	// default) saves the claim's planning on every pass (it costs more than
+	// claiming 100 rows) and a round trip per statement; turn it off behind
+	// a pooler in transaction mode that cannot carry prepared statements
+	// (PgBouncer before 1.21). See fencing.Prepared.
+	DisablePreparedStatements bool
 }
 
 // withDefaults fills every unset field. The one place defaults live.

@@ -74,6 +74,7 @@ type Report struct {
 // RouterPlugin), stop it with Close.
 type Forwarder struct {
 	db     *sql.DB
+	q      fencing.DBTX // db, or its prepared form for the claim and outcome statements
 	out    message.Publisher
 	logger watermill.LoggerAdapter
 	cfg    Config
@@ -129,8 +130,12 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
+	var q fencing.DBTX = db
+	if !cfg.DisablePreparedStatements {
+		q = fencing.NewPrepared(db)
+	}
 	return &Forwarder{
-		db: db, out: out, cfg: cfg, metrics: m,
+		db: db, q: q, out: out, cfg: cfg, metrics: m,
 		logger:     logger.With(watermill.LogFields{"owner": cfg.Owner}),
 		baseLogger: logger,
 		tracer:     tp.Tracer(tracerName),
@@ -166,6 +171,11 @@ func (f *Forwarder) Close() error {
 	f.stopOnce.Do(func() { close(f.stop) })
 	if started {
 		<-f.done
+	}
+	if p, ok := f.q.(*fencing.Prepared); ok {
+		// Releases the statements on the pool's connections; a RunOnce
+		// after Close still works, unprepared.
+		_ = p.Close()
 	}
 	return nil
 }
@@ -487,7 +497,7 @@ func (f *Forwarder) claim(ctx context.Context) claimedBatch {
 	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 	defer cancel()
 	at := f.localNow()
-	claimed, err := fencing.Claim(dbctx, f.db, fencing.ClaimParams{
+	claimed, err := fencing.Claim(dbctx, f.q, fencing.ClaimParams{
 		Owner: f.cfg.Owner, Limit: f.cfg.BatchSize, Lease: f.cfg.LeaseDuration,
 		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
 	})
@@ -651,7 +661,7 @@ func (f *Forwarder) apply(ctx context.Context, outcomes []fencing.Outcome) ([]fe
 	var err error
 	for try := range 3 {
 		var res []fencing.Result
-		if res, err = fencing.Apply(ctx, f.db, outcomes); err == nil || errors.Is(err, fencing.ErrInvalidArgument) {
+		if res, err = fencing.Apply(ctx, f.q, outcomes); err == nil || errors.Is(err, fencing.ErrInvalidArgument) {
 			return res, err
 		}
 		f.logger.Error("Writing outcomes failed", err, watermill.LogFields{"try": try + 1, "rows": len(outcomes)})

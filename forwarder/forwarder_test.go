@@ -115,7 +115,15 @@ func TestRetryDelayJitterIsPerOwnerAndDeterministic(t *testing.T) {
 	require.NotEqual(t, a1.RetryDelay("m1", 3), a1.RetryDelay("m2", 3), "and different messages spread too")
 }
 
+// Run with the statements prepared (the default) and plain: the outcomes are
+// the same.
 func TestOutcomesAreWrittenFenced(t *testing.T) {
+	for _, plain := range []bool{false, true} {
+		t.Run(fmt.Sprintf("DisablePreparedStatements=%v", plain), func(t *testing.T) { outcomesAreWrittenFenced(t, plain) })
+	}
+}
+
+func outcomesAreWrittenFenced(t *testing.T, plain bool) {
 	ctx := context.Background()
 	s := newDB(t)
 	clk := newClock()
@@ -134,7 +142,8 @@ func TestOutcomesAreWrittenFenced(t *testing.T) {
 	var reports []forwarder.Report
 	f := newForwarder(t, s.DB, rec, forwarder.Config{
 		Owner: "relay-1", Now: clk.Now, BackoffBase: time.Second, BackoffMax: time.Minute,
-		OnReport: func(r forwarder.Report) { reports = append(reports, r) },
+		DisablePreparedStatements: plain,
+		OnReport:                  func(r forwarder.Report) { reports = append(reports, r) },
 		Classifier: func(err error) forwarder.Verdict {
 			if err.Error() == "quota" {
 				return forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: "QUOTA"}

@@ -34,6 +34,12 @@ type Config struct {
 	// NotifyChannel is the channel used when Notify is on. Empty means
 	// DefaultNotifyChannel. At most 63 bytes, valid UTF-8, no NUL.
 	NotifyChannel string
+
+	// Prepared, when set, runs the INSERT as a prepared statement (see
+	// Prepare): one round trip per Publish instead of two, no parsing or
+	// planning per call. The transaction must belong to the *sql.DB it was
+	// prepared on. Nil (the default) sends the statement unprepared.
+	Prepared *Prepared
 }
 
 // withDefaults is the one place defaults are filled in.

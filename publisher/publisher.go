@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -92,7 +93,17 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	if _, err := p.tx.ExecContext(msgs[0].Context(), st.SQL, st.Args...); err != nil {
+	ctx := msgs[0].Context()
+	if p.cfg.Prepared == nil {
+		_, err = p.tx.ExecContext(ctx, st.SQL, st.Args...)
+	} else {
+		var stmt *sql.Stmt
+		if stmt, err = p.cfg.Prepared.stmt(ctx, p.tx, st.SQL); err != nil {
+			return err
+		}
+		_, err = stmt.ExecContext(ctx, st.Args...)
+	}
+	if err != nil {
 		return classify(op, err, len(msgs))
 	}
 	p.logger.Trace("messages written to messaging_outbox", watermill.LogFields{
@@ -114,6 +125,12 @@ func (p *Publisher) Close() error {
 // classify turns the database's refusals into typed errors; any other
 // failure (a lost connection, a cancelled context) is returned wrapped.
 func classify(op string, err error, n int) error {
+	if strings.Contains(err.Error(), "statement from different database") {
+		// database/sql's refusal of a Stmt prepared on another *sql.DB
+		// (Tx.StmtContext); it has no sentinel to match.
+		return outbox.Wrap(outbox.CodeInvalidConfig, op, err,
+			"Config.Prepared was prepared on another *sql.DB than the transaction's; prepare it on the same pool")
+	}
 	if errors.Is(err, sql.ErrTxDone) {
 		return outbox.Wrap(outbox.CodeTransactionRequired, op, err,
 			"the transaction is already committed or rolled back; publish before Commit")

@@ -1,6 +1,7 @@
 package publisher_test
 
 import (
+	"context"
 	"database/sql"
 	"strings"
 	"testing"
@@ -47,51 +48,65 @@ func TestNarrowStatementsStoreTheSameRows(t *testing.T) {
 		{"batch of all three", []func(*testing.T) *message.Message{minimal, full, common}, 21},
 	}
 	s := newSchema(t)
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			ms := make([]*message.Message, len(c.make))
-			for i, mk := range c.make {
-				ms[i] = mk(t)
-			}
-			st, err := publisher.BuildInsert("orders", ms, publisher.Config{})
-			require.NoError(t, err)
-			require.Len(t, st.Args, c.nArgs)
-			withNotify, err := publisher.BuildInsert("orders", ms, publisher.Config{Notify: true})
-			require.NoError(t, err)
-			require.Len(t, withNotify.Args, c.nArgs+1)
+	prep, err := publisher.Prepare(context.Background(), s.DB)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = prep.Close() })
+	for _, mode := range []struct {
+		name string
+		cfg  publisher.Config
+	}{
+		{"unprepared+notify", publisher.Config{Notify: true}},
+		{"prepared", publisher.Config{Prepared: prep}},
+		{"prepared+notify", publisher.Config{Notify: true, Prepared: prep}},
+	} {
+		for _, c := range cases {
+			t.Run(mode.name+"/"+c.name, func(t *testing.T) { storeTheSameRows(t, s.DB, mode.cfg, c.make, c.nArgs, occurred) })
+		}
+	}
+}
 
-			tx := begin(t, s.DB, nil)
-			pub, err := publisher.New(tx, publisher.Config{Notify: true}, nil)
-			require.NoError(t, err)
-			require.NoError(t, pub.Publish("orders", ms...))
-			require.NoError(t, tx.Commit())
-			var prev int64
-			for _, m := range ms {
-				r := readRow(t, s.DB, m.UUID)
-				require.Greater(t, r.Seq, prev, "rows keep the order of the call")
-				prev = r.Seq
-				require.Equal(t, []byte(m.Payload), r.Payload)
-				require.Empty(t, r.Producer)
-				switch string(m.Payload) {
-				case "min":
-					require.Equal(t, map[string]string{"x-app": "v"}, r.Headers)
-					require.Empty(t, r.CorrelationID)
-					require.True(t, r.OccurredAt.IsZero())
-					require.Nil(t, r.AggregateVersion)
-				case "common":
-					require.Equal(t, "corr", r.CorrelationID)
-					require.True(t, occurred.Equal(r.OccurredAt))
-					require.Nil(t, r.AggregateVersion)
-					require.Empty(t, r.AggregateType)
-				case "full":
-					require.Equal(t, "Order", r.AggregateType)
-					require.Equal(t, "7", r.AggregateID)
-					require.NotNil(t, r.AggregateVersion)
-					require.Equal(t, int64(3), *r.AggregateVersion)
-					require.Empty(t, r.CorrelationID)
-				}
-			}
-		})
+func storeTheSameRows(t *testing.T, db *sql.DB, cfg publisher.Config, makers []func(*testing.T) *message.Message, nArgs int, occurred time.Time) {
+	ms := make([]*message.Message, len(makers))
+	for i, mk := range makers {
+		ms[i] = mk(t)
+	}
+	st, err := publisher.BuildInsert("orders", ms, publisher.Config{})
+	require.NoError(t, err)
+	require.Len(t, st.Args, nArgs)
+	withNotify, err := publisher.BuildInsert("orders", ms, publisher.Config{Notify: true})
+	require.NoError(t, err)
+	require.Len(t, withNotify.Args, nArgs+1)
+
+	tx := begin(t, db, nil)
+	pub, err := publisher.New(tx, cfg, nil)
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish("orders", ms...))
+	require.NoError(t, tx.Commit())
+	var prev int64
+	for _, m := range ms {
+		r := readRow(t, db, m.UUID)
+		require.Greater(t, r.Seq, prev, "rows keep the order of the call")
+		prev = r.Seq
+		require.Equal(t, []byte(m.Payload), r.Payload)
+		require.Empty(t, r.Producer)
+		switch string(m.Payload) {
+		case "min":
+			require.Equal(t, map[string]string{"x-app": "v"}, r.Headers)
+			require.Empty(t, r.CorrelationID)
+			require.True(t, r.OccurredAt.IsZero())
+			require.Nil(t, r.AggregateVersion)
+		case "common":
+			require.Equal(t, "corr", r.CorrelationID)
+			require.True(t, occurred.Equal(r.OccurredAt))
+			require.Nil(t, r.AggregateVersion)
+			require.Empty(t, r.AggregateType)
+		case "full":
+			require.Equal(t, "Order", r.AggregateType)
+			require.Equal(t, "7", r.AggregateID)
+			require.NotNil(t, r.AggregateVersion)
+			require.Equal(t, int64(3), *r.AggregateVersion)
+			require.Empty(t, r.CorrelationID)
+		}
 	}
 }
 

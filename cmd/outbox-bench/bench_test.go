@@ -58,7 +58,7 @@ func TestSmoke(t *testing.T) {
 	var want []string
 	for _, w := range cfg.Writers {
 		for _, n := range cfg.PerTx {
-			for _, impl := range []string{implPublisher, implWatermill, implRaw} {
+			for _, impl := range writeImpls {
 				want = append(want, writeName(impl, w, n))
 			}
 		}

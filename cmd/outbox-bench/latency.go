@@ -27,6 +27,11 @@ func latencyCell(ctx context.Context, e *env, kind string, rate int, dur time.Du
 			return 0, 0, err
 		}
 	}
+	wr, err := newWriter(ctx, s.db, impl)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer wr.close()
 	total := max(1, int(float64(rate)*dur.Seconds()))
 	var mu sync.Mutex
 	committed := make(map[string]time.Time, total)
@@ -56,7 +61,7 @@ func latencyCell(ctx context.Context, e *env, kind string, rate int, dur time.Du
 	for range total {
 		<-tick.C
 		msgs := newMessages(1, payload)
-		if err := writeTx(ctx, s.db, impl, msgs); err != nil {
+		if err := wr.writeTx(ctx, msgs); err != nil {
 			return 0, 0, err
 		}
 		now := time.Now()

@@ -200,6 +200,9 @@ type drainKind struct {
 var drainKinds = []drainKind{{relayOurs, 1}, {relayOursNoPF, 1}, {relayOurs, 4}, {relayOursTuned, 1}, {relayOursTunedNoPF, 1},
 	{relayWMDefault, 1}, {relayWMTuned, 1}, {relayMinimal, 1}, {relayMinimalTuned, 1}}
 
+// writeImpls are the write side's implementations, run back to back per cell.
+var writeImpls = []string{implPublisher, implWatermill, implRaw, implPublisherPlain, implRawPrepared}
+
 var latencyKinds = []string{relayOurs, relayWMDefault, relayWMTuned}
 
 func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
@@ -246,7 +249,7 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 				break
 			}
 			for _, b := range cfg.PerTx {
-				for _, impl := range []string{implPublisher, implWatermill, implRaw} {
+				for _, impl := range writeImpls {
 					v, err := writeCell(ctx, e, impl, w, b, cfg.WriteDuration, payload)
 					if err != nil {
 						return nil, err

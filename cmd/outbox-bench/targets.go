@@ -48,6 +48,8 @@ func targets(cfg Config, c *collector) []Target {
 			pub := writeName(implPublisher, w, b)
 			add(fmt.Sprintf("write w%d b%d: publisher / raw INSERT", w, b), c.pairRatio(pub, writeName(implRaw, w, b)), 0.9, "")
 			add(fmt.Sprintf("write w%d b%d: publisher / watermill-sql+envelope", w, b), c.pairRatio(pub, writeName(implWatermill, w, b)), 1.0, "")
+			add(fmt.Sprintf("write w%d b%d: publisher / raw INSERT prepared", w, b), c.pairRatio(pub, writeName(implRawPrepared, w, b)), 0.9, "evidence: both prepared")
+			add(fmt.Sprintf("write w%d b%d: publisher unprepared / raw INSERT", w, b), c.pairRatio(writeName(implPublisherPlain, w, b), writeName(implRaw, w, b)), 0.9, "evidence: neither prepared")
 		}
 	}
 	ours1 := drainName(relayOurs, 1)

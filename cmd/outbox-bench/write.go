@@ -34,9 +34,15 @@ const (
 
 // Write-side implementations.
 const (
-	implPublisher = "publisher" // this module's publisher
+	implPublisher = "publisher" // this module's publisher, statements prepared (publisher.Prepare: the README's setup)
 	implWatermill = "watermill" // watermill-sql v3 publisher wrapped by components/forwarder's publisher
 	implRaw       = "raw"       // minimal INSERT
+	// implPublisherPlain is the publisher without Config.Prepared (one
+	// statement parsed and planned per Publish, two round trips), and
+	// implRawPrepared the raw INSERT as a prepared statement: the paired
+	// baselines that show what preparing buys each side.
+	implPublisherPlain = "publisher-unprepared"
+	implRawPrepared    = "raw-prepared"
 	// implPublisherNotify is the publisher with the same-statement NOTIFY
 	// (the latency scenario's wake-up).
 	implPublisherNotify = "publisher-notify"
@@ -65,16 +71,47 @@ func newMessages(n int, payload []byte) []*message.Message {
 	return msgs
 }
 
-// writeTx writes msgs in one transaction with the given implementation.
-func writeTx(ctx context.Context, db *sql.DB, impl string, msgs []*message.Message) error {
-	tx, err := db.BeginTx(ctx, nil)
+// writer writes transactions of one implementation into one schema.
+type writer struct {
+	db   *sql.DB
+	impl string
+	pub  *publisher.Prepared // implPublisher, implPublisherNotify
+	raw  *sql.Stmt           // implRawPrepared
+}
+
+// newWriter prepares what impl needs on db; close releases it.
+func newWriter(ctx context.Context, db *sql.DB, impl string) (*writer, error) {
+	w := &writer{db: db, impl: impl}
+	var err error
+	switch impl {
+	case implPublisher, implPublisherNotify:
+		w.pub, err = publisher.Prepare(ctx, db)
+	case implRawPrepared:
+		w.raw, err = db.PrepareContext(ctx, rawInsert)
+	}
+	return w, err
+}
+
+func (w *writer) close() {
+	if w.pub != nil {
+		_ = w.pub.Close()
+	}
+	if w.raw != nil {
+		_ = w.raw.Close()
+	}
+}
+
+// writeTx writes msgs in one transaction with the writer's implementation.
+func (w *writer) writeTx(ctx context.Context, msgs []*message.Message) error {
+	impl := w.impl
+	tx, err := w.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback() }()
 	switch impl {
-	case implPublisher, implPublisherNotify:
-		p, err := publisher.New(tx, publisher.Config{Notify: impl == implPublisherNotify}, nil)
+	case implPublisher, implPublisherNotify, implPublisherPlain:
+		p, err := publisher.New(tx, publisher.Config{Notify: impl == implPublisherNotify, Prepared: w.pub}, nil)
 		if err != nil {
 			return err
 		}
@@ -90,13 +127,18 @@ func writeTx(ctx context.Context, db *sql.DB, impl string, msgs []*message.Messa
 		if err := fp.Publish(benchTopic, msgs...); err != nil {
 			return err
 		}
-	case implRaw:
+	case implRaw, implRawPrepared:
 		ids := make([]string, len(msgs))
 		payloads := make([][]byte, len(msgs))
 		for i, m := range msgs {
 			ids[i], payloads[i] = m.UUID, m.Payload
 		}
-		if _, err := tx.ExecContext(ctx, rawInsert, pq.Array(ids), pq.ByteaArray(payloads)); err != nil {
+		if w.raw != nil {
+			_, err = tx.StmtContext(ctx, w.raw).ExecContext(ctx, pq.Array(ids), pq.ByteaArray(payloads))
+		} else {
+			_, err = tx.ExecContext(ctx, rawInsert, pq.Array(ids), pq.ByteaArray(payloads))
+		}
+		if err != nil {
 			return err
 		}
 	default:
@@ -114,7 +156,7 @@ func writeCell(ctx context.Context, e *env, impl string, writers, perTx int, dur
 	}
 	defer s.drop()
 	switch impl {
-	case implRaw:
+	case implRaw, implRawPrepared:
 		if _, err := s.db.ExecContext(ctx, rawTableDDL); err != nil {
 			return 0, err
 		}
@@ -123,6 +165,11 @@ func writeCell(ctx context.Context, e *env, impl string, writers, perTx int, dur
 			return 0, err
 		}
 	}
+	wr, err := newWriter(ctx, s.db, impl)
+	if err != nil {
+		return 0, err
+	}
+	defer wr.close()
 	// Open every connection before the clock starts.
 	conns := make([]*sql.Conn, writers)
 	for i := range conns {
@@ -143,7 +190,7 @@ func writeCell(ctx context.Context, e *env, impl string, writers, perTx int, dur
 	for range writers {
 		wg.Go(func() {
 			for time.Now().Before(deadline) {
-				if err := writeTx(ctx, s.db, impl, newMessages(perTx, payload)); err != nil {
+				if err := wr.writeTx(ctx, newMessages(perTx, payload)); err != nil {
 					once.Do(func() { firstErr = err })
 					return
 				}

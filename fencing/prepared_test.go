@@ -1,0 +1,94 @@
+package fencing_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+)
+
+// Prepared runs the claim and the outcome writes as prepared statements and
+// gives the same results as the plain statements; after Close it runs them
+// unprepared. With a pool of one connection, pg_prepared_statements shows
+// what that connection holds.
+func TestPreparedClaimAndApply(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	db := s.Open(t)
+	db.SetMaxOpenConns(1)
+	for i := range 6 {
+		insert(t, s.DB, fmt.Sprintf("m%d", i), "")
+	}
+	prepared := func() int {
+		var n int
+		require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql`).Scan(&n))
+		return n
+	}
+	p := fencing.NewPrepared(db)
+	require.Zero(t, prepared(), "nothing is prepared before first use")
+
+	par := params("relay-p", t0)
+	par.Limit = 3
+	c, err := fencing.Claim(ctx, p, par)
+	require.NoError(t, err)
+	require.Equal(t, []string{"m0", "m1", "m2"}, ids(c))
+	require.Equal(t, 1, prepared(), "the claim is prepared on first use")
+
+	// All PUBLISHED: ApplyPublishedSQL.
+	res, err := fencing.Apply(ctx, p, []fencing.Outcome{
+		{Lease: c[0].Lease, To: envelope.StatusPublished, Now: t0},
+		{Lease: c[1].Lease, To: envelope.StatusPublished, Now: t0},
+	})
+	require.NoError(t, err)
+	require.Equal(t, []fencing.Result{fencing.Applied, fencing.Applied}, res)
+	// Mixed: ApplySQL; a lease that does not match is Stale, prepared or not.
+	stale := c[1].Lease
+	res, err = fencing.Apply(ctx, p, []fencing.Outcome{
+		{Lease: c[2].Lease, To: envelope.StatusAmbiguous, Code: "PUBLISH_TIMEOUT", RetryAfter: time.Hour, Now: t0},
+		{Lease: stale, To: envelope.StatusFailed, Code: "X", Now: t0},
+	})
+	require.NoError(t, err)
+	require.Equal(t, []fencing.Result{fencing.Applied, fencing.Stale}, res)
+	require.Equal(t, 3, prepared())
+	require.Equal(t, "PUBLISHED", state(t, s.DB, "m1").Status)
+	require.Equal(t, "AMBIGUOUS", state(t, s.DB, "m2").Status)
+
+	// Statements outside the prepared set pass through unchanged.
+	var one int
+	require.NoError(t, p.QueryRowContext(ctx, `SELECT 1`).Scan(&one))
+	_, err = p.ExecContext(ctx, `SELECT 1`)
+	require.NoError(t, err)
+	require.Equal(t, 3, prepared())
+
+	require.NoError(t, p.Close())
+	require.NoError(t, p.Close(), "Close twice is harmless")
+	require.Zero(t, prepared(), "Close deallocates the statements")
+	c, err = fencing.Claim(ctx, p, par)
+	require.NoError(t, err, "after Close the statements run unprepared")
+	require.Equal(t, []string{"m3", "m4", "m5"}, ids(c))
+	require.Zero(t, prepared())
+}
+
+// A statement that cannot be prepared (the table is gone) is an error of
+// the call, and is not remembered: the next call prepares again.
+func TestPreparedRetriesAFailedPrepare(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	insert(t, s.DB, "m0", "")
+	p := fencing.NewPrepared(s.DB)
+	t.Cleanup(func() { _ = p.Close() })
+	_, err := s.DB.Exec(`ALTER TABLE messaging_outbox RENAME TO moved_away`)
+	require.NoError(t, err)
+	_, err = fencing.Claim(ctx, p, params("r", t0))
+	require.ErrorContains(t, err, "messaging_outbox")
+	_, err = s.DB.Exec(`ALTER TABLE moved_away RENAME TO messaging_outbox`)
+	require.NoError(t, err)
+	c, err := fencing.Claim(ctx, p, params("r", t0))
+	require.NoError(t, err)
+	require.Equal(t, []string{"m0"}, ids(c))
+}

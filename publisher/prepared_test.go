@@ -1,0 +1,105 @@
+package publisher_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/publisher"
+)
+
+func prepared(t *testing.T, db *sql.DB) *publisher.Prepared {
+	t.Helper()
+	p, err := publisher.Prepare(context.Background(), db)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// With a pool of one connection the transaction holds the only connection;
+// a prepared Publish must run on it and never wait for another.
+func TestPreparedPublishNeedsNoSecondConnection(t *testing.T) {
+	s := newSchema(t)
+	db := s.Open(t)
+	db.SetMaxOpenConns(1)
+	prep := prepared(t, db)
+	for range 3 {
+		tx := begin(t, db, nil)
+		pub, err := publisher.New(tx, publisher.Config{Prepared: prep}, nil)
+		require.NoError(t, err)
+		require.NoError(t, pub.Publish("orders", msgs(t, 1)...))
+		require.NoError(t, pub.Publish("orders", msgs(t, 3)...))
+		require.NoError(t, tx.Commit())
+	}
+	require.Equal(t, 12, s.Count(t, "true"))
+}
+
+// A duplicate id is refused with the same typed error whether the statement
+// was prepared or not, and aborts the transaction the same way.
+func TestPreparedDuplicateAcrossCallsIsRefused(t *testing.T) {
+	s := newSchema(t)
+	prep := prepared(t, s.DB)
+	m := newMsg(t, "x")
+	tx := begin(t, s.DB, nil)
+	pub, err := publisher.New(tx, publisher.Config{Prepared: prep}, nil)
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish("orders", m))
+	err = pub.Publish("orders", newMsg(t, "y"), m)
+	require.ErrorIs(t, err, outbox.ErrDuplicateMessageID)
+	require.Equal(t, outbox.CodeDuplicateMessageID, outbox.CodeOf(err))
+	require.NoError(t, tx.Rollback())
+	require.Zero(t, s.Count(t, "true"))
+}
+
+// Statements prepared on one pool cannot run in a transaction of another:
+// refused with OUTBOX_INVALID_CONFIG, nothing written, and the transaction
+// still usable.
+func TestPreparedOnAnotherPoolIsRefused(t *testing.T) {
+	s := newSchema(t)
+	other := s.Open(t)
+	prep := prepared(t, other)
+	tx := begin(t, s.DB, nil)
+	pub, err := publisher.New(tx, publisher.Config{Prepared: prep}, nil)
+	require.NoError(t, err)
+	err = pub.Publish("orders", newMsg(t, "x"))
+	require.Equal(t, outbox.CodeInvalidConfig, outbox.CodeOf(err), "%v", err)
+	var oe *outbox.Error
+	require.True(t, errors.As(err, &oe))
+	require.Contains(t, oe.Detail, "another *sql.DB")
+	_, err = tx.Exec(`SELECT 1`)
+	require.NoError(t, err, "the refusal happened before any SQL: the transaction is not aborted")
+	require.NoError(t, tx.Commit())
+	require.Zero(t, s.Count(t, "true"))
+}
+
+// A closed Prepared is refused with OUTBOX_INVALID_CONFIG and writes nothing.
+func TestClosedPreparedIsRefused(t *testing.T) {
+	s := newSchema(t)
+	prep := prepared(t, s.DB)
+	require.NoError(t, prep.Close())
+	require.NoError(t, prep.Close(), "Close twice is harmless")
+	tx := begin(t, s.DB, nil)
+	pub, err := publisher.New(tx, publisher.Config{Prepared: prep}, nil)
+	require.NoError(t, err)
+	err = pub.Publish("orders", newMsg(t, "x"))
+	require.Equal(t, outbox.CodeInvalidConfig, outbox.CodeOf(err), "%v", err)
+	require.NoError(t, tx.Commit())
+	require.Zero(t, s.Count(t, "true"))
+}
+
+// Prepare needs the table: before the migrations it fails, and a nil pool is
+// refused with OUTBOX_INVALID_CONFIG.
+func TestPrepareRefusals(t *testing.T) {
+	_, err := publisher.Prepare(context.Background(), nil)
+	require.Equal(t, outbox.CodeInvalidConfig, outbox.CodeOf(err))
+
+	s := newSchema(t)
+	_, err = s.DB.Exec(`ALTER TABLE messaging_outbox RENAME TO messaging_outbox_elsewhere`)
+	require.NoError(t, err)
+	_, err = publisher.Prepare(context.Background(), s.DB)
+	require.ErrorContains(t, err, "messaging_outbox")
+}
