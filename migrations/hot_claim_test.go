@@ -99,6 +99,18 @@ INSERT INTO messaging_outbox (message_id, destination, payload, status, publishe
 	}, got, "statuses unchanged, timestamps made to agree with them")
 	// The two PENDING rows are claimable again: they are in the claimable index's set.
 	require.Equal(t, 2, count(t, db, `SELECT count(*) FROM messaging_outbox WHERE published_at IS NULL AND parked_at IS NULL`))
+
+	// Down restores the previous indexes and drops the rules; Up again
+	// reapplies them over the same rows.
+	_, err = p.DownTo(ctx, 20)
+	require.NoError(t, err)
+	require.Equal(t, 1, count(t, db, `SELECT count(*) FROM pg_indexes WHERE indexname = 'messaging_outbox_backlog_idx' AND schemaname = current_schema()`))
+	require.Equal(t, 1, count(t, db, `SELECT count(*) FROM pg_indexes WHERE indexname = 'messaging_outbox_created_at_idx' AND schemaname = current_schema()`))
+	require.Zero(t, count(t, db, `SELECT count(*) FROM pg_constraint WHERE conname = 'messaging_outbox_published_at_check' AND connamespace = current_schema()::regnamespace`))
+	res, err = migrations.Up(ctx, db)
+	require.NoError(t, err)
+	require.Equal(t, []int64{30}, res.Applied)
+	require.Zero(t, count(t, db, `SELECT count(*) FROM pg_indexes WHERE indexname IN ('messaging_outbox_backlog_idx', 'messaging_outbox_created_at_idx') AND schemaname = current_schema()`))
 }
 
 func count(t *testing.T, db interface {

@@ -22,7 +22,13 @@
 // inserts from the WAL and never writes back, so in that mode no row is ever
 // marked PUBLISHED and ByPublishedAt would delete nothing, forever. ByCreatedAt
 // removes every row whose created_at is older than the horizon, whatever its
-// status. Choose a horizon comfortably longer than the connector's worst lag:
+// status. There is no created_at index (it would cost every insert): rows
+// never published nor parked (in CDC mode, all of them) are removed in
+// insertion order up to the first one that is not old yet, so a row whose
+// transaction started before the horizon but inserted after a younger row
+// goes in a later run (late by at most that transaction's length, never
+// early); parked rows go by created_at; PUBLISHED rows left from polling mode
+// go once their published_at is past the horizon. Choose a horizon comfortably longer than the connector's worst lag:
 // a row deleted before the connector read its insert from the WAL is still
 // delivered (the WAL keeps the insert), but it is gone from the table for
 // anyone who wants to inspect it. Never use ByCreatedAt with the polling

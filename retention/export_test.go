@@ -15,8 +15,13 @@ func SetBeforeCommit(c *Config, f func(ctx context.Context, tx *sql.Tx, b Batch)
 // Statements exposes the batch statements for EXPLAIN tests.
 var Statements = map[string]string{
 	"published":         sqlDeletePublished,
-	"created":           sqlDeleteCreated,
+	"stream":            sqlDeleteStream,
+	"parked":            sqlDeleteParked,
 	"archive-published": sqlArchivePublished,
-	"archive-created":   sqlArchiveCreated,
+	"archive-stream":    sqlArchiveStream,
+	"archive-parked":    sqlArchiveParked,
 	"inbox":             sqlDeleteInbox,
 }
+
+// FirstYoungSeq exposes the stream bound's query for EXPLAIN tests.
+const FirstYoungSeq = sqlFirstYoungSeq

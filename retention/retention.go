@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -205,16 +207,53 @@ WITH picked AS (
 DELETE FROM messaging_outbox o
  WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked)) AND o.status = 'PUBLISHED'`
 
-	sqlDeleteCreated = `
-WITH picked AS (
+	// ByCreatedAt reads no created_at index (there is none: it would cost an
+	// entry on every insert and on every terminal write). It removes old rows
+	// from the three partial indexes that together hold every row:
+	//
+	//   - the stream, rows never published nor parked (all rows, in CDC
+	//     mode): messaging_outbox_claimable_idx in seq order, below $4, the
+	//     seq of the first such row that is not yet old (sqlFirstYoungSeq,
+	//     read once per run). created_at is the inserting transaction's start
+	//     and seq is taken at the insert, so a row inserted by a transaction
+	//     that started before the horizon but inserted after a younger row is
+	//     removed by a later run, late by at most that transaction's length;
+	//   - parked rows: messaging_outbox_parked_idx, filtered by created_at
+	//     (parked rows are few);
+	//   - PUBLISHED rows (left from polling mode): the ByPublishedAt
+	//     statement; published_at is never before created_at, so such a row
+	//     goes once its published_at is past the horizon.
+	sqlFirstYoungSeq = `
+SELECT seq FROM messaging_outbox
+ WHERE published_at IS NULL AND parked_at IS NULL
+   AND created_at >= coalesce($1::timestamptz, now()) - make_interval(secs => $2)
+ ORDER BY seq
+ LIMIT 1`
+
+	pickStream = `
     SELECT message_id FROM messaging_outbox
-     WHERE created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3)
-     ORDER BY created_at
+     WHERE published_at IS NULL AND parked_at IS NULL AND seq < $4
+       AND created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3)
+     ORDER BY seq
      LIMIT $2
-     FOR UPDATE SKIP LOCKED
+     FOR UPDATE SKIP LOCKED`
+	pickParked = `
+    SELECT message_id FROM messaging_outbox
+     WHERE parked_at IS NOT NULL
+       AND created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3)
+     ORDER BY seq
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED`
+
+	deletePicked = `
 )
 DELETE FROM messaging_outbox o
  WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked))`
+
+	sqlDeleteStream = `
+WITH picked AS (` + pickStream + deletePicked
+	sqlDeleteParked = `
+WITH picked AS (` + pickParked + deletePicked
 
 	// The archive has the outbox's columns (routing_key and seq as plain
 	// values): the envelope's column list is the one place they are named.
@@ -237,13 +276,7 @@ WITH picked AS (
 INSERT INTO messaging_outbox_archive (` + archiveColumns + `, archived_at)
 SELECT ` + archiveColumns + `, coalesce($1::timestamptz, now()) FROM moved`
 
-	sqlArchiveCreated = `
-WITH picked AS (
-    SELECT message_id FROM messaging_outbox
-     WHERE created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3)
-     ORDER BY created_at
-     LIMIT $2
-     FOR UPDATE SKIP LOCKED
+	archivePicked = `
 ), moved AS (
     DELETE FROM messaging_outbox o
      WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked))
@@ -251,6 +284,11 @@ WITH picked AS (
 )
 INSERT INTO messaging_outbox_archive (` + archiveColumns + `, archived_at)
 SELECT ` + archiveColumns + `, coalesce($1::timestamptz, now()) FROM moved`
+
+	sqlArchiveStream = `
+WITH picked AS (` + pickStream + archivePicked
+	sqlArchiveParked = `
+WITH picked AS (` + pickParked + archivePicked
 
 	sqlDeleteInbox = `
 WITH picked AS (
@@ -310,9 +348,12 @@ func (c *Cleaner) Run(ctx context.Context) (res Result, err error) {
 		}
 	}()
 
-	outboxSQL := c.outboxStatement()
+	sources, err := c.outboxSources(ctx, conn)
+	if err != nil {
+		return res, fmt.Errorf("retention: %w", err)
+	}
 	var more bool
-	res.Batches, res.Deleted, more, err = c.drain(ctx, conn, "messaging_outbox", outboxSQL, c.cfg.Horizon)
+	res.Batches, res.Deleted, more, err = c.drain(ctx, conn, "messaging_outbox", sources, c.cfg.Horizon)
 	res.More = more
 	if c.cfg.Archive {
 		res.Archived, res.Deleted = res.Deleted, 0
@@ -321,7 +362,7 @@ func (c *Cleaner) Run(ctx context.Context) (res Result, err error) {
 		return res, err
 	}
 	if c.cfg.InboxHorizon > 0 {
-		res.InboxBatches, res.InboxDeleted, more, err = c.drain(ctx, conn, "messaging_inbox", sqlDeleteInbox, c.cfg.InboxHorizon)
+		res.InboxBatches, res.InboxDeleted, more, err = c.drain(ctx, conn, "messaging_inbox", []source{{query: sqlDeleteInbox}}, c.cfg.InboxHorizon)
 		res.More = res.More || more
 		if err != nil {
 			return res, err
@@ -335,35 +376,66 @@ func (c *Cleaner) Run(ctx context.Context) (res Result, err error) {
 	return res, nil
 }
 
-func (c *Cleaner) outboxStatement() string {
-	switch {
-	case c.cfg.Mode == ByCreatedAt && c.cfg.Archive:
-		return sqlArchiveCreated
-	case c.cfg.Mode == ByCreatedAt:
-		return sqlDeleteCreated
-	case c.cfg.Archive:
-		return sqlArchivePublished
-	default:
-		return sqlDeletePublished
-	}
+// source is one statement a run repeats in batches: $1 now, $2 batch size,
+// $3 horizon in seconds, then args.
+type source struct {
+	query string
+	args  []any
 }
 
-func (c *Cleaner) drain(ctx context.Context, conn *sql.Conn, table, query string, horizon time.Duration) (batches, removed int, more bool, err error) {
-	for batches < c.cfg.MaxBatches {
-		n, err := c.batch(ctx, conn, table, query, horizon, batches+1)
-		if err != nil {
-			return batches, removed, false, fmt.Errorf("retention: %s batch %d: %w", table, batches+1, err)
-		}
-		batches++
-		removed += n
-		if n < c.cfg.BatchSize {
-			return batches, removed, false, nil
-		}
+// outboxSources are the statements a run drains, in order. For ByCreatedAt
+// it first reads the stream's bound on conn (see sqlFirstYoungSeq).
+func (c *Cleaner) outboxSources(ctx context.Context, conn *sql.Conn) ([]source, error) {
+	published := source{query: sqlDeletePublished}
+	if c.cfg.Archive {
+		published.query = sqlArchivePublished
 	}
-	return batches, removed, true, nil
+	if c.cfg.Mode != ByCreatedAt {
+		return []source{published}, nil
+	}
+	bound := int64(math.MaxInt64) // every stream row is old
+	err := conn.QueryRowContext(ctx, sqlFirstYoungSeq, c.now(), c.cfg.Horizon.Seconds()).Scan(&bound)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("read the stream's bound: %w", err)
+	}
+	stream, parked := source{query: sqlDeleteStream, args: []any{bound}}, source{query: sqlDeleteParked}
+	if c.cfg.Archive {
+		stream.query, parked.query = sqlArchiveStream, sqlArchiveParked
+	}
+	return []source{stream, parked, published}, nil
 }
 
-func (c *Cleaner) batch(ctx context.Context, conn *sql.Conn, table, query string, horizon time.Duration, number int) (int, error) {
+// now is the clock argument of every statement: NULL means the database's.
+func (c *Cleaner) now() any {
+	if c.cfg.Now != nil {
+		return c.cfg.Now()
+	}
+	return nil
+}
+
+// drain runs each source in batches until a batch comes back short, then
+// the next source; MaxBatches bounds the batches of all sources together.
+func (c *Cleaner) drain(ctx context.Context, conn *sql.Conn, table string, sources []source, horizon time.Duration) (batches, removed int, more bool, err error) {
+	for _, src := range sources {
+		for {
+			if batches == c.cfg.MaxBatches {
+				return batches, removed, true, nil
+			}
+			n, err := c.batch(ctx, conn, table, src, horizon, batches+1)
+			if err != nil {
+				return batches, removed, false, fmt.Errorf("retention: %s batch %d: %w", table, batches+1, err)
+			}
+			batches++
+			removed += n
+			if n < c.cfg.BatchSize {
+				break
+			}
+		}
+	}
+	return batches, removed, false, nil
+}
+
+func (c *Cleaner) batch(ctx context.Context, conn *sql.Conn, table string, src source, horizon time.Duration, number int) (int, error) {
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, err
@@ -373,11 +445,7 @@ func (c *Cleaner) batch(ctx context.Context, conn *sql.Conn, table, query string
 	if _, err := tx.ExecContext(ctx, sqlStatementTimeout, timeout); err != nil {
 		return 0, err
 	}
-	var now any // NULL: the database clock
-	if c.cfg.Now != nil {
-		now = c.cfg.Now()
-	}
-	r, err := tx.ExecContext(ctx, query, now, c.cfg.BatchSize, horizon.Seconds())
+	r, err := tx.ExecContext(ctx, src.query, append([]any{c.now(), c.cfg.BatchSize, horizon.Seconds()}, src.args...)...)
 	if err != nil {
 		return 0, err
 	}

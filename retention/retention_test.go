@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -296,9 +297,43 @@ SELECT 'cdc-new-' || g, 'orders', '\x01'::bytea, $1::timestamptz FROM generate_s
 	res, err = c.Run(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 255, res.Deleted)
-	require.Equal(t, 3, res.Batches)
+	// 253 never-published rows in batches of 100 (100, 100, 53), the two
+	// parked rows (2), and no PUBLISHED row (0): each source ends with its
+	// short batch.
+	require.Equal(t, 5, res.Batches)
 	require.Equal(t, 30, s.Count(t, ""))
 	require.Equal(t, 30, s.Count(t, "message_id LIKE 'cdc-new-%' AND status = 'PENDING'"))
+}
+
+// ByCreatedAt walks never-published rows in insertion (seq) order and stops
+// at the first one that is not old yet, so a row whose transaction started
+// before the horizon but inserted after a younger row waits for a later run:
+// removed late, never early, and the younger row is kept.
+func TestByCreatedAtRemovesInInsertionOrder(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	ins := func(id string, created time.Time) {
+		_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, created_at) VALUES ($1, 'orders', '\x01'::bytea, $2)`, id, created)
+		require.NoError(t, err)
+	}
+	ins("old-1", now.Add(-80*time.Hour))
+	ins("young", now.Add(-70*time.Hour))
+	ins("late-old", now.Add(-90*time.Hour)) // a long transaction's row, inserted after "young"
+	enableCDC(t, s.DB)
+
+	at := now
+	c, err := retention.New(s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, Now: func() time.Time { return at }})
+	require.NoError(t, err)
+	res, err := c.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Deleted)
+	require.Equal(t, 2, s.Count(t, "message_id IN ('young', 'late-old')"), "the young row stays, and so does the row behind it")
+
+	at = now.Add(3 * time.Hour) // "young" is past the horizon now
+	res, err = c.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Deleted)
+	require.Zero(t, s.Count(t, ""))
 }
 
 func TestByCreatedAtArchive(t *testing.T) {
@@ -599,13 +634,24 @@ SELECT 'c', 'm-' || g, $1::timestamptz - make_interval(secs => g) FROM generate_
 	want := map[string]string{
 		"published":         "messaging_outbox_published_idx",
 		"archive-published": "messaging_outbox_published_idx",
-		"created":           "messaging_outbox_created_at_idx",
-		"archive-created":   "messaging_outbox_created_at_idx",
+		"stream":            "messaging_outbox_claimable_idx",
+		"archive-stream":    "messaging_outbox_claimable_idx",
+		"parked":            "messaging_outbox_parked_idx",
+		"archive-parked":    "messaging_outbox_parked_idx",
 		"inbox":             "messaging_inbox_processed_idx",
 	}
+	require.Len(t, retention.Statements, len(want))
+	horizon := (72 * time.Hour).Seconds()
 	for name, q := range retention.Statements {
-		plan := testdb.Explain(t, s.DB, q, now, 100, (72 * time.Hour).Seconds())
+		args := []any{now, 100, horizon}
+		if strings.HasSuffix(name, "stream") {
+			args = append(args, int64(15000))
+		}
+		plan := testdb.Explain(t, s.DB, q, args...)
 		require.Contains(t, plan, want[name], "%s plan:\n%s", name, plan)
 		require.NotContains(t, plan, "Seq Scan", "%s plan:\n%s", name, plan)
 	}
+	plan := testdb.Explain(t, s.DB, retention.FirstYoungSeq, now, horizon)
+	require.Contains(t, plan, "messaging_outbox_claimable_idx", plan)
+	require.NotContains(t, plan, "Seq Scan", plan)
 }

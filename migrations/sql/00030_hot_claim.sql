@@ -69,6 +69,14 @@ CREATE INDEX messaging_outbox_parked_idx ON messaging_outbox (seq)
 -- parked indexes above (see status/EXPLAIN.md).
 DROP INDEX messaging_outbox_backlog_idx;
 
+-- The created_at index served only retention's ByCreatedAt mode (CDC) and
+-- cost an entry on every insert and on every terminal write (measured: about
+-- 7% of the insert's and 18% of the terminal write's server time). In CDC
+-- mode every row stays in the claimable index, whose seq order is insertion
+-- order, so ByCreatedAt now walks that index (and the parked and published
+-- ones for the rest); see the retention package.
+DROP INDEX messaging_outbox_created_at_idx;
+
 -- Leave room on each page for the claim's new row versions, so that they
 -- stay on their rows' page (the other condition for HOT). A claim takes
 -- consecutive rows, i.e. every row of a page at once, so the page needs as
@@ -84,6 +92,7 @@ ALTER TABLE messaging_outbox SET (fillfactor = 50);
 
 -- +goose Down
 ALTER TABLE messaging_outbox RESET (fillfactor);
+CREATE INDEX messaging_outbox_created_at_idx ON messaging_outbox (created_at);
 CREATE INDEX messaging_outbox_backlog_idx ON messaging_outbox (status, destination, tenant, created_at)
     WHERE status <> 'PUBLISHED';
 DROP INDEX messaging_outbox_parked_idx;
