@@ -50,6 +50,14 @@
 //     caller picks [MarkExhausted] instead of [MarkAmbiguous] when
 //     Row.Attempts + 1 >= max.
 //
+// Cost: the claim is a HOT update (no index reads status, lease or attempt
+// columns since migration 00030, and the table keeps half of each page free
+// for the new row versions), so it writes a few hundred bytes of WAL per row
+// and no index entry; the terminal write adds the row to the published
+// index. [Prepared] runs the claim and [Apply] as prepared statements: the
+// claim's planning would otherwise cost more than claiming 100 rows.
+// BENCHMARKS.md has the measurements.
+//
 // Cost of a blocked key under [BlockKey]: the rows behind a parked head are
 // unclaimable but still PENDING, so every claim that has not filled its Limit
 // before passing them reads each one from messaging_outbox_claimable_idx and

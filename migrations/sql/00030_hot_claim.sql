@@ -81,13 +81,14 @@ DROP INDEX messaging_outbox_created_at_idx;
 -- stay on their rows' page (the other condition for HOT). A claim takes
 -- consecutive rows, i.e. every row of a page at once, so the page needs as
 -- much free space as its rows use: 50. Measured with 1 KB payloads
--- (cmd/outbox-bench -fillfactor): at 70 only about half the claims are HOT,
--- at 100 none are; drain throughput 50 > 70 > 100 by about 10% per step, the
--- write side unchanged within noise. The price is disk: the unclaimed part of
--- the table takes up to twice the pages. Tables with payloads much larger
--- than 1 KB gain less (TOAST moves payloads over ~2 KB out of the row
--- anyway); ALTER TABLE ... SET (fillfactor = ...) is safe to change later.
--- Applies to pages written from now on; existing pages keep their layout.
+-- (cmd/outbox-bench -fillfactor 50/70/100, BENCHMARKS.md): at 70 about half
+-- the claims are HOT, at 100 none; the relay drains about 10% faster per
+-- step down, and inserts of 10-message transactions cost about 5% more per
+-- step (more pages to extend). The other price is disk: the table takes up
+-- to twice the pages. This favours the relay; a write-heavy deployment with
+-- a long retention horizon may prefer 70 or 100. ALTER TABLE
+-- messaging_outbox SET (fillfactor = ...) is safe at any time and applies to
+-- pages written from then on.
 ALTER TABLE messaging_outbox SET (fillfactor = 50);
 
 -- +goose Down
