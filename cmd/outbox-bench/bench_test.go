@@ -72,7 +72,7 @@ func TestSmoke(t *testing.T) {
 	for _, n := range cfg.ScaleBacklogs {
 		want = append(want, scaleName("outbox", n), scaleName("claim-p50", n), scaleName("claim-p99", n))
 	}
-	want = append(want, scaleName(relayWMTuned, cfg.ScaleWatermill),
+	want = append(want, scaleName(relayWMTuned, cfg.ScaleWatermill), scaleName(relayOursTuned, cfg.ScaleWatermill),
 		"retention/claim-p50/idle", "retention/claim-p99/idle",
 		"retention/claim-p50/during", "retention/claim-p99/during", "retention/deleted-per-s")
 	for _, name := range want {

@@ -319,6 +319,12 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 			}
 			c.add("scale", scaleName(relayWMTuned, n), "msg/s", v)
 			logf("  %-28s %10.0f msg/s", scaleName(relayWMTuned, n), v)
+			// Ours with the same batch as watermill tuned, right after it.
+			if v, err = drainCell(ctx, e, relayOursTuned, 1, n, payload, timeout(n)); err != nil {
+				return nil, err
+			}
+			c.add("scale", scaleName(relayOursTuned, n), "msg/s", v)
+			logf("  %-28s %10.0f msg/s", scaleName(relayOursTuned, n), v)
 		}
 		if n := cfg.RetentionRows; n > 0 && cfg.runs("retention") {
 			res, err := retentionCell(ctx, e, n, max(1000, cfg.ScaleBacklogs[0]), payload, cfg.Probes)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 )
@@ -78,7 +79,9 @@ func targets(cfg Config, c *collector) []Target {
 	if n := cfg.ScaleWatermill; n > 0 {
 		add(fmt.Sprintf("scale: outbox / watermill tuned at %d", n),
 			c.pairRatio(scaleName("outbox", n), scaleName(relayWMTuned, n)), 2.0,
-			ifMissing(c, scaleName("outbox", n), "outbox was not drained at this backlog (add it to -scale)"))
+			cmp.Or(ifMissing(c, scaleName("outbox", n), "outbox was not drained at this backlog (add it to -scale)"), "defaults (batch 100) vs batch 1000"))
+		add(fmt.Sprintf("scale: outbox batch 1000 / watermill tuned at %d", n),
+			c.pairRatio(scaleName(relayOursTuned, n), scaleName(relayWMTuned, n)), 2.0, "both read 1000 rows per query")
 	}
 	return out
 }
