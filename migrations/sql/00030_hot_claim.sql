@@ -79,17 +79,18 @@ DROP INDEX messaging_outbox_created_at_idx;
 
 -- Leave room on each page for the claim's new row versions, so that they
 -- stay on their rows' page (the other condition for HOT). A claim takes
--- consecutive rows, i.e. every row of a page at once, so the page needs as
--- much free space as its rows use: 50. Measured with 1 KB payloads
--- (cmd/outbox-bench -fillfactor 50/70/100, BENCHMARKS.md): at 70 about half
--- the claims are HOT, at 100 none; the relay drains about 10% faster per
--- step down, and inserts of 10-message transactions cost about 5% more per
--- step (more pages to extend). The other price is disk: the table takes up
--- to twice the pages. This favours the relay; a write-heavy deployment with
--- a long retention horizon may prefer 70 or 100. ALTER TABLE
+-- consecutive rows, i.e. every row of a page at once, so a page whose rows
+-- should all be claimed HOT needs as much free space as they use
+-- (fillfactor 50); at 70 about 40% of claims are HOT, at 100 none. Measured
+-- with 1 KB payloads (cmd/outbox-bench -fillfactor 50/70/100, BENCHMARKS.md):
+-- the relay drains about 10% faster per step down, 10-message insert
+-- transactions cost about 5% more per step (more pages to extend), and the
+-- table takes up to 1/0.7 or 1/0.5 times the pages. 70 is the balance that
+-- keeps the write side within 10% of a bare INSERT; a relay-bound
+-- deployment can choose 50, a disk-bound one 100: ALTER TABLE
 -- messaging_outbox SET (fillfactor = ...) is safe at any time and applies to
 -- pages written from then on.
-ALTER TABLE messaging_outbox SET (fillfactor = 50);
+ALTER TABLE messaging_outbox SET (fillfactor = 70);
 
 -- +goose Down
 ALTER TABLE messaging_outbox RESET (fillfactor);
