@@ -127,7 +127,8 @@ func newSink(ctx context.Context, target int) (*sink, error) {
 
 func (s *sink) close() { _ = s.ch.Close() }
 
-// relay is a running relay of any kind; stop drains it and waits.
+// relay is a running relay of any kind; stop drains it and waits (once;
+// later calls return at once).
 type relay struct {
 	stop func()
 }
@@ -223,7 +224,7 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 			return nil, fmt.Errorf("unknown relay %q", kind)
 		}
 	}
-	return &relay{stop: stopAll}, nil
+	return &relay{stop: sync.OnceFunc(stopAll)}, nil
 }
 
 // runMinimal is the minimal SKIP LOCKED relay. It polls every 10ms when

@@ -310,7 +310,13 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 			c.add("scale", scaleName("outbox", n), "msg/s", res.throughput)
 			c.add("claim", scaleName("claim-p50", n), "ms", res.claimP50)
 			c.add("claim", scaleName("claim-p99", n), "ms", res.claimP99)
-			logf("  %-28s %10.0f msg/s claim p50 %.2f ms p99 %.2f ms", scaleName("outbox", n), res.throughput, res.claimP50, res.claimP99)
+			c.add("server", scaleName("wal-bytes-per-row", n), "B", res.server.WALBytes)
+			c.add("server", scaleName("wal-fpi-per-row", n), "FPI", res.server.FPI)
+			c.add("server", scaleName("checkpoints", n), "count", res.server.Checkpoints)
+			c.add("server", scaleName("backend-writes-per-row", n), "buffers", res.server.BackendWrites)
+			logf("  %-28s %10.0f msg/s claim p50 %.2f ms p99 %.2f ms; per row: WAL %.0f B, FPI %.3f, backend writes %.3f; %.0f checkpoints",
+				scaleName("outbox", n), res.throughput, res.claimP50, res.claimP99,
+				res.server.WALBytes, res.server.FPI, res.server.BackendWrites, res.server.Checkpoints)
 		}
 		if n := cfg.ScaleWatermill; n > 0 && cfg.runs("scale") {
 			v, err := drainCell(ctx, e, relayWMTuned, 1, n, payload, timeout(n))

@@ -89,6 +89,74 @@ type scaleResult struct {
 	claimP99   float64 // ms
 	explain    string
 	wal        []WALCost
+	server     serverActivity // during the drain, per relayed row where it says so
+}
+
+// serverActivity is what the whole server did during a drain, from its
+// cumulative statistics (pg_stat_wal, pg_stat_bgwriter): why a drain of a
+// large backlog costs more per row than a small one (full-page images after
+// each checkpoint, backends writing out dirty buffers themselves). These
+// counters are server-wide; on a shared server they include other users'.
+type serverActivity struct {
+	WALBytes      float64 // per row
+	FPI           float64 // full-page images per row
+	Checkpoints   float64 // checkpoints started during the drain
+	BackendWrites float64 // buffers written by backends (no clean buffer free), per row
+}
+
+const sqlServerActivity = `
+SELECT w.wal_bytes::float8, w.wal_fpi::float8,
+       (b.checkpoints_timed + b.checkpoints_req)::float8, b.buffers_backend::float8
+  FROM pg_stat_wal w, pg_stat_bgwriter b`
+
+// readServerActivity reads the counters once every other session of the
+// bench database has ended. A backend adds its WAL counters to pg_stat_wal
+// only now and then while it runs, and always when it exits, so the pool's
+// idle connections are closed first and the read waits (polling, bounded)
+// for the other backends to be gone.
+func readServerActivity(ctx context.Context, db *sql.DB) (serverActivity, error) {
+	var a serverActivity
+	db.SetMaxIdleConns(0) // closes the idle connections: their backends exit
+	defer db.SetMaxIdleConns(2)
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return a, err
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var others int
+		if err := conn.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity
+ WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&others); err != nil {
+			return a, err
+		}
+		if others == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return a, fmt.Errorf("server activity: %d other sessions still connected after 10s", others)
+		}
+		select {
+		case <-ctx.Done():
+			return a, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	// Statistics are read from a snapshot per transaction; a fresh one here.
+	if _, err := conn.ExecContext(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
+		return a, err
+	}
+	err = conn.QueryRowContext(ctx, sqlServerActivity).Scan(&a.WALBytes, &a.FPI, &a.Checkpoints, &a.BackendWrites)
+	return a, err
+}
+
+// per returns the activity between a and b, per row where the field says so.
+func (b serverActivity) per(a serverActivity, rows int) serverActivity {
+	n := float64(rows)
+	return serverActivity{
+		WALBytes: (b.WALBytes - a.WALBytes) / n, FPI: (b.FPI - a.FPI) / n,
+		Checkpoints: b.Checkpoints - a.Checkpoints, BackendWrites: (b.BackendWrites - a.BackendWrites) / n,
+	}
 }
 
 // scaleCell prefills n rows, probes the claim, then drains with one relay.
@@ -122,6 +190,10 @@ func scaleCell(ctx context.Context, e *env, n int, payload []byte, probes int, e
 		return res, err
 	}
 	defer snk.close()
+	before, err := readServerActivity(ctx, s.db)
+	if err != nil {
+		return res, err
+	}
 	start := time.Now()
 	r, err := startRelay(sctx, s, relayOurs, 1, snk.ch, false)
 	if err != nil {
@@ -134,6 +206,12 @@ func scaleCell(ctx context.Context, e *env, n int, payload []byte, probes int, e
 		return res, fmt.Errorf("scale %d: only %d messages arrived within %s", n, snk.count.Load(), timeout)
 	}
 	res.throughput = float64(n) / time.Since(start).Seconds()
+	r.stop() // its backends exit and report their counters
+	after, err := readServerActivity(ctx, s.db)
+	if err != nil {
+		return res, err
+	}
+	res.server = after.per(before, n)
 	return res, nil
 }
 
