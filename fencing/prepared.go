@@ -3,7 +3,8 @@ package fencing
 import (
 	"context"
 	"database/sql"
-	"sync"
+
+	"github.com/fencedoutbox/watermill-outbox/internal/stmtset"
 )
 
 // Prepared is a [DBTX] that runs the claim and outcome statements of this
@@ -27,10 +28,8 @@ import (
 // Safe for concurrent use. Close releases the statements; afterwards every
 // statement runs unprepared on db.
 type Prepared struct {
-	db     *sql.DB
-	mu     sync.Mutex
-	stmts  map[string]*sql.Stmt
-	closed bool
+	db    *sql.DB
+	stmts stmtset.Set
 }
 
 var _ DBTX = (*Prepared)(nil)
@@ -47,7 +46,7 @@ var preparable = map[string]bool{
 // NewPrepared returns a Prepared over db. It does not touch the database:
 // each statement is prepared by its first use.
 func NewPrepared(db *sql.DB) *Prepared {
-	return &Prepared{db: db, stmts: make(map[string]*sql.Stmt, len(preparable))}
+	return &Prepared{db: db}
 }
 
 // stmt returns the prepared form of query, preparing it on first use, or nil
@@ -57,20 +56,8 @@ func (p *Prepared) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 	if !preparable[query] {
 		return nil, nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return nil, nil
-	}
-	if st, ok := p.stmts[query]; ok {
-		return st, nil
-	}
-	st, err := p.db.PrepareContext(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	p.stmts[query] = st
-	return st, nil
+	st, _, err := p.stmts.GetOrPrepare(query, func() (*sql.Stmt, error) { return p.db.PrepareContext(ctx, query) })
+	return st, err
 }
 
 // QueryContext runs query, prepared when it is one of the package's hot
@@ -112,16 +99,4 @@ func (p *Prepared) QueryRowContext(ctx context.Context, query string, args ...an
 // Close releases the prepared statements on every connection that holds
 // them. Statements still running finish first (database/sql waits for them).
 // Safe to call more than once.
-func (p *Prepared) Close() error {
-	p.mu.Lock()
-	stmts := p.stmts
-	p.stmts, p.closed = nil, true
-	p.mu.Unlock()
-	var first error
-	for _, st := range stmts {
-		if err := st.Close(); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
-}
+func (p *Prepared) Close() error { return p.stmts.Close() }

@@ -4,9 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"sync"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/internal/stmtset"
 )
 
 // Prepared holds the publisher's INSERT statements prepared on one *sql.DB.
@@ -29,10 +29,7 @@ import (
 // not track prepared statements (PgBouncer before 1.21) cannot carry them:
 // leave Config.Prepared nil there.
 type Prepared struct {
-	db     *sql.DB
-	mu     sync.Mutex
-	stmts  map[string]*sql.Stmt
-	closed bool
+	stmts stmtset.Set
 }
 
 // Prepare prepares every statement a Publisher can send (three column sets,
@@ -43,16 +40,14 @@ func Prepare(ctx context.Context, db *sql.DB) (*Prepared, error) {
 	if db == nil {
 		return nil, outbox.Errorf(outbox.CodeInvalidConfig, op, "db is nil")
 	}
-	p := &Prepared{db: db, stmts: make(map[string]*sql.Stmt, 12)}
+	p := &Prepared{}
 	for _, byShape := range statements {
 		for _, byNotify := range byShape {
 			for _, q := range byNotify {
-				st, err := db.PrepareContext(ctx, q)
-				if err != nil {
+				if _, _, err := p.stmts.GetOrPrepare(q, func() (*sql.Stmt, error) { return db.PrepareContext(ctx, q) }); err != nil {
 					_ = p.Close()
 					return nil, fmt.Errorf("%s: %w", op, err)
 				}
-				p.stmts[q] = st
 			}
 		}
 	}
@@ -63,9 +58,7 @@ func Prepare(ctx context.Context, db *sql.DB) (*Prepared, error) {
 // goes to the pool for it: tx.StmtContext reuses the statement already
 // prepared on tx's connection, or prepares it there.
 func (p *Prepared) stmt(ctx context.Context, tx *sql.Tx, query string) (*sql.Stmt, error) {
-	p.mu.Lock()
-	st, closed := p.stmts[query], p.closed
-	p.mu.Unlock()
+	st, closed := p.stmts.Get(query)
 	if closed {
 		return nil, outbox.Errorf(outbox.CodeInvalidConfig, "publisher.Publish",
 			"Config.Prepared was closed; prepare again or leave it nil")
@@ -81,16 +74,4 @@ func (p *Prepared) stmt(ctx context.Context, tx *sql.Tx, query string) (*sql.Stm
 // Close releases the statements on every connection that prepared them.
 // Publishers using it are refused afterwards (OUTBOX_INVALID_CONFIG).
 // Safe to call more than once.
-func (p *Prepared) Close() error {
-	p.mu.Lock()
-	stmts := p.stmts
-	p.stmts, p.closed = nil, true
-	p.mu.Unlock()
-	var first error
-	for _, st := range stmts {
-		if err := st.Close(); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
-}
+func (p *Prepared) Close() error { return p.stmts.Close() }
