@@ -13,8 +13,12 @@
 //     codes and the stuck correlations describe the same instant.
 //   - Cheap: every query against messaging_outbox is bounded (a LIMIT on the
 //     rows it returns) and served by indexes: the unpublished rows are read
-//     through the partial claimable and parked indexes (a BitmapOr), so the
-//     cost follows the backlog, not the published history. TestQueriesUseIndexes asserts it against 20,000
+//     through the partial claimable and parked indexes (a BitmapOr, then
+//     each backlog page once), so the cost follows the backlog, not the
+//     published history. No index carries status (it would keep the claim
+//     from being a HOT update), so a large backlog costs a read of its
+//     pages per sample: with millions of waiting rows, raise
+//     CollectorOptions.Interval. TestQueriesUseIndexes asserts it against 20,000
 //     published rows on every run; EXPLAIN.md shows the plans.
 //   - Read-only: nothing here writes.
 //
