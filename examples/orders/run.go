@@ -22,6 +22,7 @@ import (
 
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/inbox"
+	"github.com/fencedoutbox/watermill-outbox/publisher"
 	"github.com/fencedoutbox/watermill-outbox/transport/googlecloud"
 )
 
@@ -74,6 +75,14 @@ func run(ctx context.Context, dbURL string, w io.Writer) error {
 		return err
 	}
 	defer db.Close()
+	// The outbox INSERTs as prepared statements, once for the pool: one
+	// round trip per Publish and no re-planning (leave it out behind a
+	// pooler that cannot carry prepared statements).
+	prep, err := publisher.Prepare(ctx, db)
+	if err != nil {
+		return err
+	}
+	defer prep.Close()
 	_, schema, _ := withSchema(dbURL)
 	out.printf("== database: %s, schema %s (migrated)\n", redact(dbURL), schema)
 
@@ -118,7 +127,7 @@ func run(ctx context.Context, dbURL string, w io.Writer) error {
 
 	// 3. The order service takes orders over HTTP. The relay is not running
 	// yet, so the transcript shows what the outbox holds before relaying.
-	srv := httptest.NewServer(orderHandler(db))
+	srv := httptest.NewServer(orderHandler(db, prep))
 	defer srv.Close()
 	out.printf("\n== placing orders (POST %s/orders)\n", srv.URL)
 	var committed, rolledBack []string

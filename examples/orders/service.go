@@ -64,10 +64,11 @@ type OrderResponse struct {
 // event commit together or not at all. The publisher writes the event into
 // messaging_outbox with the caller's transaction; nothing is sent to a
 // broker here, so a broker outage cannot fail (or half-apply) an order.
-func placeOrder(ctx context.Context, db *sql.DB, orderID, correlationID string, req OrderRequest) (eventID string, err error) {
+func placeOrder(ctx context.Context, db *sql.DB, prep *publisher.Prepared, orderID, correlationID string, req OrderRequest) (eventID string, err error) {
 	total := int64(req.Quantity) * req.UnitPriceCents
 	cfg := publisher.Config{
 		Producer: producerName,
+		Prepared: prep,
 		// Wake the relay (it LISTENs) the moment this transaction commits;
 		// PostgreSQL drops the notification on rollback.
 		Notify: true,
@@ -113,7 +114,7 @@ func placeOrder(ctx context.Context, db *sql.DB, orderID, correlationID string, 
 }
 
 // orderHandler is the HTTP front of the service: POST /orders.
-func orderHandler(db *sql.DB) http.Handler {
+func orderHandler(db *sql.DB, prep *publisher.Prepared) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			http.Error(w, "POST only", http.StatusMethodNotAllowed)
@@ -140,7 +141,7 @@ func orderHandler(db *sql.DB) http.Handler {
 		if correlationID == "" {
 			correlationID = watermill.NewShortUUID()
 		}
-		eventID, err := placeOrder(r.Context(), db, orderID, correlationID, req)
+		eventID, err := placeOrder(r.Context(), db, prep, orderID, correlationID, req)
 		switch {
 		case errors.Is(err, errCreditLimit):
 			http.Error(w, err.Error(), http.StatusUnprocessableEntity)
