@@ -590,3 +590,42 @@ func TestClaimRetryAndReleaseAreHOTUpdates(t *testing.T) {
 	require.Equal(t, 24, all)
 	require.Equal(t, 12+8, hot, "AMBIGUOUS and released rows stay HOT; the 4 PUBLISHED rows leave the claimable index")
 }
+
+// The fillfactor claims of migration 00030, fencing/doc.go, README.md and
+// BENCHMARKS.md: with 1 KB payloads a claim of a fresh table's rows is HOT
+// for every row at fillfactor 50, for roughly 40% of them at 70 (the
+// default; between 30% and 50%), and for none at 100 (no room on the page
+// for the new version).
+func TestClaimHOTShareFollowsFillfactor(t *testing.T) {
+	ctx := context.Background()
+	payload := strings.Repeat("x", 1024)
+	for _, c := range []struct {
+		fillfactor int
+		hot        func(hot, all int) bool
+		want       string
+	}{
+		{50, func(hot, all int) bool { return hot == all }, "all"},
+		{70, func(hot, all int) bool { return 10*hot >= 3*all && 2*hot <= all }, "30% to 50%"},
+		{100, func(hot, all int) bool { return hot == 0 }, "none"},
+	} {
+		t.Run(fmt.Sprint(c.fillfactor), func(t *testing.T) {
+			s := newDB(t)
+			if c.fillfactor != 70 {
+				_, err := s.DB.Exec(fmt.Sprintf(`ALTER TABLE messaging_outbox SET (fillfactor = %d)`, c.fillfactor))
+				require.NoError(t, err)
+			}
+			_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload)
+SELECT 'm' || g, 'orders', convert_to($1, 'UTF8') FROM generate_series(1, 24) g`, payload)
+			require.NoError(t, err)
+			tx, err := s.DB.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback() }()
+			cl, err := fencing.Claim(ctx, tx, params("relay-a", t0))
+			require.NoError(t, err)
+			require.Len(t, cl, 24)
+			hot, all := hotUpdates(t, tx)
+			require.Equal(t, 24, all)
+			require.True(t, c.hot(hot, all), "fillfactor %d: %d of %d claims HOT, want %s", c.fillfactor, hot, all, c.want)
+		})
+	}
+}

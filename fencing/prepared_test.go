@@ -92,3 +92,45 @@ func TestPreparedRetriesAFailedPrepare(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"m0"}, ids(c))
 }
+
+// fencing.Prepared's doc says database/sql prepares the statements again on
+// a new connection: after the server ends the only connection (a failover,
+// pg_terminate_backend), a claim fails at most once and the next one runs
+// prepared on the new connection.
+func TestPreparedSurvivesALostConnection(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	db := s.Open(t)
+	db.SetMaxOpenConns(1)
+	for i := range 4 {
+		insert(t, s.DB, fmt.Sprintf("m%d", i), "")
+	}
+	p := fencing.NewPrepared(db)
+	t.Cleanup(func() { _ = p.Close() })
+	par := params("relay-p", t0)
+	par.Limit = 1
+	c, err := fencing.Claim(ctx, p, par)
+	require.NoError(t, err)
+	require.Len(t, c, 1)
+	var pid int
+	require.NoError(t, db.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid))
+	var ended bool
+	require.NoError(t, s.DB.QueryRow(`SELECT pg_terminate_backend($1, 5000)`, pid).Scan(&ended))
+	require.True(t, ended)
+
+	failures := 0
+	for range 2 {
+		if c, err = fencing.Claim(ctx, p, par); err == nil {
+			break
+		}
+		failures++
+	}
+	require.NoError(t, err, "the claim after the lost connection")
+	require.LessOrEqual(t, failures, 1)
+	require.Len(t, c, 1)
+	var newPID, prepared int
+	require.NoError(t, db.QueryRow(`SELECT pg_backend_pid()`).Scan(&newPID))
+	require.NotEqual(t, pid, newPID, "a new connection")
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql`).Scan(&prepared))
+	require.Equal(t, 1, prepared, "the claim is prepared again on it")
+}

@@ -36,6 +36,12 @@ func TestPreparedPublishNeedsNoSecondConnection(t *testing.T) {
 		require.NoError(t, tx.Commit())
 	}
 	require.Equal(t, 12, s.Count(t, "true"))
+	// Prepare put its 12 statements on the only connection; the publishes
+	// reused them (none prepared again) and closing each transaction's
+	// handle deallocated none.
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql`).Scan(&n))
+	require.Equal(t, 12, n)
 }
 
 // A duplicate id is refused with the same typed error whether the statement
@@ -102,4 +108,38 @@ func TestPrepareRefusals(t *testing.T) {
 	require.NoError(t, err)
 	_, err = publisher.Prepare(context.Background(), s.DB)
 	require.ErrorContains(t, err, "messaging_outbox")
+}
+
+// Prepared's doc says a connection that has not prepared the statements yet
+// (here: the new one after the server ended the only connection) prepares
+// them inside the transaction: Publish works there without a second
+// connection.
+func TestPreparedAfterALostConnection(t *testing.T) {
+	s := newSchema(t)
+	db := s.Open(t)
+	db.SetMaxOpenConns(1)
+	prep := prepared(t, db)
+	var pid int
+	require.NoError(t, db.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid))
+	var ended bool
+	require.NoError(t, s.DB.QueryRow(`SELECT pg_terminate_backend($1, 5000)`, pid).Scan(&ended))
+	require.True(t, ended)
+
+	var tx *sql.Tx
+	var err error
+	for range 2 { // the pool may hand out the dead connection once
+		if tx, err = db.Begin(); err == nil {
+			if _, err = tx.Exec(`SELECT 1`); err == nil {
+				break
+			}
+			_ = tx.Rollback()
+		}
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	pub, err := publisher.New(tx, publisher.Config{Prepared: prep}, nil)
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish("orders", msgs(t, 2)...))
+	require.NoError(t, tx.Commit())
+	require.Equal(t, 2, s.Count(t, "true"))
 }

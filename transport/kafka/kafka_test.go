@@ -161,3 +161,19 @@ func headers(h map[string]string) []*sarama.RecordHeader {
 	}
 	return out
 }
+
+// transport/kafka/doc.go: a publish waits for every in-sync replica
+// (RequiredAcks = WaitForAll), and a missing topic is created only with
+// Config.AllowAutoTopicCreation (the broker must allow it too; the default
+// refusal is TestUnknownTopicWithAutoCreateOffIsRejected).
+func TestAcksFromAllReplicasAndAutoCreateWhenAllowed(t *testing.T) {
+	require.Equal(t, sarama.WaitForAll, kafka.SaramaConfig(kafka.Config{}).Producer.RequiredAcks)
+
+	brokers := brokertest.Kafka(t, kfake.AllowAutoTopicCreation())
+	pub, err := kafka.NewPublisher(kafka.Config{Brokers: brokers, AllowAutoTopicCreation: true}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	require.NoError(t, pub.Publish("fresh", message.NewMessage("m1", []byte("x"))))
+	recs := brokertest.ReadKafka(t, brokers, "fresh")
+	require.Len(t, recs, 1)
+}

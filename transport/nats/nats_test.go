@@ -134,3 +134,25 @@ func TestRetryInsideDuplicateWindowIsStoredOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, uint64(2), info.State.Msgs)
 }
+
+// transport/nats/doc.go: with Config.AutoProvision a subject that no stream
+// captures gets a stream on the real server, and the publish is stored
+// (without it the same publish is refused: TestSubjectWithoutStreamIsRejected).
+func TestAutoProvisionCreatesTheStream(t *testing.T) {
+	u := brokertest.NATSURL(t)
+	subject := brokertest.Unique("auto")
+	pub, err := nats.NewPublisher(nats.Config{URL: u, AutoProvision: true}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	nc, err := natsgo.Connect(u)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := nc.JetStream()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(subject) })
+
+	require.NoError(t, pub.Publish(subject, message.NewMessage("m1", []byte("x"))))
+	info, err := js.StreamInfo(subject)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), info.State.Msgs)
+}
