@@ -586,10 +586,11 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 
 	var outcomes []fencing.Outcome
 	var written []*item
+	now := f.dbNow() // one clock for the batch: Apply writes it as one instant
 	for _, it := range items {
 		if it.claimed.Held() {
 			it.outcome.Lease = it.claimed.Lease
-			it.outcome.Now = f.dbNow()
+			it.outcome.Now = now
 			outcomes = append(outcomes, it.outcome)
 			written = append(written, it)
 		}

@@ -101,6 +101,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		if stmt, err = p.cfg.Prepared.stmt(ctx, p.tx, st.SQL); err != nil {
 			return err
 		}
+		// Closing the transaction's handle now only drops its bookkeeping;
+		// the statement stays prepared on the connection for the next call.
+		defer stmt.Close()
 		_, err = stmt.ExecContext(ctx, st.Args...)
 	}
 	if err != nil {
