@@ -4,9 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"time"
 
@@ -196,16 +194,18 @@ const (
 	// Index Scan. The inbox batch uses ctid the same way (a TID scan): its
 	// key is composite, and the picked rows are locked, so their ctid cannot
 	// change before the DELETE.
-	sqlDeletePublished = `
-WITH picked AS (
+	pickPublished = `
     SELECT message_id FROM messaging_outbox
      WHERE status = 'PUBLISHED' AND published_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3)
      ORDER BY published_at
      LIMIT $2
-     FOR UPDATE SKIP LOCKED
-)
-DELETE FROM messaging_outbox o
- WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked)) AND o.status = 'PUBLISHED'`
+     FOR UPDATE SKIP LOCKED`
+	// Re-checked by the DELETE itself, so the statement alone states the
+	// rule: only PUBLISHED rows go.
+	onlyPublished = ` AND o.status = 'PUBLISHED'`
+
+	sqlDeletePublished = `
+WITH picked AS (` + pickPublished + deletePicked + onlyPublished
 
 	// ByCreatedAt reads no created_at index (there is none: it would cost an
 	// entry on every insert and on every terminal write). It removes old rows
@@ -214,21 +214,26 @@ DELETE FROM messaging_outbox o
 	//   - the stream, rows never published nor parked (all rows, in CDC
 	//     mode): messaging_outbox_claimable_idx in seq order, below $4, the
 	//     seq of the first such row that is not yet old (sqlFirstYoungSeq,
-	//     read once per run). created_at is the inserting transaction's start
-	//     and seq is taken at the insert, so a row inserted by a transaction
-	//     that started before the horizon but inserted after a younger row is
-	//     removed by a later run, late by at most that transaction's length;
+	//     read once per run, and only among the first BatchSize x MaxBatches
+	//     stream rows: a run cannot remove more, so a long backlog of old
+	//     rows does not make the bound cost more than the run's own work;
+	//     without a young row among them, one past the last of them).
+	//     created_at is the inserting transaction's start and seq is taken
+	//     at the insert, so a row inserted by a transaction that started
+	//     before the horizon but inserted after a younger row is removed by
+	//     a later run, late by at most that transaction's length;
 	//   - parked rows: messaging_outbox_parked_idx, filtered by created_at
 	//     (parked rows are few);
 	//   - PUBLISHED rows (left from polling mode): the ByPublishedAt
 	//     statement; published_at is never before created_at, so such a row
 	//     goes once its published_at is past the horizon.
 	sqlFirstYoungSeq = `
-SELECT seq FROM messaging_outbox
- WHERE published_at IS NULL AND parked_at IS NULL
-   AND created_at >= coalesce($1::timestamptz, now()) - make_interval(secs => $2)
- ORDER BY seq
- LIMIT 1`
+SELECT coalesce(min(seq) FILTER (WHERE created_at >= coalesce($1::timestamptz, now()) - make_interval(secs => $2)),
+                max(seq) + 1, 0)
+  FROM (SELECT seq, created_at FROM messaging_outbox
+         WHERE published_at IS NULL AND parked_at IS NULL
+         ORDER BY seq
+         LIMIT $3) AS window_rows`
 
 	pickStream = `
     SELECT message_id FROM messaging_outbox
@@ -262,33 +267,22 @@ WITH picked AS (` + pickParked + deletePicked
 	// Archive mode: the delete and the insert are one statement, so a row is
 	// either still in the outbox or in the archive, never in both or neither.
 	sqlArchivePublished = `
-WITH picked AS (
-    SELECT message_id FROM messaging_outbox
-     WHERE status = 'PUBLISHED' AND published_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3)
-     ORDER BY published_at
-     LIMIT $2
-     FOR UPDATE SKIP LOCKED
-), moved AS (
-    DELETE FROM messaging_outbox o
-     WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked)) AND o.status = 'PUBLISHED'
-    RETURNING o.*
-)
-INSERT INTO messaging_outbox_archive (` + archiveColumns + `, archived_at)
-SELECT ` + archiveColumns + `, coalesce($1::timestamptz, now()) FROM moved`
+WITH picked AS (` + pickPublished + archivePicked + onlyPublished + archiveMoved
 
 	archivePicked = `
 ), moved AS (
     DELETE FROM messaging_outbox o
-     WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked))
+     WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked))`
+	archiveMoved = `
     RETURNING o.*
 )
 INSERT INTO messaging_outbox_archive (` + archiveColumns + `, archived_at)
 SELECT ` + archiveColumns + `, coalesce($1::timestamptz, now()) FROM moved`
 
 	sqlArchiveStream = `
-WITH picked AS (` + pickStream + archivePicked
+WITH picked AS (` + pickStream + archivePicked + archiveMoved
 	sqlArchiveParked = `
-WITH picked AS (` + pickParked + archivePicked
+WITH picked AS (` + pickParked + archivePicked + archiveMoved
 
 	sqlDeleteInbox = `
 WITH picked AS (
@@ -393,9 +387,8 @@ func (c *Cleaner) outboxSources(ctx context.Context, conn *sql.Conn) ([]source, 
 	if c.cfg.Mode != ByCreatedAt {
 		return []source{published}, nil
 	}
-	bound := int64(math.MaxInt64) // every stream row is old
-	err := conn.QueryRowContext(ctx, sqlFirstYoungSeq, c.now(), c.cfg.Horizon.Seconds()).Scan(&bound)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+	bound, err := c.streamBound(ctx, conn)
+	if err != nil {
 		return nil, fmt.Errorf("read the stream's bound: %w", err)
 	}
 	stream, parked := source{query: sqlDeleteStream, args: []any{bound}}, source{query: sqlDeleteParked}
@@ -403,6 +396,25 @@ func (c *Cleaner) outboxSources(ctx context.Context, conn *sql.Conn) ([]source, 
 		stream.query, parked.query = sqlArchiveStream, sqlArchiveParked
 	}
 	return []source{stream, parked, published}, nil
+}
+
+// streamBound reads sqlFirstYoungSeq in its own transaction under the
+// batches' statement timeout.
+func (c *Cleaner) streamBound(ctx context.Context, conn *sql.Conn) (int64, error) {
+	tx, err := conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, sqlStatementTimeout, strconv.FormatInt(c.cfg.StatementTimeout.Milliseconds(), 10)); err != nil {
+		return 0, err
+	}
+	var bound int64
+	window := int64(c.cfg.BatchSize) * int64(c.cfg.MaxBatches)
+	if err := tx.QueryRowContext(ctx, sqlFirstYoungSeq, c.now(), c.cfg.Horizon.Seconds(), window).Scan(&bound); err != nil {
+		return 0, err
+	}
+	return bound, tx.Commit()
 }
 
 // now is the clock argument of every statement: NULL means the database's.

@@ -305,6 +305,31 @@ SELECT 'cdc-new-' || g, 'orders', '\x01'::bytea, $1::timestamptz FROM generate_s
 	require.Equal(t, 30, s.Count(t, "message_id LIKE 'cdc-new-%' AND status = 'PENDING'"))
 }
 
+// ByCreatedAt's other two sources, as retention/doc.go states them: parked
+// rows go by created_at; PUBLISHED rows left from polling mode go once their
+// published_at is past the horizon (published_at is never before
+// created_at), so an old row published recently stays for now.
+func TestByCreatedAtParkedByCreatedAtPublishedByPublishedAt(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	old, young := now.Add(-100*time.Hour), now.Add(-time.Hour)
+	_, err := s.DB.Exec(`
+INSERT INTO messaging_outbox (message_id, destination, payload, status, created_at, published_at, parked_at) VALUES
+  ('pub-old',      'orders', '\x01'::bytea, 'PUBLISHED', $1, $1, NULL),
+  ('pub-late',     'orders', '\x01'::bytea, 'PUBLISHED', $1, $2, NULL),
+  ('parked-old',   'orders', '\x01'::bytea, 'FAILED',    $1, NULL, $2),
+  ('parked-young', 'orders', '\x01'::bytea, 'EXHAUSTED', $2, NULL, $2)`, old, young)
+	require.NoError(t, err)
+	enableCDC(t, s.DB)
+	c, err := retention.New(s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, Now: clock})
+	require.NoError(t, err)
+	res, err := c.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Deleted)
+	require.Equal(t, 2, s.Count(t, "message_id IN ('pub-late', 'parked-young')"))
+	require.Equal(t, 2, s.Count(t, ""))
+}
+
 // ByCreatedAt walks never-published rows in insertion (seq) order and stops
 // at the first one that is not old yet, so a row whose transaction started
 // before the horizon but inserted after a younger row waits for a later run:
@@ -651,7 +676,36 @@ SELECT 'c', 'm-' || g, $1::timestamptz - make_interval(secs => g) FROM generate_
 		require.Contains(t, plan, want[name], "%s plan:\n%s", name, plan)
 		require.NotContains(t, plan, "Seq Scan", "%s plan:\n%s", name, plan)
 	}
-	plan := testdb.Explain(t, s.DB, retention.FirstYoungSeq, now, horizon)
+	plan := testdb.Explain(t, s.DB, retention.FirstYoungSeq, now, horizon, 100000)
 	require.Contains(t, plan, "messaging_outbox_claimable_idx", plan)
 	require.NotContains(t, plan, "Seq Scan", plan)
+}
+
+// A ByCreatedAt run reads the stream's bound among at most BatchSize x
+// MaxBatches rows (what the run can remove), so a long backlog of old rows
+// does not make each run scan it whole: with 3,000 old rows and a window of
+// 100 the bound's index scan returns 100 rows. The run removes exactly its
+// window; the next run goes on.
+func TestByCreatedAtBoundReadsOnlyTheRunsWindow(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	_, err := s.DB.Exec(`
+INSERT INTO messaging_outbox (message_id, destination, payload, created_at)
+SELECT 'old-' || g, 'orders', '\x01'::bytea, $1::timestamptz FROM generate_series(1, 3000) g`, now.Add(-100*time.Hour))
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`ANALYZE messaging_outbox`)
+	require.NoError(t, err)
+
+	var raw []byte
+	require.NoError(t, s.DB.QueryRow(`EXPLAIN (ANALYZE, FORMAT JSON) `+retention.FirstYoungSeq, now, (72*time.Hour).Seconds(), 100).Scan(&raw))
+	require.Regexp(t, `"Index Name": "messaging_outbox_claimable_idx"[^}]*"Actual Rows": 100,`, string(raw))
+
+	enableCDC(t, s.DB)
+	c, err := retention.New(s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, BatchSize: 100, MaxBatches: 1, Now: clock})
+	require.NoError(t, err)
+	res, err := c.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 100, res.Deleted)
+	require.True(t, res.More)
+	require.Equal(t, 2900, s.Count(t, ""))
 }
