@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
@@ -74,12 +76,6 @@ SELECT coalesce(plugin, ''), slot_type, coalesce(database = current_database(), 
        active, coalesce(confirmed_flush_lsn::text, '')
   FROM pg_replication_slots
  WHERE slot_name = $1`
-)
-
-// SQLSTATEs the relay recognises.
-const (
-	sqlstateDuplicateObject = "42710" // CREATE PUBLICATION / slot that another relay created first
-	sqlstateObjectInUse     = "55006" // START_REPLICATION on a slot another walsender holds
 )
 
 // Relay streams committed inserts of messaging_outbox from a logical
@@ -197,7 +193,7 @@ func (r *Relay) run(ctx context.Context) error {
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.PublicationName + "'"},
 	})
 	if err != nil {
-		if isSQLState(err, sqlstateObjectInUse) {
+		if isSQLState(err, pqerror.ObjectInUse) {
 			return outbox.Wrap(CodeSlotInUse, "cdcrelay.Run", err, fmt.Sprintf("slot %s is being streamed by another consumer; one relay per slot", r.cfg.SlotName))
 		}
 		return fmt.Errorf("cdcrelay: start replication on slot %s: %w", r.cfg.SlotName, err)
@@ -257,7 +253,7 @@ func (r *Relay) ensurePublication(ctx context.Context, create bool) error {
 			if err != nil {
 				return err
 			}
-			if _, err := r.cfg.DB.ExecContext(ctx, stmt); err != nil && !isSQLState(err, sqlstateDuplicateObject) {
+			if _, err := r.cfg.DB.ExecContext(ctx, stmt); err != nil && !isSQLState(err, pqerror.DuplicateObject) {
 				return fmt.Errorf("cdcrelay: create publication %s: %w", r.cfg.PublicationName, err)
 			}
 			r.logger.Info("CDC relay created publication", watermill.LogFields{"publication": r.cfg.PublicationName})
@@ -309,7 +305,7 @@ func (r *Relay) ensureSlot(ctx context.Context, create, activeOK bool) (pglogrep
 		}
 		var consistent string
 		err := r.cfg.DB.QueryRowContext(ctx, sqlCreateSlot, r.cfg.SlotName).Scan(&consistent)
-		if err != nil && !isSQLState(err, sqlstateDuplicateObject) {
+		if err != nil && !isSQLState(err, pqerror.DuplicateObject) {
 			return 0, fmt.Errorf("cdcrelay: create slot %s: %w", r.cfg.SlotName, err)
 		}
 		if err == nil {
@@ -333,14 +329,16 @@ func (r *Relay) ensureSlot(ctx context.Context, create, activeOK bool) (pglogrep
 	return pglogrepl.ParseLSN(confirmed)
 }
 
-func isSQLState(err error, code string) bool {
+// isSQLState reports whether err carries code, from the replication
+// connection (pgx) or the database/sql one (lib/pq). The codes the relay
+// meets: DuplicateObject (a publication or slot another relay created
+// first), ObjectInUse (START_REPLICATION on a slot another walsender holds).
+func isSQLState(err error, code pqerror.Code) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return pgErr.Code == code
+		return pgErr.Code == string(code)
 	}
-	type sqlStater interface{ SQLState() string } // lib/pq
-	var s sqlStater
-	return errors.As(err, &s) && s.SQLState() == code
+	return pq.As(err, code) != nil
 }
 
 // stream is the state of one replication session.

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"unicode/utf16"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
@@ -319,7 +320,7 @@ func escapeProp(s string, isKey bool) string {
 			b.WriteByte('\\')
 			b.WriteRune(r)
 		case r < 0x20 || r > 0x7e:
-			for _, u := range utf16Units(r) {
+			for _, u := range utf16.Encode([]rune{r}) {
 				fmt.Fprintf(&b, `\u%04X`, u)
 			}
 		default:
@@ -327,14 +328,6 @@ func escapeProp(s string, isKey bool) string {
 		}
 	}
 	return b.String()
-}
-
-func utf16Units(r rune) []uint16 {
-	if r < 0x10000 {
-		return []uint16{uint16(r)}
-	}
-	r -= 0x10000
-	return []uint16{uint16(0xD800 + (r >> 10)), uint16(0xDC00 + (r & 0x3FF))}
 }
 
 // PublicationSQL returns the statement that creates the insert-only

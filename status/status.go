@@ -38,11 +38,19 @@ type Options struct {
 	MaxStuck int
 }
 
+// Defaults of Options' zero fields.
+const (
+	DefaultStuckAfter      = 15 * time.Minute
+	DefaultMaxGroups       = 1000
+	DefaultMaxFailureCodes = 10
+	DefaultMaxStuck        = 20
+)
+
 func (o Options) withDefaults() Options {
-	o.StuckAfter = cmp.Or(o.StuckAfter, 15*time.Minute)
-	o.MaxGroups = cmp.Or(o.MaxGroups, 1000)
-	o.MaxFailureCodes = cmp.Or(o.MaxFailureCodes, 10)
-	o.MaxStuck = cmp.Or(o.MaxStuck, 20)
+	o.StuckAfter = cmp.Or(o.StuckAfter, DefaultStuckAfter)
+	o.MaxGroups = cmp.Or(o.MaxGroups, DefaultMaxGroups)
+	o.MaxFailureCodes = cmp.Or(o.MaxFailureCodes, DefaultMaxFailureCodes)
+	o.MaxStuck = cmp.Or(o.MaxStuck, DefaultMaxStuck)
 	return o
 }
 

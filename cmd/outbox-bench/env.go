@@ -14,6 +14,7 @@ import (
 
 	_ "github.com/lib/pq" // database/sql driver "postgres"
 
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/fencedoutbox/watermill-outbox/migrations"
 )
 
@@ -27,10 +28,9 @@ var identRE = regexp.MustCompile(`^[a-z0-9_]+$`)
 
 // env is the run's database: created at start, dropped at the end.
 type env struct {
-	baseURL string // the server as given (admin connection)
-	dbName  string
-	dbURL   string // the bench database
-	admin   *sql.DB
+	dbName string
+	dbURL  string // the bench database
+	admin  *sql.DB
 	// fillfactor, when non-zero, is set on messaging_outbox in every schema.
 	fillfactor int
 }
@@ -42,14 +42,6 @@ func withDatabase(base, db string) (string, error) {
 	}
 	u.Path = "/" + db
 	return u.String(), nil
-}
-
-func withSearchPath(base, schema string) string {
-	u, _ := url.Parse(base)
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
 }
 
 func suffix() string {
@@ -69,7 +61,7 @@ func newEnv(ctx context.Context, baseURL string) (*env, error) {
 		return nil, fmt.Errorf("PostgreSQL is not reachable at %s (set OUTBOX_TEST_DATABASE_URL or run `make db`): %w", baseURL, err)
 	}
 	dropStaleDatabases(ctx, admin)
-	e := &env{baseURL: baseURL, admin: admin, dbName: benchDBPrefix + suffix()}
+	e := &env{admin: admin, dbName: benchDBPrefix + suffix()}
 	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+e.dbName); err != nil {
 		_ = admin.Close()
 		return nil, fmt.Errorf("create database %s: %w", e.dbName, err)
@@ -136,7 +128,7 @@ func (e *env) newSchema(ctx context.Context, pool int) (*schema, error) {
 	if _, err := e.exec(ctx, "CREATE SCHEMA "+name); err != nil {
 		return nil, fmt.Errorf("create schema: %w", err)
 	}
-	s := &schema{name: name, url: withSearchPath(e.dbURL, name), e: e}
+	s := &schema{name: name, url: testdb.WithSearchPath(e.dbURL, name), e: e}
 	db, err := sql.Open("postgres", s.url)
 	if err != nil {
 		return nil, err

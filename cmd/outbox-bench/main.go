@@ -106,14 +106,14 @@ func main() {
 	flag.StringVar(&cfg.Out, "out", cfg.Out, "result file (JSON)")
 	flag.IntVar(&cfg.Reps, "reps", cfg.Reps, "repetitions (>= 3 for a median and a spread)")
 	flag.IntVar(&cfg.PayloadBytes, "payload", cfg.PayloadBytes, "payload bytes per message")
-	writers := flag.String("writers", "1,4,16", "write side: concurrent writers")
-	perTx := flag.String("per-tx", "1,10", "write side: messages per transaction")
+	writers := flag.String("writers", joinInts(cfg.Writers), "write side: concurrent writers")
+	perTx := flag.String("per-tx", joinInts(cfg.PerTx), "write side: messages per transaction")
 	flag.DurationVar(&cfg.WriteDuration, "write-duration", cfg.WriteDuration, "write side: duration of one cell")
 	flag.IntVar(&cfg.Backlog, "backlog", cfg.Backlog, "drain: pre-filled backlog rows")
 	flag.IntVar(&cfg.LatencyRate, "rate", cfg.LatencyRate, "latency: messages per second")
 	flag.DurationVar(&cfg.LatencyDur, "latency-duration", cfg.LatencyDur, "latency: duration of one cell")
 	flag.DurationVar(&cfg.IdleDur, "idle-duration", cfg.IdleDur, "idle load: duration of one cell")
-	scale := flag.String("scale", "10000,100000", "scale: backlogs (add 1000000 for the opt-in 1M case)")
+	scale := flag.String("scale", joinInts(cfg.ScaleBacklogs), "scale: backlogs (add 1000000 for the opt-in 1M case)")
 	million := flag.Bool("1m", false, "scale: also run the 1,000,000-row backlog")
 	flag.IntVar(&cfg.ScaleWatermill, "scale-watermill", cfg.ScaleWatermill, "scale: backlog at which watermill's tuned forwarder is compared (0: skip)")
 	flag.IntVar(&cfg.RetentionRows, "retention-rows", cfg.RetentionRows, "scale: PUBLISHED rows retention deletes while the claim is probed")
@@ -163,6 +163,15 @@ func main() {
 		os.Exit(1)
 	}
 	printTable(os.Stdout, rep)
+}
+
+// joinInts is the flag form of a list ints parses back.
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
 }
 
 func ints(s string) ([]int, error) {

@@ -35,14 +35,6 @@ const (
 	CodeRetentionMode       outbox.Code = "OUTBOXCTL_RETENTION_MODE_MISMATCH"
 )
 
-// Sentinels for the CLI's codes.
-var (
-	ErrDatabaseURLRequired = &outbox.Error{Code: CodeDatabaseURLRequired}
-	ErrDatabaseUnreachable = &outbox.Error{Code: CodeDatabaseUnreachable}
-	ErrUsage               = &outbox.Error{Code: CodeUsage}
-	ErrRetentionMode       = &outbox.Error{Code: CodeRetentionMode}
-)
-
 // guardCodes are refusals by a guard (exit 3): the request was well formed
 // and the database was reachable, but running it would break a guarantee.
 var guardCodes = map[outbox.Code]bool{

@@ -35,10 +35,10 @@ status/EXPLAIN.md).`,
 		}),
 	}
 	f := cmd.Flags()
-	f.DurationVar(&opts.StuckAfter, "stuck-after", 15*time.Minute, "a correlation id is stuck when one of its rows stays unpublished this long")
-	f.IntVar(&opts.MaxGroups, "max-groups", 1000, "most (status, destination, tenant) groups to read")
-	f.IntVar(&opts.MaxFailureCodes, "top-failures", 10, "how many (status, failure code) pairs to show")
-	f.IntVar(&opts.MaxStuck, "max-stuck", 20, "how many stuck correlation ids to show (oldest first)")
+	f.DurationVar(&opts.StuckAfter, "stuck-after", status.DefaultStuckAfter, "a correlation id is stuck when one of its rows stays unpublished this long")
+	f.IntVar(&opts.MaxGroups, "max-groups", status.DefaultMaxGroups, "most (status, destination, tenant) groups to read")
+	f.IntVar(&opts.MaxFailureCodes, "top-failures", status.DefaultMaxFailureCodes, "how many (status, failure code) pairs to show")
+	f.IntVar(&opts.MaxStuck, "max-stuck", status.DefaultMaxStuck, "how many stuck correlation ids to show (oldest first)")
 	return cmd
 }
 

@@ -16,8 +16,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/fencedoutbox/watermill-outbox/migrations"
 )
 
 // LogicalURLEnv names a server with wal_level=logical to use instead of
@@ -116,34 +114,13 @@ func Logical(t testing.TB) string {
 // dropped in t.Cleanup.
 func NewOn(t testing.TB, base string) *Schema {
 	t.Helper()
-	ctx := context.Background()
 	admin, err := sql.Open("postgres", base)
 	if err != nil {
 		t.Fatalf("testdb: open %s: %v", base, err)
 	}
 	defer admin.Close()
-	name := fmt.Sprintf("%s%d_%s", schemaPrefix, time.Now().Unix(), randomHex(4))
-	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+name); err != nil {
-		t.Fatalf("testdb: create schema on %s: %v", base, err)
-	}
-	s := &Schema{Name: name, URL: WithSearchPath(base, name)}
-	s.DB, err = sql.Open("postgres", s.URL)
-	if err != nil {
-		t.Fatalf("testdb: open schema: %v", err)
-	}
+	s := newSchema(t, admin, base)
 	s.DB.SetMaxOpenConns(6)
-	t.Cleanup(func() {
-		_ = s.DB.Close()
-		drop, err := sql.Open("postgres", base)
-		if err != nil {
-			return
-		}
-		defer drop.Close()
-		_, _ = drop.ExecContext(context.Background(), "DROP SCHEMA IF EXISTS "+name+" CASCADE")
-	})
-	if _, err := migrations.Up(ctx, s.DB); err != nil {
-		t.Fatalf("testdb: migrate %s: %v", name, err)
-	}
 	return s
 }
 

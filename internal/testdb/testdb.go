@@ -71,19 +71,27 @@ func New(t testing.TB) *Schema {
 		t.Fatalf("testdb: PostgreSQL is not reachable at %s (set OUTBOX_TEST_DATABASE_URL or run `make db`): %v", URL(), err)
 	}
 	dropStale(ctx, admin)
+	return newSchema(t, admin, URL())
+}
 
+// newSchema creates a schema on the server admin is connected to (base is
+// that server's URL), migrates it, and drops it in t.Cleanup.
+func newSchema(t testing.TB, admin *sql.DB, base string) *Schema {
+	t.Helper()
+	ctx := context.Background()
 	name := fmt.Sprintf("%s%d_%s", schemaPrefix, time.Now().Unix(), randomHex(4))
 	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+name); err != nil {
-		t.Fatalf("testdb: create schema: %v", err)
+		t.Fatalf("testdb: create schema on %s: %v", base, err)
 	}
-	s := &Schema{Name: name, URL: WithSearchPath(URL(), name)}
+	s := &Schema{Name: name, URL: WithSearchPath(base, name)}
+	var err error
 	s.DB, err = sql.Open("postgres", s.URL)
 	if err != nil {
 		t.Fatalf("testdb: open schema: %v", err)
 	}
 	t.Cleanup(func() {
 		_ = s.DB.Close()
-		drop, err := sql.Open("postgres", URL())
+		drop, err := sql.Open("postgres", base)
 		if err != nil {
 			return
 		}

@@ -5,6 +5,7 @@ import (
 
 	"cloud.google.com/go/pubsub/v2"
 	wgc "github.com/ThreeDotsLabs/watermill-googlecloud/v2/pkg/googlecloud"
+	rpccode "google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -64,39 +65,10 @@ func classify(err error) outcome.Result {
 }
 
 // grpcName spells a gRPC code the way the protocol does (NOT_FOUND), which
-// is what operators search for.
+// is what operators search for: the names of google.rpc.Code.
 func grpcName(c codes.Code) string {
-	switch c {
-	case codes.Canceled:
-		return "CANCELLED"
-	case codes.InvalidArgument:
-		return "INVALID_ARGUMENT"
-	case codes.DeadlineExceeded:
-		return "DEADLINE_EXCEEDED"
-	case codes.NotFound:
-		return "NOT_FOUND"
-	case codes.AlreadyExists:
-		return "ALREADY_EXISTS"
-	case codes.PermissionDenied:
-		return "PERMISSION_DENIED"
-	case codes.ResourceExhausted:
-		return "RESOURCE_EXHAUSTED"
-	case codes.FailedPrecondition:
-		return "FAILED_PRECONDITION"
-	case codes.Aborted:
-		return "ABORTED"
-	case codes.OutOfRange:
-		return "OUT_OF_RANGE"
-	case codes.Unimplemented:
-		return "UNIMPLEMENTED"
-	case codes.Internal:
-		return "INTERNAL"
-	case codes.Unavailable:
-		return "UNAVAILABLE"
-	case codes.DataLoss:
-		return "DATA_LOSS"
-	case codes.Unauthenticated:
-		return "UNAUTHENTICATED"
+	if n, ok := rpccode.Code_name[int32(c)]; ok && c != codes.OK {
+		return n
 	}
 	return "UNKNOWN"
 }
