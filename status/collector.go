@@ -30,8 +30,10 @@ type CollectorOptions struct {
 	// destinations by backlog keep their own label, the rest are summed under
 	// "_other". Default 50.
 	MaxDestinations int
-	// MaxGroups bounds the (status, destination) rows one sample reads.
-	// Default 10000.
+	// MaxGroups bounds the (status, destination) rows one sample reads,
+	// largest first. Default 10000. Rows of groups beyond it are not lost:
+	// the per-status totals are read exactly and the rest is counted under
+	// "_other".
 	MaxGroups int
 	// Namespace prefixes the metric names. Default "outbox".
 	Namespace string
@@ -181,20 +183,28 @@ func (c *Collector) read() (sample, error) {
 	}
 	var groups []group
 	perDest := map[string]float64{}
+	unplaced := map[string]float64{} // per status: the total, minus every group read
 	s := sample{backlog: map[[2]string]float64{}, parked: map[envelope.Status]float64{}}
 	for rows.Next() {
 		var g group
-		if err := rows.Scan(&g.status, &g.dest, &g.n, &g.age); err != nil {
+		var dest sql.NullString
+		if err := rows.Scan(&g.status, &dest, &g.n, &g.age); err != nil {
 			return sample{}, err
 		}
+		if !dest.Valid { // the status's total: exact whatever the LIMIT cut
+			unplaced[g.status] += g.n
+			switch envelope.Status(g.status) {
+			case envelope.StatusPending, envelope.StatusInFlight, envelope.StatusAmbiguous:
+				s.oldestAge = max(s.oldestAge, g.age)
+			case envelope.StatusFailed, envelope.StatusExhausted:
+				s.parked[envelope.Status(g.status)] += g.n
+			}
+			continue
+		}
+		g.dest = dest.String
+		unplaced[g.status] -= g.n
 		groups = append(groups, g)
 		perDest[g.dest] += g.n
-		switch envelope.Status(g.status) {
-		case envelope.StatusPending, envelope.StatusInFlight, envelope.StatusAmbiguous:
-			s.oldestAge = max(s.oldestAge, g.age)
-		case envelope.StatusFailed, envelope.StatusExhausted:
-			s.parked[envelope.Status(g.status)] += g.n
-		}
 	}
 	if err := rows.Err(); err != nil {
 		return sample{}, err
@@ -221,6 +231,13 @@ func (c *Collector) read() (sample, error) {
 			d, folded = OtherDestination, true
 		}
 		s.backlog[[2]string{g.status, d}] += g.n
+	}
+	// Groups the query's LIMIT cut (more than MaxGroups of them) still count.
+	for st, n := range unplaced {
+		if n > 0 {
+			s.backlog[[2]string{st, OtherDestination}] += n
+			folded = true
+		}
 	}
 	s.destinations = dests[:min(len(dests), c.opts.MaxDestinations)]
 	slices.Sort(s.destinations)

@@ -161,3 +161,69 @@ func TestNewCollectorRefusesBadOptions(t *testing.T) {
 		require.ErrorIs(t, err, outbox.ErrInvalidConfig, "%+v", o)
 	}
 }
+
+// More (status, destination) groups than MaxGroups: the groups cut by the
+// query's bound are still counted (under _other), and the parked counts and
+// the oldest pending age come from exact per-status totals.
+func TestCollectorCountsGroupsBeyondMaxGroups(t *testing.T) {
+	t.Parallel()
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(2)
+	insert(t, s.DB,
+		seed{id: "a1", dest: "a", status: "PENDING", age: time.Minute},
+		seed{id: "a2", dest: "a", status: "PENDING", age: time.Minute},
+		seed{id: "a3", dest: "a", status: "PENDING", age: time.Minute},
+		seed{id: "b1", dest: "b", status: "PENDING", age: time.Minute},
+		seed{id: "b2", dest: "b", status: "PENDING", age: time.Minute},
+		seed{id: "c1", dest: "c", status: "PENDING", age: 2 * time.Hour},
+		seed{id: "f1", dest: "d", status: "FAILED", age: time.Minute},
+	)
+	// Ages against the database's clock (the collector's): c1 is the oldest.
+	_, err := s.DB.Exec(`UPDATE messaging_outbox SET created_at = now() - CASE WHEN message_id = 'c1' THEN interval '2 hours' ELSE interval '1 minute' END`)
+	require.NoError(t, err)
+	c, err := NewCollector(s.DB, CollectorOptions{Interval: time.Minute, MaxGroups: 2, MaxDestinations: 1})
+	require.NoError(t, err)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	pending, parked := 0.0, 0.0
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			switch {
+			case mf.GetName() == "outbox_backlog_messages" && labels["status"] == "PENDING":
+				pending += m.GetGauge().GetValue()
+			case mf.GetName() == "outbox_parked_messages" && labels["status"] == "FAILED":
+				parked += m.GetGauge().GetValue()
+			}
+		}
+	}
+	require.Equal(t, 6.0, pending, "every PENDING row counted, the cut groups under _other")
+	require.Equal(t, 1.0, parked, "the FAILED row's group was cut, its total was not")
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP outbox_backlog_messages Outbox rows not yet PUBLISHED, by status and destination (destinations beyond the cap summed under _other).
+# TYPE outbox_backlog_messages gauge
+outbox_backlog_messages{destination="_other",status="AMBIGUOUS"} 0
+outbox_backlog_messages{destination="_other",status="EXHAUSTED"} 0
+outbox_backlog_messages{destination="_other",status="FAILED"} 1
+outbox_backlog_messages{destination="_other",status="IN_FLIGHT"} 0
+outbox_backlog_messages{destination="_other",status="PENDING"} 3
+outbox_backlog_messages{destination="a",status="AMBIGUOUS"} 0
+outbox_backlog_messages{destination="a",status="EXHAUSTED"} 0
+outbox_backlog_messages{destination="a",status="FAILED"} 0
+outbox_backlog_messages{destination="a",status="IN_FLIGHT"} 0
+outbox_backlog_messages{destination="a",status="PENDING"} 3
+`), "outbox_backlog_messages"))
+	// The oldest pending row (c1, 2h) was in a cut group; its age still counts.
+	var age float64
+	for _, mf := range mfs {
+		if mf.GetName() == "outbox_oldest_pending_age_seconds" {
+			age = mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	require.InDelta(t, 7200, age, 60)
+}

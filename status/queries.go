@@ -31,17 +31,21 @@ SELECT status, destination, coalesce(tenant, ''), count(*), min(created_at)
  LIMIT $1`
 
 // backlogByDestinationQuery is the collector's sample: the same rows, with
-// tenant left out so the metric labels stay bounded. The oldest pending age
-// is computed by the database clock (or $2 when a caller pins "now"), so the
-// age never mixes two clocks. $1 bounds the number of groups.
+// tenant left out so the metric labels stay bounded. It returns one total
+// per status first (destination NULL; at most five), then the (status,
+// destination) groups largest first, so the LIMIT ($1 groups plus the
+// totals) can only cut small groups: the per-status counts and ages stay
+// exact and the cut part is summed under _other by the collector. The oldest
+// pending age is computed by the database clock (or $2 when a caller pins
+// "now"), so the age never mixes two clocks.
 const backlogByDestinationQuery = `
 SELECT status, destination, count(*),
        coalesce(extract(epoch FROM coalesce($2::timestamptz, now()) - min(created_at)), 0)::float8
   FROM messaging_outbox
  WHERE ` + unpublished + `
- GROUP BY status, destination
- ORDER BY status, destination
- LIMIT $1`
+ GROUP BY GROUPING SETS ((status), (status, destination))
+ ORDER BY GROUPING(destination) DESC, count(*) DESC, status, destination
+ LIMIT $1 + 5`
 
 // failureCodesQuery answers "why are rows parked or in doubt": the most
 // frequent last_failure_code per status among AMBIGUOUS, FAILED and
