@@ -152,15 +152,8 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 		rctx, cancel := context.WithCancel(ctx)
 		errc := make(chan error, 1)
 		switch kind {
-		case relayOurs, relayOursTuned, relayOursNoPF, relayOursTunedNoPF:
-			cfg := forwarder.Config{DisablePrefetch: kind == relayOursNoPF || kind == relayOursTunedNoPF}
-			if kind == relayOursTuned || kind == relayOursTunedNoPF {
-				cfg.BatchSize = ourTunedBatch
-			}
-			if listen {
-				cfg.ListenURL = s.url
-			}
-			f, err := forwarder.New(db, out, nil, cfg)
+		case relayOurs, relayOursTuned, relayOursNoPF, relayOursTunedNoPF, relayWMDefault, relayWMTuned:
+			f, err := newForwarder(kind, s, db, out, listen)
 			if err != nil {
 				cancel()
 				stopAll()
@@ -172,41 +165,8 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 			case err := <-errc:
 				cancel()
 				stopAll()
-				return nil, fmt.Errorf("forwarder did not start: %w", err)
+				return nil, fmt.Errorf("%s relay did not start: %w", kind, err)
 			}
-			stops = append(stops, func() { _ = f.Close(); cancel(); <-errc })
-		case relayWMDefault, relayWMTuned:
-			cfg := wsql.SubscriberConfig{
-				SchemaAdapter:  wsql.DefaultPostgreSQLSchema{},
-				OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{},
-			}
-			if kind == relayWMTuned {
-				cfg.SchemaAdapter = wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: wmTunedBatch}
-				cfg.PollInterval = wmTunedPoll
-			}
-			sub, err := wsql.NewSubscriber(db, cfg, nil)
-			if err != nil {
-				cancel()
-				stopAll()
-				return nil, err
-			}
-			f, err := wmforwarder.NewForwarder(sub, out, watermill.NopLogger{}, wmforwarder.Config{ForwarderTopic: wmForwarderTopic})
-			if err != nil {
-				cancel()
-				stopAll()
-				return nil, err
-			}
-			go func() { errc <- f.Run(rctx) }()
-			select {
-			case <-f.Running():
-			case err := <-errc:
-				cancel()
-				stopAll()
-				return nil, fmt.Errorf("watermill forwarder did not start: %w", err)
-			}
-			// The forwarder's router closes the subscriber; closing it a
-			// second time here races inside watermill-sql (its closed flag
-			// is not synchronised).
 			stops = append(stops, func() { _ = f.Close(); cancel(); <-errc })
 		case relayOneCommit:
 			go func() { errc <- runOneCommit(rctx, db, out) }()
@@ -225,6 +185,47 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 		}
 	}
 	return &relay{stop: sync.OnceFunc(stopAll)}, nil
+}
+
+// runner is what this module's forwarder and watermill's share: Run until
+// Close, Running closed once started.
+type runner interface {
+	Run(ctx context.Context) error
+	Running() chan struct{}
+	Close() error
+}
+
+// newForwarder builds the forwarder of kind (ours or watermill's) on db.
+// listen turns LISTEN/NOTIFY wake-up on for ours.
+func newForwarder(kind string, s *schema, db *sql.DB, out message.Publisher, listen bool) (runner, error) {
+	switch kind {
+	case relayWMDefault, relayWMTuned:
+		cfg := wsql.SubscriberConfig{
+			SchemaAdapter:  wsql.DefaultPostgreSQLSchema{},
+			OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{},
+		}
+		if kind == relayWMTuned {
+			cfg.SchemaAdapter = wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: wmTunedBatch}
+			cfg.PollInterval = wmTunedPoll
+		}
+		sub, err := wsql.NewSubscriber(db, cfg, nil)
+		if err != nil {
+			return nil, err
+		}
+		// The forwarder's router closes the subscriber; closing it a second
+		// time races inside watermill-sql (its closed flag is not
+		// synchronised), so nobody else does.
+		return wmforwarder.NewForwarder(sub, out, watermill.NopLogger{}, wmforwarder.Config{ForwarderTopic: wmForwarderTopic})
+	default:
+		cfg := forwarder.Config{DisablePrefetch: kind == relayOursNoPF || kind == relayOursTunedNoPF}
+		if kind == relayOursTuned || kind == relayOursTunedNoPF {
+			cfg.BatchSize = ourTunedBatch
+		}
+		if listen {
+			cfg.ListenURL = s.url
+		}
+		return forwarder.New(db, out, nil, cfg)
+	}
 }
 
 // runMinimal is the minimal SKIP LOCKED relay. It polls every 10ms when
