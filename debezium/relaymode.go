@@ -40,7 +40,7 @@ var (
 // FOR UPDATE before it counts heartbeats, so a heartbeat and a switch to CDC
 // are ordered by the row lock and one always sees the other.
 const (
-	sqlCurrentMode = `SELECT mode FROM messaging_relay_mode WHERE id`
+	sqlCurrentMode = `SELECT mode, changed_at, changed_by FROM messaging_relay_mode WHERE id`
 
 	sqlBeat = `
 INSERT INTO messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at)
@@ -57,7 +57,7 @@ ON CONFLICT (owner) DO UPDATE
 	// it takes a fresh snapshot, so it sees every heartbeat committed before
 	// the lock was granted.
 	sqlLiveHeartbeats = `
-SELECT owner, heartbeat_at, expires_at FROM messaging_relay_heartbeat
+SELECT owner, started_at, heartbeat_at, expires_at FROM messaging_relay_heartbeat
 WHERE expires_at > coalesce($1::timestamptz, now())
 ORDER BY owner`
 
@@ -67,17 +67,39 @@ UPDATE messaging_relay_mode
  WHERE id`
 )
 
-// CurrentMode reads the recorded relay mode.
-func CurrentMode(ctx context.Context, db *sql.DB) (Mode, error) {
-	var m string
-	err := db.QueryRowContext(ctx, sqlCurrentMode).Scan(&m)
+// Querier is what the read-only functions here need: a *sql.DB, or a
+// *sql.Tx when the reading belongs to a larger snapshot (the status
+// package reads the mode and the relays in its own transaction).
+type Querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// ModeRecord is the recorded relay mode and who switched it when.
+type ModeRecord struct {
+	Mode      Mode
+	ChangedAt time.Time // zero when no row is recorded
+	ChangedBy string
+}
+
+// ReadMode reads the recorded relay mode. The migration inserts the row; a
+// missing row means nobody switched: polling.
+func ReadMode(ctx context.Context, q Querier) (ModeRecord, error) {
+	var r ModeRecord
+	err := q.QueryRowContext(ctx, sqlCurrentMode).Scan(&r.Mode, &r.ChangedAt, &r.ChangedBy)
 	if errors.Is(err, sql.ErrNoRows) {
-		return ModePolling, nil
+		return ModeRecord{Mode: ModePolling}, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("debezium: read relay mode: %w", err)
+		return ModeRecord{}, fmt.Errorf("debezium: read relay mode: %w", err)
 	}
-	return Mode(m), nil
+	return r, nil
+}
+
+// CurrentMode reads the recorded relay mode.
+func CurrentMode(ctx context.Context, q Querier) (Mode, error) {
+	r, err := ReadMode(ctx, q)
+	return r.Mode, err
 }
 
 // RequireMode returns RELAY_MODE_CONFLICT (from op, with hint saying what to
@@ -125,21 +147,14 @@ func Leave(ctx context.Context, db *sql.DB, owner string) error {
 // Heartbeat is one polling relay's announcement.
 type Heartbeat struct {
 	Owner       string
+	StartedAt   time.Time
 	HeartbeatAt time.Time
 	ExpiresAt   time.Time
 }
 
 // LiveRelays lists the polling relays whose heartbeat has not expired at now
 // (zero now means the database's clock), ordered by owner.
-func LiveRelays(ctx context.Context, db *sql.DB, now time.Time) ([]Heartbeat, error) {
-	return liveRelays(ctx, db, now)
-}
-
-type querier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-func liveRelays(ctx context.Context, q querier, now time.Time) ([]Heartbeat, error) {
+func LiveRelays(ctx context.Context, q Querier, now time.Time) ([]Heartbeat, error) {
 	rows, err := q.QueryContext(ctx, sqlLiveHeartbeats, nullTime(now))
 	if err != nil {
 		return nil, fmt.Errorf("debezium: read heartbeats: %w", err)
@@ -148,7 +163,7 @@ func liveRelays(ctx context.Context, q querier, now time.Time) ([]Heartbeat, err
 	var out []Heartbeat
 	for rows.Next() {
 		var h Heartbeat
-		if err := rows.Scan(&h.Owner, &h.HeartbeatAt, &h.ExpiresAt); err != nil {
+		if err := rows.Scan(&h.Owner, &h.StartedAt, &h.HeartbeatAt, &h.ExpiresAt); err != nil {
 			return nil, fmt.Errorf("debezium: read heartbeats: %w", err)
 		}
 		out = append(out, h)
@@ -191,7 +206,7 @@ func EnableTx(ctx context.Context, tx *sql.Tx, by string, now time.Time) error {
 	if mode == ModeCDC {
 		return nil
 	}
-	live, err := liveRelays(ctx, tx, now)
+	live, err := LiveRelays(ctx, tx, now)
 	if err != nil {
 		return err
 	}

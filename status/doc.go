@@ -6,8 +6,10 @@
 //
 // # Guarantees
 //
-//   - One place: every query `outboxctl status` runs is a named constant in
-//     queries.go, and [Collect] is the only code that runs them.
+//   - One place: every query `outboxctl status` runs on messaging_outbox is
+//     a named constant in queries.go, and [Collect] is the only code that
+//     runs them; the relay mode and the live relays are read with the
+//     debezium package's own functions, inside the same transaction.
 //   - Consistent: [Collect] reads everything in one read-only REPEATABLE
 //     READ transaction with one pinned clock, so the totals, the failure
 //     codes and the stuck correlations describe the same instant.

@@ -81,19 +81,5 @@ SELECT correlation_id,
 // messageQuery reads one row by its primary key (messaging_outbox_pkey).
 const messageQuery = `SELECT ` + envelope.SelectColumns + ` FROM messaging_outbox WHERE message_id = $1`
 
-// relaysQuery lists the polling relays whose heartbeat has not expired.
-// messaging_relay_heartbeat holds one row per running relay (a handful), so
-// a sequential scan of it is the right plan; it never touches the outbox.
-const relaysQuery = `
-SELECT owner, started_at, heartbeat_at, expires_at
-  FROM messaging_relay_heartbeat
- WHERE expires_at > coalesce($1::timestamptz, now())
- ORDER BY owner`
-
-// relayModeQuery reads the singleton relay-mode row. It is the same question
-// debezium.CurrentMode answers, asked here inside the snapshot's transaction
-// so the mode and the live relays are read at one instant.
-const relayModeQuery = `SELECT mode, changed_at, changed_by FROM messaging_relay_mode WHERE id`
-
 // dbNowQuery pins the snapshot's clock to the database's.
 const dbNowQuery = `SELECT coalesce($1::timestamptz, now())`

@@ -161,12 +161,13 @@ func CollectWith(ctx context.Context, db *sql.DB, opts Options) (Snapshot, error
 	}
 	// From here on every query uses the pinned instant, so a row cannot be
 	// "stuck" by one query's clock and not by another's.
-	err = tx.QueryRowContext(ctx, relayModeQuery).Scan(&s.Mode, &s.ModeChangedAt, &s.ModeChangedBy)
-	if errors.Is(err, sql.ErrNoRows) {
-		s.Mode = string(debezium.ModePolling) // the migration inserts the row; absent means nobody switched (as debezium.CurrentMode reads it)
-	} else if err != nil {
-		return Snapshot{}, fmt.Errorf("status: relay mode: %w", err)
+	// The mode and the live relays are debezium's questions, asked inside
+	// this snapshot's transaction so they describe the same instant.
+	mode, err := debezium.ReadMode(ctx, tx)
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("status: %w", err)
 	}
+	s.Mode, s.ModeChangedAt, s.ModeChangedBy = string(mode.Mode), mode.ChangedAt, mode.ChangedBy
 	if err := readGroups(ctx, tx, opts, &s); err != nil {
 		return Snapshot{}, err
 	}
@@ -281,19 +282,14 @@ func readStuck(ctx context.Context, tx *sql.Tx, opts Options, s *Snapshot) error
 }
 
 func readRelays(ctx context.Context, tx *sql.Tx, s *Snapshot) error {
-	rows, err := tx.QueryContext(ctx, relaysQuery, s.At)
+	live, err := debezium.LiveRelays(ctx, tx, s.At)
 	if err != nil {
-		return fmt.Errorf("status: relays: %w", err)
+		return fmt.Errorf("status: %w", err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var r Relay
-		if err := rows.Scan(&r.Owner, &r.StartedAt, &r.HeartbeatAt, &r.ExpiresAt); err != nil {
-			return fmt.Errorf("status: relays: %w", err)
-		}
-		s.Relays = append(s.Relays, r)
+	for _, h := range live {
+		s.Relays = append(s.Relays, Relay{Owner: h.Owner, StartedAt: h.StartedAt, HeartbeatAt: h.HeartbeatAt, ExpiresAt: h.ExpiresAt})
 	}
-	return rows.Err()
+	return nil
 }
 
 // Message reads one outbox row by message id, every column included. An
