@@ -237,6 +237,34 @@ func TestRelay(t *testing.T) {
 		require.NoError(t, wait())
 	})
 
+	// cdcrelay/doc.go: commit order, not insert order (where the CDC relay
+	// differs from the polling forwarder's seq order).
+	t.Run("transactions arrive in commit order even when they inserted in the other order", func(t *testing.T) {
+		e := newEnv(t, base)
+		e.enableCDC(t)
+		out := &recorder{}
+		r, err := cdcrelay.New(e.config(), out, nil)
+		require.NoError(t, err)
+		e.streaming(t, r)
+
+		ctx := context.Background()
+		first, err := e.s.DB.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer func() { _ = first.Rollback() }()
+		pub, err := publisher.New(first, publisher.Config{}, nil)
+		require.NoError(t, err)
+		require.NoError(t, pub.Publish("orders", msg("inserted-first", "x", nil)))
+		e.publish(t, "orders", msg("committed-first", "y", nil)) // its own transaction, inserted and committed now
+		require.NoError(t, first.Commit())
+
+		require.Eventually(t, func() bool { return len(out.ids()) == 2 }, 20*time.Second, 10*time.Millisecond)
+		require.Equal(t, []string{"committed-first", "inserted-first"}, out.ids())
+		var firstSeq, secondSeq int64
+		require.NoError(t, e.s.DB.QueryRow(`SELECT (SELECT seq FROM messaging_outbox WHERE message_id = 'inserted-first'),
+		       (SELECT seq FROM messaging_outbox WHERE message_id = 'committed-first')`).Scan(&firstSeq, &secondSeq))
+		require.Less(t, firstSeq, secondSeq, "seq order is the other way round")
+	})
+
 	t.Run("rolled-back inserts are never published", func(t *testing.T) {
 		e := newEnv(t, base)
 		e.enableCDC(t)
