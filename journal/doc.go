@@ -36,7 +36,10 @@
 //
 // Rows that become parked after the operation started are included only if
 // their seq is past the cursor when the walk reaches them; the plan's count
-// (the dry run, [Journal.PlanRedrive]) is a snapshot, not a promise.
+// (the dry run, [Journal.PlanRedrive]) is a snapshot, not a promise. An
+// executing call counts again right after Begin, from the checkpoint it
+// resumes at, and reports the items already completed plus that count
+// (Progress.Planned), on the same scale as Progress.Items.
 //
 // # Redrive semantics
 //

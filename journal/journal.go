@@ -39,8 +39,9 @@ const (
 	// CodeOperationRequired: Begin with an empty operation name.
 	CodeOperationRequired outbox.Code = "JOURNAL_OPERATION_REQUIRED"
 	// CodeBatchFailed is not returned: it is the failure_code Redrive and
-	// Purge record (with the error as failure_detail) when a batch fails
-	// for a reason other than a lost lease or a cancelled context. The
+	// Purge record (with the error as failure_detail) when a batch, or the
+	// count of rows ahead of the checkpoint that precedes the first batch,
+	// fails for a reason other than a lost lease or a cancelled context. The
 	// operation is then FAILED and any replica may resume it at once.
 	CodeBatchFailed outbox.Code = "JOURNAL_BATCH_FAILED"
 )
@@ -269,6 +270,13 @@ func (j *Journal) Begin(ctx context.Context, ticket, op string, plan any) (*Run,
 	if err != nil {
 		return nil, err
 	}
+	return j.begin(ctx, ticket, op, digest, canonical)
+}
+
+// begin is Begin for a plan already encoded: canonical is its JSON and digest
+// its [Digest]. Redrive and Purge call it with the identity they computed once.
+func (j *Journal) begin(ctx context.Context, ticket, op, digest string, canonical []byte) (*Run, error) {
+	const opName = "journal.Begin"
 	run := &Run{Ticket: ticket, Digest: digest, Operation: op, Owner: j.cfg.Owner}
 	lease := j.cfg.LeaseDuration.Seconds()
 

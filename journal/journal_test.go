@@ -638,3 +638,28 @@ SELECT 'pub-' || g, 'orders', '\x01'::bytea, 'PUBLISHED', now() FROM generate_se
 		}
 	}
 }
+
+// A checkpoint that is not a seq cursor (written by another tool through
+// Checkpoint) cannot be resumed from; Redrive says so and marks the
+// operation FAILED with the reason, instead of leaving it STARTED until its
+// lease runs out with nothing in the journal to explain why.
+func TestUnreadableCheckpointFailsTheOperation(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	parked(t, s.DB, "x", 3, "FAILED", "orders", "", "REJECTED", t0)
+	clk := newClock(t0)
+	a := newJournal(t, s.DB, "a", clk, 3)
+	ctx := context.Background()
+	run, err := a.Begin(ctx, "T-C", journal.OpRedrive, journal.Filter{})
+	require.NoError(t, err)
+	require.NoError(t, a.Checkpoint(ctx, run, 1, "page-2"))
+
+	_, err = a.Redrive(ctx, "T-C", journal.Filter{}, journal.Options{})
+	require.ErrorContains(t, err, `checkpoint "page-2" is not a seq cursor`)
+	rec, err := a.Find(ctx, "T-C")
+	require.NoError(t, err)
+	require.Equal(t, journal.StateFailed, rec.State)
+	require.Equal(t, string(journal.CodeBatchFailed), rec.FailureCode)
+	require.Contains(t, rec.FailureDetail, "page-2")
+	require.Equal(t, 3, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_outbox WHERE status = 'FAILED'`), "nothing redriven")
+}

@@ -31,6 +31,12 @@ func Digest(op string, plan any) (string, []byte, error) {
 	if f, ok := plan.(Filter); ok {
 		plan = f.Normalize()
 	}
+	return digestOf(op, plan)
+}
+
+// digestOf is Digest of a plan already in canonical form (a Filter already
+// normalized): it encodes and hashes without normalizing again.
+func digestOf(op string, plan any) (string, []byte, error) {
 	canonical, err := json.Marshal(plan)
 	if err != nil {
 		return "", nil, fmt.Errorf("journal: encode plan of %s: %w", op, err)
@@ -103,20 +109,19 @@ func (f Filter) Validate() error {
 	return nil
 }
 
-// args are the filter's statement parameters ($1..$7), normalized; execute
-// computes them once for all its batches.
-func (f Filter) args() []any {
-	n := f.Normalize()
-	statuses := make([]string, len(n.Statuses))
-	for i, s := range n.Statuses {
+// bind returns the statement parameters ($1..$7) of a normalized filter
+// (see prepare, which computes them once per call for all its statements).
+func (f Filter) bind() []any {
+	statuses := make([]string, len(f.Statuses))
+	for i, s := range f.Statuses {
 		statuses[i] = string(s)
 	}
 	var ids any // NULL: no id filter
-	if len(n.MessageIDs) > 0 {
-		ids = pq.Array(n.MessageIDs)
+	if len(f.MessageIDs) > 0 {
+		ids = pq.Array(f.MessageIDs)
 	}
-	return []any{pq.Array(statuses), nullString(n.Destination), nullString(n.Tenant), nullString(n.FailureCode),
-		ids, nullTime(n.CreatedAfter), nullTime(n.CreatedBefore)}
+	return []any{pq.Array(statuses), nullString(f.Destination), nullString(f.Tenant), nullString(f.FailureCode),
+		ids, nullTime(f.CreatedAfter), nullTime(f.CreatedBefore)}
 }
 
 func nullString(s string) any {
@@ -148,7 +153,10 @@ const filterWhere = `
    AND ($7::timestamptz IS NULL OR created_at < $7)`
 
 const (
-	sqlCount = `SELECT count(*) FROM messaging_outbox WHERE` + filterWhere
+	// Counts what a walk from cursor $8 would still reach: the dry run
+	// passes 0 (seq is an identity from 1), an executing call its checkpoint.
+	sqlCount = `SELECT count(*) FROM messaging_outbox WHERE` + filterWhere + `
+   AND seq > $8`
 
 	// The picked ids reach the UPDATE/DELETE as an array (= ANY), which
 	// plans as a primary-key Index Scan; a join with the CTE was planned as a
@@ -191,12 +199,19 @@ SELECT count(*), coalesce(max(seq), $8) FROM gone`
 )
 
 // Plan is what an operation would do: its identity (operation, canonical
-// filter, digest) and how many rows match now.
+// filter, digest) and how many rows it covers.
 type Plan struct {
 	Operation string
 	Filter    Filter // normalized
 	Digest    string
-	Matching  int64 // rows matching the filter when the plan was made
+	// Matching is, from PlanRedrive and PlanPurge, the rows matching the
+	// filter when the plan was made. In an Outcome it is on the scale of
+	// Outcome.Items: the operation's items_completed when this call began
+	// (earlier owners and calls) plus the matching rows still ahead of its
+	// checkpoint, counted right after Begin. For an operation that had not
+	// started, both are the same count. Either is a snapshot: rows parked
+	// later past the cursor are still walked.
+	Matching int64
 }
 
 // Progress is reported after each committed batch.
@@ -205,7 +220,7 @@ type Progress struct {
 	Operation string
 	Batch     int   // batches committed by this call
 	Items     int64 // items_completed of the operation (all owners, all calls)
-	Planned   int64 // Plan.Matching when this call started
+	Planned   int64 // Outcome.Plan.Matching of this call: same scale as Items
 }
 
 // Options tune one Redrive or Purge call.
@@ -237,19 +252,45 @@ func (j *Journal) PlanPurge(ctx context.Context, f Filter) (Plan, error) {
 }
 
 func (j *Journal) plan(ctx context.Context, op string, f Filter) (Plan, error) {
-	if err := f.Validate(); err != nil {
-		return Plan{}, err
-	}
-	n := f.Normalize()
-	digest, _, err := Digest(op, n)
+	p, err := prepare(op, f)
 	if err != nil {
 		return Plan{}, err
 	}
-	p := Plan{Operation: op, Filter: n, Digest: digest}
-	if err := j.db.QueryRowContext(ctx, sqlCount, n.args()...).Scan(&p.Matching); err != nil {
-		return Plan{}, fmt.Errorf("journal: plan %s: %w", op, err)
+	if p.plan.Matching, err = j.count(ctx, p, 0); err != nil {
+		return Plan{}, err
 	}
-	return p, nil
+	return p.plan, nil
+}
+
+// prepared is one call's plan, worked out once: the filter validated and
+// normalized, its canonical JSON and digest (the journal row's identity), and
+// its bound statement parameters for the count and every batch.
+type prepared struct {
+	plan      Plan // Matching not counted yet
+	canonical []byte
+	args      []any // $1..$7
+}
+
+func prepare(op string, f Filter) (prepared, error) {
+	if err := f.Validate(); err != nil {
+		return prepared{}, err
+	}
+	n := f.Normalize()
+	digest, canonical, err := digestOf(op, n)
+	if err != nil {
+		return prepared{}, err
+	}
+	return prepared{plan: Plan{Operation: op, Filter: n, Digest: digest}, canonical: canonical, args: n.bind()}, nil
+}
+
+// count returns how many rows match p's filter past cursor.
+func (j *Journal) count(ctx context.Context, p prepared, cursor int64) (int64, error) {
+	var n int64
+	args := append(append(make([]any, 0, len(p.args)+1), p.args...), cursor)
+	if err := j.db.QueryRowContext(ctx, sqlCount, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("journal: count %s: %w", p.plan.Operation, err)
+	}
+	return n, nil
 }
 
 // Redrive moves parked rows (FAILED and/or EXHAUSTED) matching f back to
@@ -277,42 +318,55 @@ func (j *Journal) execute(ctx context.Context, op, batchSQL, ticket string, f Fi
 	if ticket == "" {
 		return Outcome{}, outbox.Errorf(CodeTicketRequired, "journal."+op, "an approval ticket is required")
 	}
-	plan, err := j.plan(ctx, op, f)
+	p, err := prepare(op, f)
 	if err != nil {
 		return Outcome{}, err
 	}
-	out := Outcome{Plan: plan}
-	run, err := j.Begin(ctx, ticket, op, plan.Filter)
+	out := Outcome{Plan: p.plan}
+	run, err := j.begin(ctx, ticket, op, p.plan.Digest, p.canonical)
 	if err != nil {
 		return out, err
 	}
 	out.Run = run
 	out.Items = run.ItemsCompleted
 
-	filterArgs := plan.Filter.args() // once for all batches
+	release := func(err error) error {
+		if ctx.Err() == nil && outbox.CodeOf(err) != CodeLeaseLost {
+			// Release the operation for any replica to resume; a lost
+			// lease is someone else's now, and a cancelled call is left
+			// to its lease like a crash.
+			_ = j.Fail(context.WithoutCancel(ctx), run, string(CodeBatchFailed), err.Error())
+		}
+		return err
+	}
 	var cursor int64
 	if run.Checkpoint != "" {
 		cursor, err = strconv.ParseInt(run.Checkpoint, 10, 64)
 		if err != nil {
-			return out, fmt.Errorf("journal: %s %s: checkpoint %q is not a seq cursor: %w", op, ticket, run.Checkpoint, err)
+			return out, release(fmt.Errorf("journal: %s %s: checkpoint %q is not a seq cursor: %w", op, ticket, run.Checkpoint, err))
 		}
 	}
+	// Counted after Begin, from the checkpoint Begin returned, so the total
+	// is on the scale of Items: rows behind the cursor (done by an earlier
+	// owner, or parked again since) are neither counted nor walked. A count
+	// inside the first batch transaction would be no more exact (under READ
+	// COMMITTED each statement has its own snapshot, and every batch is its
+	// own transaction) and would hold the journal row lock while it scans.
+	ahead, err := j.count(ctx, p, cursor)
+	if err != nil {
+		return out, release(err)
+	}
+	out.Plan.Matching = run.ItemsCompleted + ahead
 	for {
-		n, next, err := j.batch(ctx, batchSQL, run, filterArgs, cursor)
+		n, next, err := j.batch(ctx, batchSQL, run, p.args, cursor)
 		if err != nil {
-			if ctx.Err() == nil && outbox.CodeOf(err) != CodeLeaseLost {
-				// Release the operation for any replica to resume; a lost
-				// lease is someone else's now, and a cancelled call is
-				// left to its lease like a crash.
-				_ = j.Fail(context.WithoutCancel(ctx), run, string(CodeBatchFailed), err.Error())
-			}
-			return out, err
+			return out, release(err)
 		}
 		out.Batches++
 		out.Items = run.ItemsCompleted
 		cursor = next
 		if opts.Progress != nil {
-			if err := opts.Progress(Progress{Ticket: ticket, Operation: op, Batch: out.Batches, Items: out.Items, Planned: plan.Matching}); err != nil {
+			if err := opts.Progress(Progress{Ticket: ticket, Operation: op, Batch: out.Batches, Items: out.Items, Planned: out.Plan.Matching}); err != nil {
 				return out, err
 			}
 		}
