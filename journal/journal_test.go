@@ -181,6 +181,7 @@ func TestBeginConcurrentReplicasExactlyOneRuns(t *testing.T) {
 		wg    sync.WaitGroup
 		start = make(chan struct{})
 		wins  atomic.Int32
+		token atomic.Int64 // the winner's lease token, asserted on the test goroutine
 		errs  = make(chan error, replicas)
 	)
 	for i := range replicas {
@@ -195,7 +196,7 @@ func TestBeginConcurrentReplicasExactlyOneRuns(t *testing.T) {
 			<-start
 			run, err := j.Begin(context.Background(), "T-42", journal.OpRedrive, journal.Filter{Destination: "orders"})
 			if err == nil {
-				require.EqualValues(t, 1, run.LeaseToken)
+				token.Store(run.LeaseToken)
 				wins.Add(1)
 				return
 			}
@@ -206,6 +207,7 @@ func TestBeginConcurrentReplicasExactlyOneRuns(t *testing.T) {
 	wg.Wait()
 	close(errs)
 	require.EqualValues(t, 1, wins.Load())
+	require.EqualValues(t, 1, token.Load(), "the winner holds the first lease")
 	n := 0
 	for err := range errs {
 		require.ErrorIs(t, err, journal.ErrInFlight)
