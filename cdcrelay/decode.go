@@ -25,7 +25,9 @@ func undecodable(format string, args ...any) error {
 // decodeRow builds the row an INSERT carried, by column name, so the column
 // order of the table (and columns this code does not know, such as
 // created_at_utc) do not matter. Columns the envelope needs but the tuple
-// lacks stay zero; message_id, destination and created_at are required.
+// lacks stay zero; message_id, destination and created_at are required. A
+// status that is present but not one of the six states is refused, as
+// envelope.ScanRow refuses it, with OUTBOX_CORRUPT_ROW.
 func decodeRow(cols []column) (envelope.Row, error) {
 	var r envelope.Row
 	seen := map[string]bool{}
@@ -46,7 +48,12 @@ func decodeRow(cols []column) (envelope.Row, error) {
 		case "headers":
 			r.Headers, err = envelope.DecodeHeaders(c.text)
 		case "status":
+			// The same refusal as envelope.ScanRow: a state this code does
+			// not know is not guessed at.
 			r.Status = envelope.Status(s)
+			if !r.Status.Valid() {
+				err = unknownStatusError(s)
+			}
 		case "seq":
 			r.Seq, err = strconv.ParseInt(s, 10, 64)
 		case "created_at":
@@ -193,3 +200,9 @@ func (e parseError) Error() string {
 }
 
 func strconvError(kind, v string) error { return parseError{kind, v} }
+
+type unknownStatusError string
+
+func (e unknownStatusError) Error() string {
+	return "status " + strconv.Quote(string(e)) + " is not a known state"
+}

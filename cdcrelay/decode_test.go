@@ -78,6 +78,10 @@ func TestDecodeRowRefusals(t *testing.T) {
 		"missing created_at":    cols("message_id", "m", "destination", "d"),
 		"null message_id":       append(cols("destination", "d", "created_at", "2024-01-02 03:04:05+00"), column{name: "message_id", null: true}),
 		"bad aggregate version": cols(append(base, "aggregate_version", "1.5")...),
+		// envelope.ScanRow refuses these too, with the same code.
+		"unknown status":    cols(append(base, "status", "BOGUS")...),
+		"lower-case status": cols(append(base, "status", "pending")...),
+		"empty status":      cols(append(base, "status", "")...),
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

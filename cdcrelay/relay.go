@@ -185,13 +185,7 @@ func (r *Relay) run(ctx context.Context) error {
 		defer ccancel()
 		_ = conn.Close(cctx)
 	}()
-	err = pglogrepl.StartReplication(ctx, conn, r.cfg.SlotName, 0, pglogrepl.StartReplicationOptions{
-		Mode: pglogrepl.LogicalReplication,
-		// Protocol 1 without streaming: the server sends a transaction only
-		// once it has committed, whole, so an aborted transaction's inserts
-		// never reach the relay and each insert may be published as it arrives.
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.PublicationName + "'"},
-	})
+	err = pglogrepl.StartReplication(ctx, conn, r.cfg.SlotName, 0, r.startOptions())
 	if err != nil {
 		if isSQLState(err, pqerror.ObjectInUse) {
 			return outbox.Wrap(CodeSlotInUse, "cdcrelay.Run", err, fmt.Sprintf("slot %s is being streamed by another consumer; one relay per slot", r.cfg.SlotName))
@@ -201,6 +195,17 @@ func (r *Relay) run(ctx context.Context) error {
 	r.logger.Info("CDC relay streaming", watermill.LogFields{"slot": r.cfg.SlotName, "publication": r.cfg.PublicationName, "confirmed_lsn": start.String()})
 	s := &stream{r: r, conn: conn, rels: map[uint32]*pglogrepl.RelationMessage{}, confirmed: start}
 	return s.loop(ctx)
+}
+
+// startOptions are the START_REPLICATION options of a session.
+func (r *Relay) startOptions() pglogrepl.StartReplicationOptions {
+	return pglogrepl.StartReplicationOptions{
+		Mode: pglogrepl.LogicalReplication,
+		// Protocol 1 without streaming: the server sends a transaction only
+		// once it has committed, whole, so an aborted transaction's inserts
+		// never reach the relay and each insert may be published as it arrives.
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.PublicationName + "'"},
+	}
 }
 
 // Prepare creates the publication and the replication slot when they are
@@ -456,22 +461,7 @@ func (s *stream) handleLogical(ctx context.Context, wal []byte) error {
 }
 
 func (s *stream) publishInsert(ctx context.Context, rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) error {
-	if tuple == nil || len(tuple.Columns) != len(rel.Columns) {
-		return undecodable("insert into %s.%s has a tuple that does not match its relation", rel.Namespace, rel.RelationName)
-	}
-	cols := make([]column, len(tuple.Columns))
-	for i, c := range tuple.Columns {
-		cols[i].name = rel.Columns[i].Name
-		switch c.DataType {
-		case pglogrepl.TupleDataTypeNull:
-			cols[i].null = true
-		case pglogrepl.TupleDataTypeText:
-			cols[i].text = c.Data
-		default:
-			return undecodable("column %s arrived as tuple type %q; the relay reads text format only", cols[i].name, c.DataType)
-		}
-	}
-	row, err := decodeRow(cols)
+	row, err := decodeInsert(rel, tuple)
 	var msg *message.Message
 	if err == nil {
 		msg, err = envelope.ToMessage(row, s.r.cfg.Envelope)
@@ -484,6 +474,27 @@ func (s *stream) publishInsert(ctx context.Context, rel *pglogrepl.RelationMessa
 		return err
 	}
 	return s.deliver(ctx, row, msg)
+}
+
+// decodeInsert is the row an INSERT's tuple carries: each value paired with
+// its relation's column name, then decodeRow.
+func decodeInsert(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (envelope.Row, error) {
+	if tuple == nil || len(tuple.Columns) != len(rel.Columns) {
+		return envelope.Row{}, undecodable("insert into %s.%s has a tuple that does not match its relation", rel.Namespace, rel.RelationName)
+	}
+	cols := make([]column, len(tuple.Columns))
+	for i, c := range tuple.Columns {
+		cols[i].name = rel.Columns[i].Name
+		switch c.DataType {
+		case pglogrepl.TupleDataTypeNull:
+			cols[i].null = true
+		case pglogrepl.TupleDataTypeText:
+			cols[i].text = c.Data
+		default:
+			return envelope.Row{}, undecodable("column %s arrived as tuple type %q; the relay reads text format only", cols[i].name, c.DataType)
+		}
+	}
+	return decodeRow(cols)
 }
 
 // deliver publishes row until the publisher accepts it, backing off between

@@ -1,0 +1,188 @@
+package cdcrelay_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pglogrepl"
+	"github.com/stretchr/testify/require"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+)
+
+// currentWAL is the server's WAL insert position: at or past the end of every
+// transaction committed before the call.
+func (e *env) currentWAL(t *testing.T) pglogrepl.LSN {
+	t.Helper()
+	var s string
+	require.NoError(t, e.s.DB.QueryRow(`SELECT pg_current_wal_insert_lsn()::text`).Scan(&s))
+	lsn, err := pglogrepl.ParseLSN(s)
+	require.NoError(t, err)
+	return lsn
+}
+
+// TestPartialTransactionIsRedeliveredWhole shows the package documentation's
+// restart claim ("Whatever it returns, the slot has confirmed only
+// transactions whose every message the publisher accepted, so the next Run
+// resumes with the first unconfirmed transaction"; "Messages of a
+// transaction that were published before the failure are published again")
+// for a transaction of three messages of which the downstream accepted the
+// first two before the relay stopped, in each way it can stop: the publish
+// budget spent, Close, and the replication connection lost.
+func TestPartialTransactionIsRedeliveredWhole(t *testing.T) {
+	base := testdb.Logical(t)
+	down := errors.New("downstream refused tx-3")
+
+	cases := []struct {
+		name string
+		// attempts is cfg.MaxPublishAttempts of the first relay.
+		attempts int
+		// stop makes the first relay stop while tx-3 is being published
+		// (its downstream refuses tx-3 every time) and returns Run's error.
+		// blocked receives once, with tx-3's first attempt held until
+		// release is closed; the attempt then fails.
+		stop      func(t *testing.T, e *env, r *cdcrelay.Relay, out *recorder, runErr <-chan error, blocked <-chan struct{}, release chan struct{}) error
+		wantError func(t *testing.T, err error)
+	}{
+		{
+			name:     "the publish budget is spent",
+			attempts: 3,
+			stop: func(t *testing.T, _ *env, _ *cdcrelay.Relay, _ *recorder, runErr <-chan error, _ <-chan struct{}, release chan struct{}) error {
+				close(release)
+				return receive(t, runErr)
+			},
+			wantError: func(t *testing.T, err error) {
+				require.ErrorIs(t, err, cdcrelay.ErrPublishFailed)
+				require.ErrorIs(t, err, down)
+			},
+		},
+		{
+			name: "Close while tx-3 is being retried",
+			stop: func(t *testing.T, _ *env, r *cdcrelay.Relay, out *recorder, runErr <-chan error, _ <-chan struct{}, release chan struct{}) error {
+				close(release)
+				require.Eventually(t, func() bool { return out.attemptsOf("tx-3") >= 3 }, 20*time.Second, time.Millisecond)
+				require.NoError(t, r.Close())
+				return receive(t, runErr)
+			},
+			wantError: func(t *testing.T, err error) { require.NoError(t, err, "Close is a clean stop") },
+		},
+		{
+			name: "the replication connection is lost while tx-3 is in the publisher",
+			stop: func(t *testing.T, e *env, _ *cdcrelay.Relay, _ *recorder, runErr <-chan error, blocked <-chan struct{}, release chan struct{}) error {
+				select {
+				case <-blocked:
+				case <-time.After(20 * time.Second):
+					t.Fatal("tx-3 never reached the publisher")
+				}
+				// The server ends the walsender, as when the relay's host
+				// or the network dies; the relay is still inside Publish.
+				var terminated bool
+				require.NoError(t, e.s.DB.QueryRow(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&terminated))
+				require.True(t, terminated)
+				require.Eventually(t, func() bool { return !e.slotActive(t) }, 20*time.Second, 10*time.Millisecond)
+				close(release)
+				return receive(t, runErr)
+			},
+			wantError: func(t *testing.T, err error) {
+				require.Error(t, err)
+				t.Logf("Run returned: %v", err)
+				require.Empty(t, outbox.CodeOf(err), "a connection failure, not a refusal: %v", err)
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, base)
+			e.enableCDC(t)
+			cfg := e.config()
+			cfg.MaxPublishAttempts = tc.attempts
+
+			blocked, release := make(chan struct{}, 1), make(chan struct{})
+			out := &recorder{refuse: func(_ string, m *message.Message) error {
+				if m.UUID != "tx-3" {
+					return nil
+				}
+				select {
+				case blocked <- struct{}{}:
+				default:
+				}
+				<-release // holds the recorder's lock: the test reads it only after release
+				return down
+			}}
+			r, err := cdcrelay.New(cfg, out, nil)
+			require.NoError(t, err)
+			runErr := make(chan error, 1)
+			go func() { runErr <- r.Run(context.Background()) }()
+			t.Cleanup(func() { _ = r.Close() })
+			require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, 20*time.Second, 10*time.Millisecond)
+
+			// A transaction delivered and confirmed before the partial one.
+			e.publish(t, "orders", msg("before", "b", nil))
+			beforeEnd := e.currentWAL(t)
+			require.Eventually(t, func() bool { return e.confirmedLSN(t) >= beforeEnd }, 20*time.Second, 10*time.Millisecond)
+
+			// One business transaction of three messages.
+			e.publish(t, "orders",
+				msg("tx-1", "one", map[string]string{"x-n": "1"}),
+				msg("tx-2", "two", map[string]string{"x-n": "2"}),
+				msg("tx-3", "three", map[string]string{"x-n": "3"}))
+			txEnd := e.currentWAL(t)
+
+			tc.wantError(t, tc.stop(t, e, r, out, runErr, blocked, release))
+			require.Equal(t, []string{"before", "tx-1", "tx-2"}, out.ids(), "the first relay delivered part of the transaction")
+			require.Less(t, e.confirmedLSN(t), txEnd, "the partial transaction was not confirmed")
+			require.Eventually(t, func() bool { return !e.slotActive(t) }, 20*time.Second, 10*time.Millisecond)
+
+			// Restart with a downstream that accepts everything.
+			out.mu.Lock()
+			out.refuse = nil
+			out.mu.Unlock()
+			r2, err := cdcrelay.New(e.config(), out, nil)
+			require.NoError(t, err)
+			wait2 := running(t, r2)
+			require.Eventually(t, func() bool { return len(out.ids()) >= 6 }, 20*time.Second, 10*time.Millisecond)
+			// The whole transaction again, in order; the transaction confirmed
+			// before it is not repeated.
+			require.Equal(t, []string{"before", "tx-1", "tx-2", "tx-1", "tx-2", "tx-3"}, out.ids())
+			out.mu.Lock()
+			first, again := out.got[1:3], out.got[3:5]
+			for i := range first {
+				require.Equal(t, first[i].UUID, again[i].UUID)
+				require.Equal(t, first[i].Payload, again[i].Payload)
+				require.Equal(t, first[i].Metadata, again[i].Metadata, "the duplicate is the same message")
+			}
+			require.Equal(t, "three", string(out.got[5].Payload))
+			require.Equal(t, "3", out.got[5].Metadata.Get("x-n"))
+			out.mu.Unlock()
+			require.Eventually(t, func() bool { return e.confirmedLSN(t) >= txEnd }, 20*time.Second, 10*time.Millisecond,
+				"once every message of it was accepted, the transaction is confirmed")
+			require.NoError(t, wait2())
+
+			// And so a third relay resumes after it: a later message is the
+			// only new delivery.
+			r3, err := cdcrelay.New(e.config(), out, nil)
+			require.NoError(t, err)
+			wait3 := e.streaming(t, r3)
+			e.publish(t, "orders", msg("after", "a", nil))
+			require.Eventually(t, func() bool { return len(out.ids()) >= 7 }, 20*time.Second, 10*time.Millisecond)
+			require.Equal(t, []string{"before", "tx-1", "tx-2", "tx-1", "tx-2", "tx-3", "after"}, out.ids())
+			require.NoError(t, wait3())
+		})
+	}
+}
+
+func receive(t *testing.T, runErr <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-runErr:
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return")
+		return nil
+	}
+}
