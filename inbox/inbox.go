@@ -146,9 +146,9 @@ func Middleware(db *sql.DB, consumer string, cfg Config) message.HandlerMiddlewa
 // middleware builds the middleware from arguments validated once by the
 // caller; invalid is what Validate returned for them.
 //
-// Each message still builds its follow-up publisher with publisher.New,
-// which validates cfg.Publisher again: the publisher package offers no
-// constructor that skips it, and the check is a few string scans.
+// Each message's publisher.InTxWith validates cfg.Publisher again: the
+// publisher package offers no entry point that skips it, and the check is a
+// few string scans.
 func middleware(db *sql.DB, consumer string, cfg Config, invalid error) message.HandlerMiddleware {
 	logger := cfg.Logger
 	if logger == nil {
@@ -164,35 +164,58 @@ func middleware(db *sql.DB, consumer string, cfg Config, invalid error) message.
 	}
 }
 
-func handle(db *sql.DB, consumer string, cfg Config, logger watermill.LoggerAdapter, h message.HandlerFunc, msg *message.Message) (produced []*message.Message, err error) {
+// errAlreadyProcessed is how handle's transaction function reports a
+// message id this consumer recorded before: InTxWith rolls back, handle acks.
+var errAlreadyProcessed = errors.New("inbox: message already processed")
+
+func handle(db *sql.DB, consumer string, cfg Config, logger watermill.LoggerAdapter, h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
 	const op = "inbox"
 	if msg.UUID == "" {
 		return nil, outbox.Errorf(outbox.CodeMessageIDRequired, op, "message has no UUID; the inbox cannot recognise its redelivery")
 	}
-	ctx := msg.Context()
-	tx, err := db.BeginTx(ctx, cfg.TxOptions)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: begin: %w", err)
-	}
-	res, err := tx.ExecContext(ctx, insertInbox, consumer, msg.UUID)
-	if err != nil {
-		_ = tx.Rollback()
-		return nil, fmt.Errorf("inbox: record %s: %w", msg.UUID, err)
-	}
-	if n, err := res.RowsAffected(); err != nil || n == 0 {
-		_ = tx.Rollback()
-		if err != nil {
-			return nil, fmt.Errorf("inbox: record %s: %w", msg.UUID, err)
-		}
+	var (
+		produced []*message.Message
+		fnErr    error
+	)
+	// A panic in h goes on after InTxWith rolled back (watermill's
+	// Recoverer, if installed, turns it into a nack).
+	err := publisher.InTxWith(msg.Context(), db, cfg.Publisher, publisher.InTxOptions{TxOptions: cfg.TxOptions, Logger: logger},
+		func(ctx context.Context, tx *sql.Tx, out *publisher.Publisher) error {
+			produced, fnErr = run(ctx, tx, out, consumer, h, msg)
+			return fnErr
+		})
+	switch {
+	case err == nil:
+		return nil, nil
+	case errors.Is(err, errAlreadyProcessed): // even if the rollback failed: nothing was done
 		logger.Debug("inbox: message already processed, skipping", watermill.LogFields{"consumer": consumer, "message_uuid": msg.UUID})
 		return nil, nil
+	case fnErr != nil:
+		// The handler's error (or the refusal) as it is, joined with a
+		// rollback failure if there was one.
+		return produced, err
+	default:
+		// InTxWith's own: begin or commit.
+		return nil, fmt.Errorf("inbox: %s: %w", msg.UUID, err)
+	}
+}
+
+// run is the inbox transaction: the inbox record, then the handler with
+// the transaction and a follow-up publisher in msg's context.
+func run(ctx context.Context, tx *sql.Tx, out *publisher.Publisher, consumer string, h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	const op = "inbox"
+	res, err := tx.ExecContext(ctx, insertInbox, consumer, msg.UUID)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: record %s: %w", msg.UUID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return nil, fmt.Errorf("inbox: record %s: %w", msg.UUID, err)
+	}
+	if n == 0 {
+		return nil, errAlreadyProcessed
 	}
 
-	out, err := publisher.New(tx, cfg.Publisher, logger)
-	if err != nil {
-		_ = tx.Rollback()
-		return nil, err
-	}
 	st := &state{tx: tx, pub: &FollowUp{
 		out:         out,
 		causation:   msg.UUID,
@@ -201,38 +224,16 @@ func handle(db *sql.DB, consumer string, cfg Config, logger watermill.LoggerAdap
 	msg.SetContext(context.WithValue(ctx, ctxKey{}, st))
 	defer msg.SetContext(ctx)
 
-	finished := false
-	defer func() {
-		if finished {
-			return
-		}
-		// The handler panicked: undo everything, then let the panic go on
-		// (watermill's Recoverer, if installed, turns it into a nack).
-		_ = out.Close()
-		_ = tx.Rollback()
-	}()
-	produced, err = h(msg)
-	finished = true
-	_ = out.Close() // the handler must not publish into a finished transaction
+	produced, err := h(msg)
 	if err != nil {
-		if rbErr := tx.Rollback(); rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
-			return produced, errors.Join(err, fmt.Errorf("inbox: rollback: %w", rbErr))
-		}
 		return produced, err
 	}
 	if len(produced) > 0 {
 		// Committing here and returning them would let the router publish
 		// them after the inbox record is durable: a failed publish would
 		// then be skipped on redelivery and the messages lost for good.
-		refusal := outbox.Errorf(CodeProducedMessages, op,
+		return nil, outbox.Errorf(CodeProducedMessages, op,
 			"handler returned %d produced message(s) for %s; use inbox.Publisher(msg.Context()) to emit follow-ups: they commit with the effect", len(produced), msg.UUID)
-		if rbErr := tx.Rollback(); rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
-			return nil, errors.Join(refusal, fmt.Errorf("inbox: rollback: %w", rbErr))
-		}
-		return nil, refusal
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("inbox: commit %s: %w", msg.UUID, err)
 	}
 	return nil, nil
 }

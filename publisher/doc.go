@@ -10,6 +10,9 @@
 //			return pub.Publish("orders.paid", msg)
 //		})
 //
+// InTxWith does the same with options: the transaction's sql.TxOptions
+// (isolation level, read-only) and a logger for the Publisher.
+//
 // Guarantees:
 //
 //   - The rows and the business change commit together or not at all: the

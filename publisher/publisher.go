@@ -51,10 +51,15 @@ func New(tx *sql.Tx, cfg Config, logger watermill.LoggerAdapter) (*Publisher, er
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	return bind(tx, cfg, logger), nil
+}
+
+// bind is New after its checks: tx is not nil and cfg is valid.
+func bind(tx *sql.Tx, cfg Config, logger watermill.LoggerAdapter) *Publisher {
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	return &Publisher{tx: tx, cfg: cfg.withDefaults(), logger: logger}, nil
+	return &Publisher{tx: tx, cfg: cfg.withDefaults(), logger: logger}
 }
 
 // Publish writes all msgs into messaging_outbox with one statement in the
