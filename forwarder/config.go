@@ -98,13 +98,16 @@ type Config struct {
 	// exceed LeaseDuration - PublishTimeout, so outcomes are written while
 	// the leases still hold. Default PublishTimeout.
 	DrainTimeout time.Duration
-	// OnReport, when set, is called after every pass (also failing ones).
+	// OnReport, when set, is called after every pass (also failing ones),
+	// once its outcomes are written: in pass order, never two calls at once,
+	// but not always from the same goroutine.
 	OnReport func(Report)
 	// DisablePrefetch turns off claiming the next batch while a full batch
-	// is being published (Run only; RunOnce never prefetches). Prefetching
-	// holds up to 2 x BatchSize rows per relay and uses a second connection
-	// during a pass; per-key order, leases and Close's release are the same
-	// either way.
+	// is being published, and publishing it while the previous batch's
+	// outcomes are written (Run only; RunOnce does neither). Prefetching
+	// holds up to 2 x BatchSize rows per relay and uses up to two more
+	// connections during a pass; per-key order, leases, what a crash leaves
+	// and Close's release are the same either way.
 	DisablePrefetch bool
 	// DisablePreparedStatements runs the claim and the outcome writes as
 	// plain statements, parsed and planned on every call. Prepared (the

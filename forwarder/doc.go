@@ -74,14 +74,22 @@
 // after a failing pass (logged, counted, backed off). While a full batch is
 // being published, Run already claims the next one on a second connection
 // (prefetch; Config.DisablePrefetch turns it off), so the database works on
-// that claim while the relay publishes and writes outcomes: a relay then holds
-// up to 2 x BatchSize rows. Order per key is unaffected (the rows in flight
-// block their keys for the next claim), a prefetched batch's start-by deadline
-// counts from its own claim, and it is reported as its own pass. Close, or
+// that claim while the relay publishes; and it publishes that batch while the
+// previous batch's outcome statement runs (pipelining, on by the same
+// switch). Outcome statements still run one at a time, in pass order, each
+// started as soon as its batch's publishes end, as without pipelining: what
+// a crash leaves behind is the same. A relay then holds up to 2 x BatchSize
+// rows and uses up to three connections (claim, outcomes, heartbeat). Order
+// per key is unaffected (rows stay IN_FLIGHT, blocking their keys for every
+// claim, until their outcome commits), a prefetched batch's start-by deadline
+// counts from its own claim, and it is reported as its own pass, once its
+// outcomes are written (OnReport calls come in pass order, never two at
+// once). A failing outcome statement is logged and backed off like a failing
+// pass, when the next pass has finished publishing. Close, or
 // cancelling Run's context, drains the pass in progress: publishes already
 // started get DrainTimeout to finish, rows not yet started are released (a
-// prefetched batch is released whole), outcomes are written, and the
-// heartbeat is removed. RouterPlugin ties all of this to a
+// prefetched batch is released whole), every outcome statement still running
+// finishes, and the heartbeat is removed. RouterPlugin ties all of this to a
 // watermill Router.
 //
 // # Observability

@@ -266,16 +266,26 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	})
 
 	// next is the batch claimed ahead while the previous one was being
-	// published (see pass; off with DisablePrefetch). Every way out of the loop hands it to one more
-	// pass, which sees stopping closed and releases its rows, so no row is
-	// left IN_FLIGHT under this relay's name.
+	// published, and behind is the previous pass's outcome write, still
+	// running while next is published (see pass; both off with
+	// DisablePrefetch). Every way out of the loop hands them to one more pass,
+	// which sees stopping closed and releases next's rows, so no row is left
+	// IN_FLIGHT under this relay's name and every outcome is written before
+	// Run returns.
 	var next <-chan claimedBatch
+	var behind *tail
 	defer func() {
 		if next == nil {
 			return
 		}
 		<-stopping
-		if _, _, rerr := f.pass(ctx, stopping, drainExpired, next, false); rerr != nil {
+		t, _ := f.pass(ctx, stopping, drainExpired, next, false, behind)
+		if _, berr := behind.wait(); berr != nil {
+			berr = fmt.Errorf("forwarder: the last pass before stopping: %w", berr)
+			f.logger.Error("Outbox pass failed; rows whose outcome was not written stay IN_FLIGHT until their leases expire", berr, nil)
+			err = errors.Join(err, berr)
+		}
+		if _, rerr := t.wait(); rerr != nil {
 			rerr = fmt.Errorf("forwarder: release the batch claimed ahead: %w", rerr)
 			f.logger.Error("Outbox final release failed; its rows stay IN_FLIGHT until their leases expire", rerr, nil)
 			err = errors.Join(err, rerr)
@@ -283,8 +293,19 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	}()
 	var idle, failures int
 	for {
-		rep, pre, err := f.pass(ctx, stopping, drainExpired, next, !f.cfg.DisablePrefetch)
-		next = pre
+		cur, pre := f.pass(ctx, stopping, drainExpired, next, !f.cfg.DisablePrefetch, behind)
+		var err error
+		if behind != nil {
+			_, err = behind.wait() // finished: pass waits for it before writing its own outcomes
+		}
+		next, behind = pre, nil
+		claimed := cur.claimed
+		if pre != nil {
+			behind = cur // its outcomes are written while the batch claimed ahead is published
+		} else {
+			_, terr := cur.wait() // finished: without a batch claimed ahead, pass waits for its own outcomes
+			err = errors.Join(err, terr)
+		}
 		var delay time.Duration
 		switch {
 		case err != nil:
@@ -292,9 +313,9 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			idle = 0
 			delay = f.jittered(f.cfg.BackoffBase, f.cfg.BackoffMax, failures, 0)
 			f.logger.Error("Outbox pass failed", err, watermill.LogFields{"consecutive_failures": failures, "retry_in": delay})
-		case rep.Claimed >= f.cfg.BatchSize:
+		case claimed >= f.cfg.BatchSize:
 			failures, idle = 0, 0 // a full batch: more is waiting, go again at once
-		case rep.Claimed > 0:
+		case claimed > 0:
 			failures, idle = 0, 0
 			delay = f.cfg.PollInterval
 		default:
@@ -302,10 +323,11 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			idle++
 			delay = f.jittered(f.cfg.PollInterval, f.cfg.MaxPollInterval, idle, 1)
 		}
-		select {
-		case <-stopping:
+		if f.stopRequested(ctx, stopping) {
 			f.logger.Info("Outbox forwarder stopped", nil)
 			return nil
+		}
+		select {
 		case err := <-fatal:
 			f.stopOnce.Do(func() { close(f.stop) })
 			return err
@@ -330,6 +352,21 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		case <-t.C:
 		}
 	}
+}
+
+// stopRequested reports whether ctx was cancelled or Close called. It reads
+// them directly as well as stopping, which another goroutine closes a moment
+// after them: a pass started in that moment would take the batch claimed
+// ahead as an ordinary pass instead of the final one that releases it.
+func (f *Forwarder) stopRequested(ctx context.Context, stopping <-chan struct{}) bool {
+	select {
+	case <-stopping:
+	case <-ctx.Done():
+	case <-f.stop:
+	default:
+		return false
+	}
+	return true
 }
 
 // stopSignals returns a channel closed when ctx is cancelled or Close is
@@ -429,8 +466,8 @@ func (f *Forwarder) RunOnce(ctx context.Context) (Report, error) {
 		case <-exit:
 		}
 	}()
-	rep, _, err := f.pass(ctx, stopping, drainExpired, nil, false)
-	return rep, err
+	t, _ := f.pass(ctx, stopping, drainExpired, nil, false, nil)
+	return t.wait()
 }
 
 // dbNow is the clock passed to SQL: zero (server time) unless injected.
@@ -504,42 +541,78 @@ func (f *Forwarder) claim(ctx context.Context) claimedBatch {
 	return claimedBatch{claimed: claimed, claimedAt: at, err: err}
 }
 
+// tail is the second half of a pass: writing its outcomes and reporting.
+// Under Run it may still be running while the next pass publishes.
+type tail struct {
+	start   time.Time
+	claimed int // set before the tail can run behind: the loop reads it
+	rep     Report
+	err     error
+	done    chan struct{} // closed once rep and err are final
+}
+
+// wait returns the pass's report once its outcomes are written (at once for
+// a nil tail).
+func (t *tail) wait() (Report, error) {
+	if t == nil {
+		return Report{}, nil
+	}
+	<-t.done
+	return t.rep, t.err
+}
+
+// end finishes a pass: metrics, OnReport, then the waiters.
+func (f *Forwarder) end(t *tail, err error) {
+	t.rep.Claimed = t.claimed
+	t.rep.Duration = time.Since(t.start)
+	t.err = err
+	f.metrics.pass(t.rep.Claimed, err != nil)
+	if f.cfg.OnReport != nil {
+		f.cfg.OnReport(t.rep)
+	}
+	close(t.done)
+}
+
 // pass claims a batch (or takes the one claimed ahead, pre), publishes it
-// and writes its outcomes. With prefetch set and a full batch claimed, it
-// starts claiming the next batch on another connection right away and
-// returns it as next, so the database runs that claim while this pass
-// publishes and writes outcomes. That cannot reorder a key: this batch's
-// rows are IN_FLIGHT (not PUBLISHED) while the next claim runs, so it
-// returns no later row of their keys. A pass given pre always consumes it,
-// also when stopping (its rows are then released, not published).
-func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan struct{}, pre <-chan claimedBatch, prefetch bool) (rep Report, next <-chan claimedBatch, err error) {
-	start := time.Now()
-	defer func() {
-		rep.Duration = time.Since(start)
-		f.metrics.pass(rep.Claimed, err != nil)
-		if f.cfg.OnReport != nil {
-			f.cfg.OnReport(rep)
-		}
-	}()
+// and writes its outcomes. A pass given pre always consumes it, also when
+// stopping (its rows are then released, not published).
+//
+// With prefetch set and a full batch claimed, it pipelines: it starts
+// claiming the next batch on another connection right away and returns it
+// as next, and it returns before its outcomes are written, so the caller
+// publishes next while this pass's outcome statement runs (the returned
+// tail; the caller hands it to the next pass as behind). Outcome statements
+// still run one at a time and in pass order: a pass waits for behind before
+// writing its own. Neither can reorder a key: a batch's rows stay
+// IN_FLIGHT (not PUBLISHED) until its outcome statement commits, and while
+// they do the claim returns no later row of their keys. Nor does it change
+// what a crash leaves: outcomes are written as soon as the batch's publishes
+// end, exactly as without pipelining; what no longer waits for them is the
+// next batch's publishing.
+//
+// Without a batch claimed ahead (next nil) the returned tail is finished.
+func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan struct{}, pre <-chan claimedBatch, prefetch bool, behind *tail) (t *tail, next <-chan claimedBatch) {
+	t = &tail{start: time.Now(), done: make(chan struct{})}
 	var b claimedBatch
 	if pre != nil {
 		b = <-pre
 	} else {
 		select {
 		case <-stopping:
-			return rep, nil, nil
+			behind.wait()
+			f.end(t, nil)
+			return t, nil
 		default:
 		}
 		b = f.claim(ctx)
 	}
-	if b.err != nil {
-		return rep, nil, b.err
-	}
 	claimed := b.claimed
-	rep.Claimed = len(claimed)
-	if len(claimed) == 0 {
-		return rep, nil, nil
+	if b.err != nil || len(claimed) == 0 {
+		behind.wait()
+		f.end(t, b.err)
+		return t, nil
 	}
+	t.claimed = len(claimed)
 	if prefetch && len(claimed) >= f.cfg.BatchSize {
 		select {
 		case <-stopping:
@@ -584,6 +657,18 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 
 	f.publishAll(work, startBy, stopping, drainExpired)
 
+	behind.wait()
+	if next == nil {
+		f.writeOutcomes(ctx, t, items)
+		return t, nil
+	}
+	go f.writeOutcomes(ctx, t, items)
+	return t, next
+}
+
+// writeOutcomes writes the outcomes of a pass's items, logs and counts them,
+// and ends the pass.
+func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []*item) {
 	var outcomes []fencing.Outcome
 	var written []*item
 	now := f.dbNow() // one clock for the batch: Apply writes it as one instant
@@ -596,14 +681,22 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 		}
 	}
 	// The outcome write gets its own timeout, started now: the publishes
-	// above may have taken longer than dbTimeout, and an outcome written on
-	// an expired context would be lost (the rows would be published again
+	// may have taken longer than dbTimeout, and an outcome written on an
+	// expired context would be lost (the rows would be published again
 	// after their leases expire, until EXHAUSTED).
 	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 	defer cancel()
 	results, err := f.apply(dbctx, outcomes)
 	if err != nil {
-		return rep, next, fmt.Errorf("forwarder: write outcomes of %d rows: %w", len(outcomes), err)
+		ids, tokens := make([]string, len(outcomes)), make([]int64, len(outcomes))
+		for i, o := range outcomes {
+			ids[i], tokens[i] = o.Lease.MessageID, o.Lease.Token
+		}
+		f.logger.Error("Outbox outcomes not written: these rows stay IN_FLIGHT until their leases expire and are then claimed again, so those already published may be published twice", err, watermill.LogFields{
+			"rows": len(outcomes), "message_ids": ids, "lease_tokens": tokens,
+		})
+		f.end(t, fmt.Errorf("forwarder: write outcomes of %d rows: %w", len(outcomes), err))
+		return
 	}
 	stale := make(map[*item]bool)
 	for i, r := range results {
@@ -611,6 +704,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 			stale[written[i]] = true
 		}
 	}
+	rep := &t.rep
 	var unknown error
 	for _, it := range items {
 		row := it.claimed.Row
@@ -649,7 +743,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 			})
 		}
 	}
-	return rep, next, unknown
+	f.end(t, unknown)
 }
 
 // apply writes the outcomes, trying again twice on a database error: the

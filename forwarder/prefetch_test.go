@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 )
 
 // With prefetch on (the default), Run claims batch N+1 while batch N is
@@ -127,3 +128,65 @@ func TestDisablePrefetchHoldsOneBatch(t *testing.T) {
 }
 
 func withoutDuration(r forwarder.Report) forwarder.Report { r.Duration = 0; return r }
+
+// With a full batch claimed ahead, Run publishes it while the previous
+// batch's outcome statement is still running (pipelining), yet outcome
+// statements commit one at a time in pass order, and Close waits for the
+// last of them. Here batch 1's outcome statement waits on a row lock the
+// test holds: batch 2 is published meanwhile, but its outcomes are not
+// written before batch 1's, and no pass reports before its outcomes are in.
+func TestOutcomesAreWrittenBehindTheNextBatch(t *testing.T) {
+	s := newDB(t)
+	insertN(t, s.DB, "orders", "a", "b", "c", "d")
+	g := &gate{entered: make(chan string, 10), open: make(chan struct{})}
+	var mu sync.Mutex
+	var reports []forwarder.Report
+	f := newForwarder(t, s.DB, g, forwarder.Config{
+		Owner: "pl", BatchSize: 2, Concurrency: 1, PollInterval: time.Hour, MaxPollInterval: time.Hour,
+		OnReport: func(r forwarder.Report) { mu.Lock(); reports = append(reports, r); mu.Unlock() },
+	})
+	done := make(chan error, 1)
+	go func() { done <- f.Run(context.Background()) }()
+	require.Equal(t, "a", waitOrFail(t, g.entered, "the first publish"))
+
+	lock, err := s.DB.Begin()
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback() }()
+	_, err = lock.Exec(`SELECT 1 FROM messaging_outbox WHERE message_id = 'a' FOR UPDATE`)
+	require.NoError(t, err)
+
+	close(g.open)
+	for _, id := range []string{"b", "c", "d"} {
+		require.Equal(t, id, waitOrFail(t, g.entered, "publish of "+id), "batch 2 is published while batch 1's outcome statement waits")
+	}
+	require.Eventually(t, func() bool {
+		return testdb.QueryInt(t, s.DB, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%messaging_outbox%'`) == 1
+	}, 10*time.Second, 5*time.Millisecond, "batch 1's outcome statement waits for the lock")
+	for _, id := range []string{"a", "b", "c", "d"} {
+		require.Equal(t, "IN_FLIGHT", state(t, s.DB, id).Status, "%s: no outcome is written before batch 1's", id)
+	}
+	mu.Lock()
+	require.Empty(t, reports, "a pass reports once its outcomes are written")
+	mu.Unlock()
+
+	closed := make(chan error, 1)
+	go func() { closed <- f.Close() }()
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned (%v) while an outcome statement was still waiting", err)
+	default:
+	}
+	require.NoError(t, lock.Rollback())
+	require.NoError(t, waitOrFail(t, closed, "Close"))
+	require.NoError(t, waitOrFail(t, done, "Run"))
+	for _, id := range []string{"a", "b", "c", "d"} {
+		require.Equal(t, "PUBLISHED", state(t, s.DB, id).Status, id)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.GreaterOrEqual(t, len(reports), 2)
+	for i := range 2 {
+		require.Equal(t, forwarder.Report{Claimed: 2, Published: 2}, withoutDuration(reports[i]), "pass %d", i+1)
+	}
+}

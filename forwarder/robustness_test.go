@@ -154,9 +154,11 @@ func TestFailedFinalReleaseIsReturnedByRun(t *testing.T) {
 	fdb := s.Open(t) // the relay's own pool, closed under it below
 	fdb.SetMaxOpenConns(4)
 	g := &gate{entered: make(chan string, 10), open: make(chan struct{})}
-	f := newForwarder(t, fdb, g, forwarder.Config{
+	logs := &errLogger{}
+	f, err := forwarder.New(fdb, g, logs, forwarder.Config{
 		BatchSize: 1, BackoffBase: time.Hour, BackoffMax: time.Hour, PollInterval: time.Hour, MaxPollInterval: time.Hour,
 	})
+	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -167,23 +169,40 @@ func TestFailedFinalReleaseIsReturnedByRun(t *testing.T) {
 	require.NoError(t, fdb.Close())
 	cancel()
 	close(g.open)
-	err := waitOrFail(t, done, "Run returning")
+	err = waitOrFail(t, done, "Run returning")
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "release the batch claimed ahead")
 	require.Contains(t, err.Error(), "database is closed")
 	require.Equal(t, "IN_FLIGHT", state(t, s.DB, "m2").Status, "what the error reports")
+	// m1 was published but its outcome could not be written: the log names
+	// it with its lease token (a possible duplicate), and so does the m2
+	// release that failed.
+	require.Equal(t, "IN_FLIGHT", state(t, s.DB, "m1").Status)
+	logs.mu.Lock()
+	defer logs.mu.Unlock()
+	var unwritten []string
+	for _, fields := range logs.fields {
+		if ids, ok := fields["message_ids"].([]string); ok {
+			tokens := fields["lease_tokens"].([]int64)
+			require.Equal(t, []int64{1}, tokens)
+			unwritten = append(unwritten, ids...)
+		}
+	}
+	require.Equal(t, []string{"m1", "m2"}, unwritten)
 }
 
 // errLogger records the errors logged, for assertions on their codes.
 type errLogger struct {
 	watermill.NopLogger
-	mu   sync.Mutex
-	errs []error
+	mu     sync.Mutex
+	errs   []error
+	fields []watermill.LogFields
 }
 
-func (l *errLogger) Error(_ string, err error, _ watermill.LogFields) {
+func (l *errLogger) Error(_ string, err error, fields watermill.LogFields) {
 	l.mu.Lock()
 	l.errs = append(l.errs, err)
+	l.fields = append(l.fields, fields)
 	l.mu.Unlock()
 }
 

@@ -562,7 +562,7 @@ func (s summary) String(form string, seed uint64) string {
 	fmt.Fprintf(&b, "  parked EXHAUSTED        %d\n", s.exhausted)
 	fmt.Fprintf(&b, "  blocked behind parked   %d\n", s.blocked)
 	fmt.Fprintf(&b, "  stale writes reported   %d (confirmed deliveries whose outcome was overwritten: %d, all reported)\n", s.staleReported, s.staleEvidence)
-	fmt.Fprintf(&b, "  outcome writes failed   %d (confirmed deliveries whose pass failed writing outcomes)\n", s.unwritten)
+	fmt.Fprintf(&b, "  outcome writes failed   %d (rows of failed outcome statements, logged by id and lease token)\n", s.unwritten)
 	kinds := make([]string, 0, len(s.faults))
 	for k := range s.faults {
 		kinds = append(kinds, k)

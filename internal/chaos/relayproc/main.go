@@ -97,10 +97,7 @@ func run(dsn, sinkDSN, owner string, seed uint64, pErr, pAmbig, pHang float64) e
 		MaxAttempts:       25,
 		HeartbeatInterval: time.Second,
 		TracerProvider:    sdktrace.NewTracerProvider(),
-		// Run calls OnReport after each pass from its one loop goroutine,
-		// never concurrently, so it needs no lock of its own.
 		OnReport: func(r forwarder.Report) {
-			ds.endPass()
 			if r.Stale > 0 {
 				ds.exec(insertReport, owner, r.Stale, false)
 			}
@@ -123,15 +120,6 @@ type downstream struct {
 	mu                  sync.Mutex
 	rng                 *rand.Rand
 	pErr, pAmbig, pHang float64
-
-	passMu   sync.Mutex
-	thisPass []attempt // confirmed in the pass in progress
-	lastPass []attempt // confirmed in the pass that just ended
-}
-
-type attempt struct {
-	id    string
-	token int64
 }
 
 func (d *downstream) roll() float64 {
@@ -187,9 +175,6 @@ func (d *downstream) publishOne(m *message.Message) error {
 		return errors.New("timeout waiting for the broker's confirm (it may have the message)")
 	}
 	d.record(m, token, outcomeOK)
-	d.passMu.Lock()
-	d.thisPass = append(d.thisPass, attempt{m.UUID, token})
-	d.passMu.Unlock()
 	return nil
 }
 
@@ -201,22 +186,12 @@ func (d *downstream) record(m *message.Message, token int64, outcome string) {
 	d.exec(insertDelivery, m.UUID, body.ID, m.Metadata.Get(envelope.KeyOrderingKey), d.owner, token, outcome)
 }
 
-func (d *downstream) endPass() {
-	d.passMu.Lock()
-	defer d.passMu.Unlock()
-	d.lastPass, d.thisPass = d.thisPass, nil
-}
-
-// passFailed records the confirmed attempts of the pass that just failed:
-// their outcomes may not have been written (the write itself failed), so
-// they are neither PUBLISHED by this relay nor reported stale.
-func (d *downstream) passFailed() {
-	d.passMu.Lock()
-	last := d.lastPass
-	d.lastPass = nil
-	d.passMu.Unlock()
-	for _, a := range last {
-		d.exec(insertUnwrit, d.owner, a.id, a.token)
+// unwritten records the rows of an outcome statement that failed: their
+// confirmed deliveries may not have been written PUBLISHED under their own
+// lease, and the forwarder said so (it logs their ids and lease tokens).
+func (d *downstream) unwritten(ids []string, tokens []int64) {
+	for i, id := range ids {
+		d.exec(insertUnwrit, d.owner, id, tokens[i])
 	}
 	d.exec(insertReport, d.owner, 0, true)
 }
@@ -252,8 +227,10 @@ func (l *evidenceLogger) Warn(msg string, fields watermill.LogFields) {
 }
 
 func (l *evidenceLogger) Error(msg string, err error, fields watermill.LogFields) {
-	if msg == "Outbox pass failed" {
-		l.ds.passFailed()
+	ids, _ := fields["message_ids"].([]string)
+	tokens, _ := fields["lease_tokens"].([]int64)
+	if len(ids) > 0 && len(ids) == len(tokens) {
+		l.ds.unwritten(ids, tokens)
 	}
 	l.LoggerAdapter.Error(msg, err, fields)
 }
