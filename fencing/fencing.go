@@ -98,6 +98,14 @@ type ClaimParams struct {
 // not publish it): its expired lease spent the last attempt (LEASE_EXPIRED),
 // or its attempts already reached a budget lowered since (BUDGET_SPENT).
 //
+// Row holds every column except four timestamps the claim does not return,
+// which stay zero: published_at (NULL on every claimable row),
+// next_attempt_at (the retry time that made the row due), last_attempt_at
+// (this claim's now(), which Lease.ExpiresAt minus the lease duration gives)
+// and parked_at (set on the rows it parks). Each costs a timestamp's text
+// form on the server and a parse in the client on every claimed row, and no
+// relay reads them; read the row by message_id when you need them.
+//
 // Err is non-nil when the row is held but cannot be decoded (for example its
 // headers are not a flat string object: OUTBOX_CORRUPT_ROW); the identity
 // fields and the lease are filled so the caller can park it with
@@ -175,7 +183,17 @@ UPDATE messaging_outbox o
            ELSE o.last_failure_detail END
   FROM picked p
  WHERE o.ctid = p.picked_ctid
-RETURNING ` + envelope.SelectColumns
+RETURNING ` + claimColumns
+
+	// claimColumns is envelope.SelectColumns, in its order for
+	// envelope.ScanRow, with the timestamps Claimed.Row leaves zero read as
+	// NULL (TestClaimColumnsFollowSelectColumns keeps the two in step).
+	claimColumns = `message_id, destination, payload, headers, status, seq, created_at,
+occurred_at, NULL::timestamptz, attempts, NULL::timestamptz, lease_owner, lease_token,
+lease_expires_at, last_failure_code, last_failure_detail, NULL::timestamptz, producer,
+correlation_id, causation_id, tenant, partition_key, ordering_key, traceparent,
+tracestate, baggage, schema_subject, schema_version, content_type, message_type,
+aggregate_type, aggregate_id, aggregate_version, NULL::timestamptz, routing_key`
 
 	// ClaimBlockKeySQL is the claim under [BlockKey].
 	ClaimBlockKeySQL = claimHead + claimTail
