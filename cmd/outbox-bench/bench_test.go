@@ -164,3 +164,27 @@ func TestDrainFilter(t *testing.T) {
 	cfg.Drain = []string{"outbox-noprefetch/x1", "outbox/x1", "nonsense/x9"}
 	require.Equal(t, []drainKind{{relayOurs, 1}, {relayOursNoPF, 1}}, cfg.drainKinds())
 }
+
+// -db-latency-ms: the proxied URL reaches the same server (a drain cell runs
+// through it) and a URL without a host is refused before anything starts.
+func TestLatencyProxy(t *testing.T) {
+	_, _, err := viaLatencyProxy("host=127.0.0.1 user=postgres", 1)
+	require.ErrorContains(t, err, "needs the database as a URL with a host")
+
+	proxied, stop, err := viaLatencyProxy(testdb.URL(), 1)
+	require.NoError(t, err)
+	defer stop()
+	require.NotEqual(t, testdb.URL(), proxied)
+	cfg := tinyConfig(t)
+	cfg.URL = proxied
+	cfg.Only = []string{"drain"}
+	cfg.Drain = []string{"outbox/x1"}
+	cfg.DBLatencyMs = 1
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := run(ctx, cfg, nil)
+	require.NoError(t, err)
+	require.Len(t, rep.Results, 1)
+	require.Equal(t, "drain/outbox/x1", rep.Results[0].Name)
+	require.Positive(t, rep.Results[0].Median)
+}

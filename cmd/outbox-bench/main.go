@@ -65,6 +65,9 @@ type Config struct {
 	// (migration 00030 sets 70) in every schema of the run: for measuring
 	// the write/drain trade-off of that setting.
 	Fillfactor int `json:"fillfactor,omitempty"`
+	// DBLatencyMs, when non-zero, sends every connection of the run through
+	// a proxy that delays each reply from the database by this much.
+	DBLatencyMs int `json:"db_latency_ms,omitempty"`
 }
 
 func defaultConfig() Config {
@@ -122,6 +125,7 @@ func main() {
 	flag.BoolVar(&cfg.WhatIf, "what-if", false, "drain: also run the one-commit-per-batch prototype relay (evidence for BENCHMARKS.md, not the product)")
 	drain := flag.String("drain", "", "comma-separated drain cells to run (e.g. outbox/x1,outbox-noprefetch/x1); default all")
 	only := flag.String("only", "", "comma-separated groups to run (write,drain,latency,idle,scale,retention); default all")
+	flag.IntVar(&cfg.DBLatencyMs, "db-latency-ms", 0, "delay every reply from the database by this many milliseconds (an in-process toxiproxy): the relays as they run over a network")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *only != "" {
@@ -153,6 +157,14 @@ func main() {
 	}
 	if *million {
 		cfg.ScaleBacklogs = append(cfg.ScaleBacklogs, 1000000)
+	}
+	if cfg.DBLatencyMs > 0 {
+		var stopProxy func()
+		if cfg.URL, stopProxy, err = viaLatencyProxy(cfg.URL, cfg.DBLatencyMs); err != nil {
+			fmt.Fprintln(os.Stderr, "outbox-bench:", err)
+			os.Exit(2)
+		}
+		defer stopProxy()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
