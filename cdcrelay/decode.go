@@ -22,6 +22,14 @@ func undecodable(format string, args ...any) error {
 	return outbox.Errorf(outbox.CodeCorruptRow, "cdcrelay.decode", format, args...)
 }
 
+// identity is what a refused row still says about itself, as envelope.ScanRow
+// returns it with its error: the message id and destination, when they were
+// decoded before the column that failed (message_id and destination are the
+// table's first columns), for the operator's log.
+func identity(r envelope.Row) envelope.Row {
+	return envelope.Row{MessageID: r.MessageID, Destination: r.Destination}
+}
+
 // decodeRow builds the row an INSERT carried, by column name, so the column
 // order of the table (and columns this code does not know, such as
 // created_at_utc) do not matter. Columns the envelope needs but the tuple
@@ -120,12 +128,12 @@ func decodeRow(cols []column) (envelope.Row, error) {
 			r.RoutingKey = s
 		}
 		if err != nil {
-			return envelope.Row{}, undecodable("column %s of row %q: %v", c.name, r.MessageID, err)
+			return identity(r), undecodable("column %s of row %q: %v", c.name, r.MessageID, err)
 		}
 	}
 	for _, req := range []string{"message_id", "destination", "created_at"} {
 		if !seen[req] {
-			return envelope.Row{}, undecodable("row %q has no %s", r.MessageID, req)
+			return identity(r), undecodable("row %q has no %s", r.MessageID, req)
 		}
 	}
 	if r.Payload == nil {

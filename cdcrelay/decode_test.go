@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 )
 
 func cols(kv ...string) []column {
@@ -85,8 +86,20 @@ func TestDecodeRowRefusals(t *testing.T) {
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			_, err := decodeRow(c)
+			r, err := decodeRow(c)
 			require.ErrorIs(t, err, outbox.ErrCorruptRow)
+			// The identity decoded before the refusal is kept for the
+			// operator's log, and nothing else.
+			want := envelope.Row{}
+			for _, col := range c {
+				switch col.name {
+				case "message_id":
+					want.MessageID = string(col.text)
+				case "destination":
+					want.Destination = string(col.text)
+				}
+			}
+			require.Equal(t, want, r)
 		})
 	}
 }

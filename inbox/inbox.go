@@ -38,9 +38,13 @@ const MaxConsumerLength = 200
 type Config struct {
 	// Publisher configures the follow-up publisher bound to the transaction.
 	Publisher publisher.Config
-	// TxOptions for the consumer's transaction (nil: the driver default,
-	// READ COMMITTED on PostgreSQL, which the duplicate check relies on: the
-	// waiting INSERT sees the committed conflict).
+	// TxOptions for the consumer's transaction (nil: the server's default
+	// isolation, default_transaction_isolation, READ COMMITTED unless
+	// configured: a second delivery waiting on the first then sees its
+	// committed record and is skipped; under REPEATABLE READ or SERIALIZABLE
+	// it fails with a serialization error instead and is nacked and
+	// redelivered, which is safe). ReadOnly is refused: the inbox record is a
+	// write.
 	TxOptions *sql.TxOptions
 	// Logger; nil logs nothing.
 	Logger watermill.LoggerAdapter
@@ -108,7 +112,8 @@ func (f *FollowUp) Outbox() *publisher.Publisher { return f.out }
 
 // Validate checks the arguments of Middleware: OUTBOX_INVALID_CONFIG for a
 // nil db, a consumer name that is empty, longer than MaxConsumerLength, not
-// UTF-8 or containing NUL, or an invalid publisher configuration.
+// UTF-8 or containing NUL, read-only TxOptions, or an invalid publisher
+// configuration.
 func Validate(db *sql.DB, consumer string, cfg Config) error {
 	const op = "inbox.Middleware"
 	switch {
@@ -120,6 +125,8 @@ func Validate(db *sql.DB, consumer string, cfg Config) error {
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "consumer name is %d bytes, at most %d allowed", len(consumer), MaxConsumerLength)
 	case !utf8.ValidString(consumer) || strings.IndexByte(consumer, 0) >= 0:
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "consumer name must be valid UTF-8 without NUL bytes")
+	case cfg.TxOptions != nil && cfg.TxOptions.ReadOnly:
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "TxOptions.ReadOnly: the consumer's transaction writes the inbox record, so it cannot be read-only")
 	}
 	return cfg.Publisher.Validate()
 }

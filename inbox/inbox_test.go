@@ -325,6 +325,7 @@ func TestBadInputIsRefused(t *testing.T) {
 		"NUL in consumer": {e.db, "a\x00b", inbox.Config{}},
 		"bad UTF-8":       {e.db, "\xff", inbox.Config{}},
 		"bad publisher":   {e.db, "c", inbox.Config{Publisher: publisherWithNUL()}},
+		"read-only tx":    {e.db, "c", inbox.Config{TxOptions: &sql.TxOptions{ReadOnly: true}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := inbox.NewMiddleware(tc.db, tc.consumer, tc.cfg)

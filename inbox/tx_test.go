@@ -10,7 +10,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/lib/pq"
-	"github.com/lib/pq/pqerror"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/inbox"
@@ -45,18 +44,6 @@ func TestTxOptionsReachTheConsumerTransaction(t *testing.T) {
 		require.Equal(t, 1, e.inboxRows(t, "billing", id))
 	}
 
-	// A read-only transaction cannot take the inbox record: the handler
-	// does not run and the message is nacked.
-	called := false
-	h := inbox.Middleware(e.db, "billing", inbox.Config{TxOptions: &sql.TxOptions{ReadOnly: true}})(func(*message.Message) ([]*message.Message, error) {
-		called = true
-		return nil, nil
-	})
-	_, err := h(message.NewMessage("ro-1", nil))
-	require.NotNil(t, pq.As(err, pqerror.ReadOnlySQLTransaction), "%v", err)
-	require.ErrorContains(t, err, "inbox: record ro-1: ")
-	require.False(t, called)
-	require.Equal(t, 0, e.inboxRows(t, "billing", "ro-1"))
 }
 
 // Config.Logger is the follow-up publisher's logger and the middleware's.

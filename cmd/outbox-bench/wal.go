@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/lib/pq"
 
@@ -83,9 +85,36 @@ func walCosts(ctx context.Context, db *sql.DB, payload []byte) ([]WALCost, error
 	})
 	if err == nil {
 		err = step(func(tx *sql.Tx) (WALCost, error) {
-			p := probeParams()
-			return explainWAL(ctx, tx, "outbox claim (PENDING->IN_FLIGHT)", batch, fencing.ClaimBlockKeySQL,
-				nil, p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit)
+			q, args, err := capture(func(db fencing.DBTX) error {
+				_, err := fencing.Claim(ctx, db, probeParams())
+				return err
+			})
+			if err != nil {
+				return WALCost{}, err
+			}
+			return explainWAL(ctx, tx, "outbox claim (PENDING->IN_FLIGHT)", batch, q, args...)
+		})
+	}
+	if err == nil {
+		err = step(func(tx *sql.Tx) (WALCost, error) {
+			got, err := fencing.Claim(ctx, tx, probeParams())
+			if err != nil {
+				return WALCost{}, err
+			}
+			// One row AMBIGUOUS: Apply sends an all-PUBLISHED batch as the
+			// shorter ApplyPublishedSQL (next row of the table), any other
+			// batch as ApplySQL.
+			outcomes := publishedOutcomes(got)
+			outcomes[len(outcomes)-1].To = envelope.StatusAmbiguous
+			outcomes[len(outcomes)-1].RetryAfter = time.Second
+			q, args, err := capture(func(db fencing.DBTX) error {
+				_, err := fencing.Apply(ctx, db, outcomes)
+				return err
+			})
+			if err != nil {
+				return WALCost{}, err
+			}
+			return explainWAL(ctx, tx, "outbox terminal write (IN_FLIGHT->PUBLISHED, one AMBIGUOUS: ApplySQL)", len(got), q, args...)
 		})
 	}
 	if err == nil {
@@ -109,12 +138,14 @@ func walCosts(ctx context.Context, db *sql.DB, payload []byte) ([]WALCost, error
 			if err != nil {
 				return WALCost{}, err
 			}
-			ids, tokens := make([]string, len(got)), make([]int64, len(got))
-			for i, c := range got {
-				ids[i], tokens[i] = c.Lease.MessageID, c.Lease.Token
+			q, args, err := capture(func(db fencing.DBTX) error {
+				_, err := fencing.Apply(ctx, db, publishedOutcomes(got))
+				return err
+			})
+			if err != nil {
+				return WALCost{}, err
 			}
-			return explainWAL(ctx, tx, "outbox terminal write, all PUBLISHED (ApplyPublishedSQL)", len(got), fencing.ApplyPublishedSQL, nil,
-				probeParams().Owner, pq.Array(ids), pq.Array(tokens))
+			return explainWAL(ctx, tx, "outbox terminal write, all PUBLISHED (ApplyPublishedSQL)", len(got), q, args...)
 		})
 	}
 	if err == nil {
@@ -145,4 +176,51 @@ func walCosts(ctx context.Context, db *sql.DB, payload []byte) ([]WALCost, error
 		})
 	}
 	return out, err
+}
+
+// publishedOutcomes is a PUBLISHED outcome for each claimed row, as the
+// forwarder writes them after a batch that all went out.
+func publishedOutcomes(claimed []fencing.Claimed) []fencing.Outcome {
+	out := make([]fencing.Outcome, len(claimed))
+	for i, c := range claimed {
+		out[i] = fencing.Outcome{Lease: c.Lease, To: envelope.StatusPublished}
+	}
+	return out
+}
+
+// errCaptured ends a call made on a capturing DBTX.
+var errCaptured = errors.New("statement captured, not run")
+
+// capturing is a fencing.DBTX that runs nothing and keeps the statement and
+// arguments of the call made on it, so EXPLAIN measures exactly what fencing
+// sends (a parameter fencing reorders cannot silently change what is
+// measured).
+type capturing struct {
+	query string
+	args  []any
+}
+
+func (c *capturing) ExecContext(_ context.Context, q string, args ...any) (sql.Result, error) {
+	c.query, c.args = q, args
+	return nil, errCaptured
+}
+
+func (c *capturing) QueryContext(_ context.Context, q string, args ...any) (*sql.Rows, error) {
+	c.query, c.args = q, args
+	return nil, errCaptured
+}
+
+// QueryRowContext cannot carry an error out of a *sql.Row built here; the
+// calls captured (Claim, Apply) do not use it.
+func (c *capturing) QueryRowContext(context.Context, string, ...any) *sql.Row {
+	panic("outbox-bench: capture of a QueryRowContext call")
+}
+
+// capture runs call on a capturing DBTX and returns the one statement it sent.
+func capture(call func(fencing.DBTX) error) (string, []any, error) {
+	c := &capturing{}
+	if err := call(c); !errors.Is(err, errCaptured) {
+		return "", nil, fmt.Errorf("capture: the call did not send a statement (err %v)", err)
+	}
+	return c.query, c.args, nil
 }
