@@ -123,21 +123,6 @@ func walCosts(ctx context.Context, db *sql.DB, payload []byte) ([]WALCost, error
 			if err != nil {
 				return WALCost{}, err
 			}
-			ids, owners, tos, empty := make([]string, len(got)), make([]string, len(got)), make([]string, len(got)), make([]string, len(got))
-			tokens := make([]int64, len(got))
-			for i, c := range got {
-				ids[i], owners[i], tokens[i], tos[i] = c.Lease.MessageID, c.Lease.Owner, c.Lease.Token, string(envelope.StatusPublished)
-			}
-			return explainWAL(ctx, tx, "outbox terminal write (IN_FLIGHT->PUBLISHED)", len(got), fencing.ApplySQL, nil,
-				pq.Array(ids), pq.Array(owners), pq.Array(tokens), pq.Array(tos), pq.Array(empty), pq.Array(empty), pq.Array(empty), pq.Array(make([]int64, len(got))))
-		})
-	}
-	if err == nil {
-		err = step(func(tx *sql.Tx) (WALCost, error) {
-			got, err := fencing.Claim(ctx, tx, probeParams())
-			if err != nil {
-				return WALCost{}, err
-			}
 			q, args, err := capture(func(db fencing.DBTX) error {
 				_, err := fencing.Apply(ctx, db, publishedOutcomes(got))
 				return err
