@@ -21,7 +21,9 @@
 //     aborted transaction is refused (OUTBOX_TRANSACTION_REQUIRED).
 //   - One Publish call is one INSERT statement for all its messages, from a
 //     fixed statement text (a VALUES row for one message, array parameters
-//     and unnest for more; values are always bound, never concatenated), so
+//     and unnest for more, the payloads end to end in one bytea parameter
+//     cut apart on the server; values are always bound, never spliced into
+//     the SQL), so
 //     its cost is one statement whatever the batch size, and the messages get
 //     seq values in the order given.
 //   - Every message of a call is validated by the envelope before anything is

@@ -62,37 +62,46 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $
 // insertRows* write two or more messages in one statement. Every per-message
 // value travels as one array parameter and unnest turns the arrays back into
 // rows, so the text is fixed whatever the batch size (no concatenated values)
-// and a batch costs a single round trip. WITH ORDINALITY ... ORDER BY keeps
-// seq in the order the messages were passed. The destination is the same for
-// the whole call, so it is a scalar ($1).
+// and a batch costs a single round trip. The payloads are the exception: they
+// travel as one bytea, all of them end to end ($3), with each one's start
+// and length as int4 arrays ($4, $5), and substring cuts them apart on the
+// server. A bytea[] would carry each payload hex-encoded inside a quoted,
+// backslash-escaped array literal that the server parses character by
+// character; one bytea is a single hex string (1.12–1.48x the rows per second
+// for 10 rows of 1 KB per transaction on a two-column table, measured side by
+// side). WITH ORDINALITY ... ORDER BY keeps seq in the order the messages were
+// passed. The destination is the same for the whole call, so it is a scalar
+// ($1).
 const (
+	rowsPayload = `substring($3::bytea FROM u.payload_at FOR u.payload_len)`
+
 	insertRowsMinimal = `INSERT INTO messaging_outbox (message_id, destination, payload, headers)
-SELECT u.message_id, $1::text, u.payload, u.headers
-FROM unnest($2::text[], $3::bytea[], $4::jsonb[])
-    WITH ORDINALITY AS u(message_id, payload, headers, ord)
+SELECT u.message_id, $1::text, ` + rowsPayload + `, u.headers
+FROM unnest($2::text[], $4::int4[], $5::int4[], $6::jsonb[])
+    WITH ORDINALITY AS u(message_id, payload_at, payload_len, headers, ord)
 ORDER BY u.ord`
 	insertRowsCommon = `INSERT INTO messaging_outbox (message_id, destination, payload, headers,
     producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage)
-SELECT u.message_id, $1::text, u.payload, u.headers,
+SELECT u.message_id, $1::text, ` + rowsPayload + `, u.headers,
     u.producer, u.occurred_at, u.correlation_id, u.causation_id, u.traceparent, u.tracestate, u.baggage
-FROM unnest($2::text[], $3::bytea[], $4::jsonb[],
-    $5::text[], $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[])
-    WITH ORDINALITY AS u(message_id, payload, headers,
+FROM unnest($2::text[], $4::int4[], $5::int4[], $6::jsonb[],
+    $7::text[], $8::timestamptz[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])
+    WITH ORDINALITY AS u(message_id, payload_at, payload_len, headers,
     producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage, ord)
 ORDER BY u.ord`
 	insertRowsFull = `INSERT INTO messaging_outbox (message_id, destination, payload, headers,
     producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage,
     tenant, partition_key, ordering_key, schema_subject, schema_version,
     content_type, message_type, aggregate_type, aggregate_id, aggregate_version)
-SELECT u.message_id, $1::text, u.payload, u.headers,
+SELECT u.message_id, $1::text, ` + rowsPayload + `, u.headers,
     u.producer, u.occurred_at, u.correlation_id, u.causation_id, u.traceparent, u.tracestate, u.baggage,
     u.tenant, u.partition_key, u.ordering_key, u.schema_subject, u.schema_version,
     u.content_type, u.message_type, u.aggregate_type, u.aggregate_id, u.aggregate_version
-FROM unnest($2::text[], $3::bytea[], $4::jsonb[],
-    $5::text[], $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
-    $12::text[], $13::text[], $14::text[], $15::text[], $16::text[],
-    $17::text[], $18::text[], $19::text[], $20::text[], $21::bigint[])
-    WITH ORDINALITY AS u(message_id, payload, headers,
+FROM unnest($2::text[], $4::int4[], $5::int4[], $6::jsonb[],
+    $7::text[], $8::timestamptz[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[],
+    $14::text[], $15::text[], $16::text[], $17::text[], $18::text[],
+    $19::text[], $20::text[], $21::text[], $22::text[], $23::bigint[])
+    WITH ORDINALITY AS u(message_id, payload_at, payload_len, headers,
     producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage,
     tenant, partition_key, ordering_key, schema_subject, schema_version,
     content_type, message_type, aggregate_type, aggregate_id, aggregate_version, ord)
@@ -110,9 +119,9 @@ const (
 	insertOneMinimalAndNotify  = notifyHead + insertOneMinimal + "\nRETURNING 1)\nSELECT pg_notify($5::text, '') WHERE EXISTS (SELECT 1 FROM ins)"
 	insertOneCommonAndNotify   = notifyHead + insertOneCommon + "\nRETURNING 1)\nSELECT pg_notify($12::text, '') WHERE EXISTS (SELECT 1 FROM ins)"
 	insertOneFullAndNotify     = notifyHead + insertOneFull + "\nRETURNING 1)\nSELECT pg_notify($22::text, '') WHERE EXISTS (SELECT 1 FROM ins)"
-	insertRowsMinimalAndNotify = notifyHead + insertRowsMinimal + "\nRETURNING 1)\nSELECT pg_notify($5::text, '') WHERE EXISTS (SELECT 1 FROM ins)"
-	insertRowsCommonAndNotify  = notifyHead + insertRowsCommon + "\nRETURNING 1)\nSELECT pg_notify($12::text, '') WHERE EXISTS (SELECT 1 FROM ins)"
-	insertRowsFullAndNotify    = notifyHead + insertRowsFull + "\nRETURNING 1)\nSELECT pg_notify($22::text, '') WHERE EXISTS (SELECT 1 FROM ins)"
+	insertRowsMinimalAndNotify = notifyHead + insertRowsMinimal + "\nRETURNING 1)\nSELECT pg_notify($7::text, '') WHERE EXISTS (SELECT 1 FROM ins)"
+	insertRowsCommonAndNotify  = notifyHead + insertRowsCommon + "\nRETURNING 1)\nSELECT pg_notify($14::text, '') WHERE EXISTS (SELECT 1 FROM ins)"
+	insertRowsFullAndNotify    = notifyHead + insertRowsFull + "\nRETURNING 1)\nSELECT pg_notify($24::text, '') WHERE EXISTS (SELECT 1 FROM ins)"
 )
 
 // statements[one or batch][notify] by variant.
@@ -262,13 +271,20 @@ func one(topic string, r envelope.Row, headers []byte, v variant, cfg Config) St
 func batch(topic string, rows []envelope.Row, headers [][]byte, v variant, cfg Config) Statement {
 	n := len(rows)
 	ids, hdrs := make(textArray, n), make(textArray, n)
-	payloads := make(pq.ByteaArray, n)
+	size := 0
+	for _, r := range rows {
+		size += len(r.Payload)
+	}
+	payloads := make([]byte, 0, size)
+	at, lens := make(pq.Int32Array, n), make(pq.Int32Array, n)
 	cols := make([]textArray, v)
 	for c := range cols {
 		cols[c] = make(textArray, n)
 	}
 	for i, r := range rows {
-		ids[i], payloads[i], hdrs[i] = text(r.MessageID), r.Payload, text(string(headers[i]))
+		ids[i], hdrs[i] = text(r.MessageID), text(string(headers[i]))
+		at[i], lens[i] = int32(len(payloads)+1), int32(len(r.Payload)) // substring counts from 1
+		payloads = append(payloads, r.Payload...)
 		opt := optional(r)
 		for c := range cols {
 			switch c {
@@ -285,8 +301,8 @@ func batch(topic string, rows []envelope.Row, headers [][]byte, v variant, cfg C
 			}
 		}
 	}
-	args := make([]any, 0, 4+int(v)+1)
-	args = append(args, topic, ids, payloads, hdrs)
+	args := make([]any, 0, 6+int(v)+1)
+	args = append(args, topic, ids, payloads, at, lens, hdrs)
 	for _, c := range cols {
 		args = append(args, c)
 	}

@@ -3,6 +3,7 @@ package publisher_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -38,14 +39,14 @@ func TestNarrowStatementsStoreTheSameRows(t *testing.T) {
 	cases := []struct {
 		name  string
 		make  []func(*testing.T) *message.Message
-		nArgs int // parameters of the chosen statement (without NOTIFY)
+		nArgs int // parameters of the chosen statement (without NOTIFY); a batch adds the payloads' starts and lengths
 	}{
 		{"one minimal", []func(*testing.T) *message.Message{minimal}, 4},
-		{"batch minimal", []func(*testing.T) *message.Message{minimal, minimal}, 4},
+		{"batch minimal", []func(*testing.T) *message.Message{minimal, minimal}, 4 + 2},
 		{"one common", []func(*testing.T) *message.Message{common}, 11},
-		{"batch common and minimal", []func(*testing.T) *message.Message{minimal, common}, 11},
+		{"batch common and minimal", []func(*testing.T) *message.Message{minimal, common}, 11 + 2},
 		{"one full", []func(*testing.T) *message.Message{full}, 21},
-		{"batch of all three", []func(*testing.T) *message.Message{minimal, full, common}, 21},
+		{"batch of all three", []func(*testing.T) *message.Message{minimal, full, common}, 21 + 2},
 	}
 	s := newSchema(t)
 	prep, err := publisher.Prepare(context.Background(), s.DB)
@@ -168,6 +169,40 @@ func TestPublishWithBinaryParameters(t *testing.T) {
 			case "full":
 				require.Equal(t, int64(5), *r.AggregateVersion)
 			}
+		}
+	}
+}
+
+// A batch carries its payloads end to end in one bytea and the server cuts
+// them apart by start and length: every payload must come back byte for
+// byte, whatever its size (empty, one byte, every byte value, 300 KB) and
+// wherever it sits in the batch, prepared or not.
+func TestBatchPayloadsComeBackExactly(t *testing.T) {
+	every := make([]byte, 256)
+	for i := range every {
+		every[i] = byte(i)
+	}
+	big := make([]byte, 300<<10)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	payloads := [][]byte{{}, every, {0}, big, []byte(`\x00"{}'`), {}, every[:255]}
+	s := newSchema(t)
+	prep, err := publisher.Prepare(context.Background(), s.DB)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = prep.Close() })
+	for _, cfg := range []publisher.Config{{}, {Prepared: prep}} {
+		ms := make([]*message.Message, len(payloads))
+		for i, p := range payloads {
+			ms[i] = message.NewMessage(fmt.Sprintf("p%d-%s", i, randomID(t)), p)
+		}
+		tx := begin(t, s.DB, nil)
+		pub, err := publisher.New(tx, cfg, nil)
+		require.NoError(t, err)
+		require.NoError(t, pub.Publish("orders", ms...))
+		require.NoError(t, tx.Commit())
+		for i, m := range ms {
+			require.Equal(t, payloads[i], readRow(t, s.DB, m.UUID).Payload, "payload %d (prepared %v)", i, cfg.Prepared != nil)
 		}
 	}
 }
