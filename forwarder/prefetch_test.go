@@ -154,6 +154,8 @@ func TestOutcomesAreWrittenBehindTheNextBatch(t *testing.T) {
 	defer func() { _ = lock.Rollback() }()
 	_, err = lock.Exec(`SELECT 1 FROM messaging_outbox WHERE message_id = 'a' FOR UPDATE`)
 	require.NoError(t, err)
+	var holder int
+	require.NoError(t, lock.QueryRow(`SELECT pg_backend_pid()`).Scan(&holder))
 
 	close(g.open)
 	for _, id := range []string{"b", "c", "d"} {
@@ -161,7 +163,7 @@ func TestOutcomesAreWrittenBehindTheNextBatch(t *testing.T) {
 	}
 	require.Eventually(t, func() bool {
 		return testdb.QueryInt(t, s.DB, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%messaging_outbox%'`) == 1
+			WHERE $1::int = ANY(pg_blocking_pids(pid))`, holder) == 1
 	}, 10*time.Second, 5*time.Millisecond, "batch 1's outcome statement waits for the lock")
 	for _, id := range []string{"a", "b", "c", "d"} {
 		require.Equal(t, "IN_FLIGHT", state(t, s.DB, id).Status, "%s: no outcome is written before batch 1's", id)
