@@ -320,8 +320,21 @@ func (f *fleet) pick(rng *mrand.Rand) int {
 	return free[rng.IntN(len(free))]
 }
 
+// diedBeforeMain reports a relay killed by the SIGTERM itself: relayproc
+// installs its SIGTERM handler as the first statement of main, so such a
+// relay was still starting (restarted just before the stop) and had claimed
+// nothing. Every relay that got further must drain and exit cleanly.
+func diedBeforeMain(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGTERM
+}
+
 // stopAll asks every relay to stop (SIGTERM: drain and exit) and requires a
-// clean exit.
+// clean exit (or, see diedBeforeMain, one that never started).
 func (f *fleet) stopAll() {
 	f.mu.Lock()
 	slots := append([]*relay(nil), f.slots...)
@@ -333,7 +346,7 @@ func (f *fleet) stopAll() {
 	for _, r := range slots {
 		select {
 		case err := <-r.done:
-			if err != nil {
+			if err != nil && !diedBeforeMain(err) {
 				f.t.Errorf("relay %s exited with %v; log:\n%s", r.owner, err, tail(r.log))
 			}
 			r.done <- err // killAll reads it to see that this relay exited

@@ -53,6 +53,11 @@ VALUES ($1, $2, nullif($3, ''), $4, $5, $6)`
 )
 
 func main() {
+	// First, before anything can be claimed: a SIGTERM that arrives while the
+	// process starts must drain like any other, not kill it. (The soak treats
+	// a relay killed by SIGTERM as one that never got here, so held nothing.)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
 	dsn := flag.String("dsn", "", "outbox database (through the fault proxy)")
 	sinkDSN := flag.String("sink-dsn", "", "database for the delivery log (direct)")
 	owner := flag.String("owner", "", "lease owner")
@@ -61,13 +66,14 @@ func main() {
 	pAmbig := flag.Float64("p-ambiguous", 0.05, "probability of a timeout after accepting")
 	pHang := flag.Float64("p-hang", 0.02, "probability of a hang past the publish timeout")
 	flag.Parse()
-	if err := run(*dsn, *sinkDSN, *owner, *seed, *pErr, *pAmbig, *pHang); err != nil {
+	if err := run(ctx, *dsn, *sinkDSN, *owner, *seed, *pErr, *pAmbig, *pHang); err != nil {
 		fmt.Fprintln(os.Stderr, "relayproc:", err)
+		stop()
 		os.Exit(1)
 	}
 }
 
-func run(dsn, sinkDSN, owner string, seed uint64, pErr, pAmbig, pHang float64) error {
+func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAmbig, pHang float64) error {
 	db, err := sql.Open("postgres", dsn)
 	if err != nil {
 		return err
@@ -106,8 +112,6 @@ func run(dsn, sinkDSN, owner string, seed uint64, pErr, pAmbig, pHang float64) e
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	return fwd.Run(ctx)
 }
 
