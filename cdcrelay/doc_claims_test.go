@@ -34,9 +34,7 @@ func TestRelayDocClaims(t *testing.T) {
 			e.s.Name + `.messaging_outbox, ` + other.s.Name + `.messaging_outbox WITH (publish = 'insert, update, delete, truncate')`)
 		require.NoError(t, err)
 		out := &recorder{}
-		r, err := cdcrelay.New(cfg, out, nil)
-		require.NoError(t, err)
-		wait := e.streaming(t, r)
+		wait := e.relay(t, cfg, out)
 
 		e.publish(t, "orders", msg("ins-1", "1", nil), msg("ins-2", "2", nil))
 		other.publish(t, "orders", msg("other-schema", "o", nil))
@@ -87,15 +85,13 @@ func TestRelayDocClaims(t *testing.T) {
 		cfg := e.config()
 		cfg.StandbyTimeout = 250 * time.Millisecond
 		out := &recorder{}
-		r, err := cdcrelay.New(cfg, out, nil)
-		require.NoError(t, err)
-		wait := e.streaming(t, r)
+		wait := e.relay(t, cfg, out)
 
 		// WAL that is not in the publication: a non-transactional logical
 		// message has no transaction, so pgoutput sends no BEGIN/COMMIT the
 		// relay could confirm; only the server's keepalive carries its
 		// position. No outbox row is written in this test.
-		_, err = e.s.DB.Exec(`SELECT pg_logical_emit_message(false, 'cdcrelay-test', 'idle')`)
+		_, err := e.s.DB.Exec(`SELECT pg_logical_emit_message(false, 'cdcrelay-test', 'idle')`)
 		require.NoError(t, err)
 		var lsnText string
 		require.NoError(t, e.s.DB.QueryRow(`SELECT pg_current_wal_insert_lsn()::text`).Scan(&lsnText))

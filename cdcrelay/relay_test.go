@@ -167,6 +167,15 @@ func running(t *testing.T, r *cdcrelay.Relay) (wait func() error) {
 
 // streaming starts r and waits until it streams from the slot: a slot only
 // holds what commits after it was created.
+// relay starts a relay on cfg publishing to out and returns once its
+// walsender streams (see streaming).
+func (e *env) relay(t *testing.T, cfg cdcrelay.Config, out message.Publisher) (wait func() error) {
+	t.Helper()
+	r, err := cdcrelay.New(cfg, out, nil)
+	require.NoError(t, err)
+	return e.streaming(t, r)
+}
+
 func (e *env) streaming(t *testing.T, r *cdcrelay.Relay) (wait func() error) {
 	t.Helper()
 	wait = running(t, r)
@@ -200,9 +209,7 @@ func TestRelay(t *testing.T) {
 		e := newEnv(t, base)
 		e.enableCDC(t)
 		out := &recorder{}
-		r, err := cdcrelay.New(e.config(), out, nil)
-		require.NoError(t, err)
-		wait := e.streaming(t, r)
+		wait := e.relay(t, e.config(), out)
 
 		payload := "\x00\x01binary\xff\\x"
 		e.publish(t, "orders", msg("id-1", payload, map[string]string{
@@ -243,9 +250,7 @@ func TestRelay(t *testing.T) {
 		e := newEnv(t, base)
 		e.enableCDC(t)
 		out := &recorder{}
-		r, err := cdcrelay.New(e.config(), out, nil)
-		require.NoError(t, err)
-		e.streaming(t, r)
+		e.relay(t, e.config(), out)
 
 		ctx := context.Background()
 		first, err := e.s.DB.BeginTx(ctx, nil)
@@ -269,12 +274,10 @@ func TestRelay(t *testing.T) {
 		e := newEnv(t, base)
 		e.enableCDC(t)
 		out := &recorder{}
-		r, err := cdcrelay.New(e.config(), out, nil)
-		require.NoError(t, err)
-		e.streaming(t, r)
+		e.relay(t, e.config(), out)
 
 		rollback := errors.New("business rule failed")
-		err = publisher.InTx(context.Background(), e.s.DB, publisher.Config{}, func(_ context.Context, _ *sql.Tx, pub *publisher.Publisher) error {
+		err := publisher.InTx(context.Background(), e.s.DB, publisher.Config{}, func(_ context.Context, _ *sql.Tx, pub *publisher.Publisher) error {
 			require.NoError(t, pub.Publish("orders", msg("rolled-back", "x", nil)))
 			return rollback
 		})
