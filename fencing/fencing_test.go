@@ -134,6 +134,12 @@ func TestSupersededRelayCannotOverwrite(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, a, 1)
 	require.Equal(t, t0.Add(30*time.Second), a[0].Lease.ExpiresAt.UTC())
+	// Claimed.Row's documented zero: the claim set last_attempt_at in the
+	// table but does not return it.
+	require.True(t, a[0].Row.LastAttemptAt.IsZero())
+	var lastAttempt time.Time
+	require.NoError(t, s.DB.QueryRow(`SELECT last_attempt_at FROM messaging_outbox WHERE message_id = 'm1'`).Scan(&lastAttempt))
+	require.True(t, lastAttempt.Equal(t0), "last_attempt_at %s", lastAttempt)
 
 	// Before expiry nobody else can take it.
 	none, err := fencing.Claim(ctx, s.DB, params("relay-b", t0.Add(29*time.Second)))

@@ -105,9 +105,10 @@ type Config struct {
 	// DisablePrefetch turns off claiming the next batch while a full batch
 	// is being published, and publishing it while the previous batch's
 	// outcomes are written (Run only; RunOnce does neither). Prefetching
-	// holds up to 2 x BatchSize rows per relay and uses up to two more
-	// connections during a pass; per-key order, leases, what a crash leaves
-	// and Close's release are the same either way.
+	// holds up to 2 x BatchSize rows per relay, and the claim ahead and the
+	// outcome statement each hold a pool connection while they run; per-key
+	// order, leases, what a crash leaves and Close's release are the same
+	// either way.
 	DisablePrefetch bool
 	// DisablePreparedStatements runs the claim and the outcome writes as
 	// plain statements, parsed and planned on every call. Prepared (the

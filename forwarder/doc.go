@@ -79,7 +79,8 @@
 // switch). Outcome statements still run one at a time, in pass order, each
 // started as soon as its batch's publishes end, as without pipelining: what
 // a crash leaves behind is the same. A relay then holds up to 2 x BatchSize
-// rows and uses up to three connections (claim, outcomes, heartbeat). Order
+// rows, and the claim ahead and the outcome statement each hold a
+// connection of the pool while they run. Order
 // per key is unaffected (rows stay IN_FLIGHT, blocking their keys for every
 // claim, until their outcome commits), a prefetched batch's start-by deadline
 // counts from its own claim, and it is reported as its own pass, once its

@@ -40,10 +40,10 @@ type Config struct {
 	Publisher publisher.Config
 	// TxOptions for the consumer's transaction (nil: the server's default
 	// isolation, default_transaction_isolation, READ COMMITTED unless
-	// configured: a second delivery waiting on the first then sees its
-	// committed record and is skipped; under REPEATABLE READ or SERIALIZABLE
-	// it fails with a serialization error instead and is nacked and
-	// redelivered, which is safe). ReadOnly is refused: the inbox record is a
+	// configured; the duplicate check is tested at READ COMMITTED
+	// (TestConcurrentDeliveriesOfOneIDHaveOneEffect), where a
+	// delivery waiting on another's uncommitted record sees it once it
+	// commits and is skipped). ReadOnly is refused: the inbox record is a
 	// write.
 	TxOptions *sql.TxOptions
 	// Logger; nil logs nothing.
