@@ -299,7 +299,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			_, err = behind.wait() // finished: pass waits for it before writing its own outcomes
 		}
 		next, behind = pre, nil
-		claimed := cur.claimed
+		claimed := cur.rep.Claimed
 		if pre != nil {
 			behind = cur // its outcomes are written while the batch claimed ahead is published
 		} else {
@@ -544,11 +544,10 @@ func (f *Forwarder) claim(ctx context.Context) claimedBatch {
 // tail is the second half of a pass: writing its outcomes and reporting.
 // Under Run it may still be running while the next pass publishes.
 type tail struct {
-	start   time.Time
-	claimed int // set before the tail can run behind: the loop reads it
-	rep     Report
-	err     error
-	done    chan struct{} // closed once rep and err are final
+	start time.Time
+	rep   Report // rep.Claimed is set before the tail can run behind: the loop reads it
+	err   error
+	done  chan struct{} // closed once rep and err are final
 }
 
 // wait returns the pass's report once its outcomes are written (at once for
@@ -563,7 +562,6 @@ func (t *tail) wait() (Report, error) {
 
 // end finishes a pass: metrics, OnReport, then the waiters.
 func (f *Forwarder) end(t *tail, err error) {
-	t.rep.Claimed = t.claimed
 	t.rep.Duration = time.Since(t.start)
 	t.err = err
 	f.metrics.pass(t.rep.Claimed, err != nil)
@@ -612,7 +610,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 		f.end(t, b.err)
 		return t, nil
 	}
-	t.claimed = len(claimed)
+	t.rep.Claimed = len(claimed)
 	if prefetch && len(claimed) >= f.cfg.BatchSize {
 		select {
 		case <-stopping:
