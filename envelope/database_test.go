@@ -85,3 +85,50 @@ func TestScanRowReportsCorruptRows(t *testing.T) {
 	require.Equal(t, "bad", r.MessageID)
 	require.Equal(t, "t", r.Destination)
 }
+
+// TestRowScannerReadsEachRowAfresh: one RowScanner over a result set gives
+// every row exactly what ScanRow gives it alone; nothing of a fuller row
+// (optional columns, headers, the aggregate version, the payload's memory)
+// carries into the next.
+func TestRowScannerReadsEachRowAfresh(t *testing.T) {
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(2)
+	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, headers, producer, correlation_id,
+		causation_id, tenant, partition_key, ordering_key, traceparent, tracestate, baggage, schema_subject, schema_version,
+		content_type, message_type, aggregate_type, aggregate_id, aggregate_version, occurred_at) VALUES
+		('r1', 'full', 'payload one', '{"a":"1","b":"2"}', 'p', 'c', 'k', 'acme', 'pk', 'ok', 'tp', 'ts', 'bg', 'ss', 'sv',
+		 'ct', 'mt', 'at', 'aid', 7, now() - interval '1 hour')`)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload) VALUES ('r2', 'bare', '')`)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, headers) VALUES ('r3', 'corrupt', 'x', '{"a":1}')`)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, aggregate_version) VALUES ('r4', 'again', 'payload four', 9)`)
+	require.NoError(t, err)
+
+	rows, err := s.DB.Query(`SELECT ` + envelope.SelectColumns + ` FROM messaging_outbox ORDER BY seq`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var rs envelope.RowScanner
+	var got []envelope.Row
+	for rows.Next() {
+		r, err := rs.Scan(rows)
+		if r.MessageID == "r3" {
+			require.ErrorIs(t, err, outbox.ErrCorruptRow)
+		} else {
+			require.NoError(t, err)
+		}
+		got = append(got, r)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, got, 4)
+	for _, r := range got {
+		alone, _ := envelope.ScanRow(s.DB.QueryRow(`SELECT `+envelope.SelectColumns+` FROM messaging_outbox WHERE message_id = $1`, r.MessageID))
+		require.Equal(t, alone, r, "row %s", r.MessageID)
+	}
+	require.Equal(t, int64(7), *got[0].AggregateVersion)
+	require.Nil(t, got[1].AggregateVersion)
+	require.Equal(t, int64(9), *got[3].AggregateVersion)
+	got[0].Payload[0] = 'X'
+	require.Equal(t, "payload four", string(got[3].Payload), "rows must not share payload memory")
+}

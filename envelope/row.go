@@ -94,41 +94,62 @@ type Scanner interface{ Scan(dest ...any) error }
 // an OUTBOX_CORRUPT_ROW error (the identity fields are filled so the caller
 // can park it).
 func ScanRow(s Scanner) (Row, error) {
-	var (
-		r                                                       Row
-		headers                                                 []byte
-		status                                                  string
-		occurred, published, nextAt, leaseExp, lastAt, parkedAt sql.NullTime
-		owner, failCode, failDetail, producer, corr, caus       sql.NullString
-		tenant, pkey, okey, tp, ts, bg, ssub, sver, ct, mt      sql.NullString
-		aggT, aggID                                             sql.NullString
-		aggV                                                    sql.NullInt64
-	)
-	err := s.Scan(&r.MessageID, &r.Destination, &r.Payload, &headers, &status, &r.Seq, &r.CreatedAt,
-		&occurred, &published, &r.Attempts, &nextAt, &owner, &r.LeaseToken,
-		&leaseExp, &failCode, &failDetail, &lastAt, &producer,
-		&corr, &caus, &tenant, &pkey, &okey, &tp,
-		&ts, &bg, &ssub, &sver, &ct, &mt,
-		&aggT, &aggID, &aggV, &parkedAt, &r.RoutingKey)
-	if err != nil {
+	var rs RowScanner
+	return rs.Scan(s)
+}
+
+// RowScanner reads rows selected with [SelectColumns] like [ScanRow], but
+// keeps its scan destinations between rows: reading a result set with one
+// RowScanner allocates them once instead of once per row. The zero value is
+// ready to use; it is not safe for concurrent use.
+type RowScanner struct {
+	r                                                       Row
+	headers                                                 []byte
+	status                                                  string
+	occurred, published, nextAt, leaseExp, lastAt, parkedAt sql.NullTime
+	owner, failCode, failDetail, producer, corr, caus       sql.NullString
+	tenant, pkey, okey, tp, ts, bg, ssub, sver, ct, mt      sql.NullString
+	aggT, aggID                                             sql.NullString
+	aggV                                                    sql.NullInt64
+	dest                                                    []any
+}
+
+// Scan reads the current row of s. It returns the same as [ScanRow].
+func (rs *RowScanner) Scan(s Scanner) (Row, error) {
+	if rs.dest == nil {
+		rs.dest = []any{&rs.r.MessageID, &rs.r.Destination, &rs.r.Payload, &rs.headers, &rs.status, &rs.r.Seq, &rs.r.CreatedAt,
+			&rs.occurred, &rs.published, &rs.r.Attempts, &rs.nextAt, &rs.owner, &rs.r.LeaseToken,
+			&rs.leaseExp, &rs.failCode, &rs.failDetail, &rs.lastAt, &rs.producer,
+			&rs.corr, &rs.caus, &rs.tenant, &rs.pkey, &rs.okey, &rs.tp,
+			&rs.ts, &rs.bg, &rs.ssub, &rs.sver, &rs.ct, &rs.mt,
+			&rs.aggT, &rs.aggID, &rs.aggV, &rs.parkedAt, &rs.r.RoutingKey}
+	}
+	// Scan assigns every destination, or fails: nothing of a previous row
+	// survives into this one. The payload is a fresh copy each time (Scan
+	// into *[]byte copies), so returned rows never share it.
+	rs.r.Payload = nil
+	if err := s.Scan(rs.dest...); err != nil {
 		return Row{}, err
 	}
-	r.Status = Status(status)
-	r.OccurredAt, r.PublishedAt, r.NextAttemptAt = occurred.Time, published.Time, nextAt.Time
-	r.LeaseExpiresAt, r.LastAttemptAt, r.ParkedAt = leaseExp.Time, lastAt.Time, parkedAt.Time
-	r.LeaseOwner, r.LastFailureCode, r.LastFailureDetail = owner.String, failCode.String, failDetail.String
-	r.Producer, r.CorrelationID, r.CausationID, r.Tenant = producer.String, corr.String, caus.String, tenant.String
-	r.PartitionKey, r.OrderingKey = pkey.String, okey.String
-	r.Traceparent, r.Tracestate, r.Baggage = tp.String, ts.String, bg.String
-	r.SchemaSubject, r.SchemaVersion, r.ContentType, r.MessageType = ssub.String, sver.String, ct.String, mt.String
-	r.AggregateType, r.AggregateID = aggT.String, aggID.String
-	if aggV.Valid {
-		v := aggV.Int64
+	r := rs.r
+	r.Status = Status(rs.status)
+	r.OccurredAt, r.PublishedAt, r.NextAttemptAt = rs.occurred.Time, rs.published.Time, rs.nextAt.Time
+	r.LeaseExpiresAt, r.LastAttemptAt, r.ParkedAt = rs.leaseExp.Time, rs.lastAt.Time, rs.parkedAt.Time
+	r.LeaseOwner, r.LastFailureCode, r.LastFailureDetail = rs.owner.String, rs.failCode.String, rs.failDetail.String
+	r.Producer, r.CorrelationID, r.CausationID, r.Tenant = rs.producer.String, rs.corr.String, rs.caus.String, rs.tenant.String
+	r.PartitionKey, r.OrderingKey = rs.pkey.String, rs.okey.String
+	r.Traceparent, r.Tracestate, r.Baggage = rs.tp.String, rs.ts.String, rs.bg.String
+	r.SchemaSubject, r.SchemaVersion, r.ContentType, r.MessageType = rs.ssub.String, rs.sver.String, rs.ct.String, rs.mt.String
+	r.AggregateType, r.AggregateID = rs.aggT.String, rs.aggID.String
+	r.AggregateVersion = nil
+	if rs.aggV.Valid {
+		v := rs.aggV.Int64
 		r.AggregateVersion = &v
 	}
-	r.Headers, err = DecodeHeaders(headers)
+	var err error
+	r.Headers, err = DecodeHeaders(rs.headers)
 	if err == nil && !r.Status.Valid() {
-		err = corrupt("status %q is not a known state", status)
+		err = corrupt("status %q is not a known state", rs.status)
 	}
 	return r, err
 }

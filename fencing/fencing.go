@@ -236,9 +236,10 @@ func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Claimed, error) {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	defer rows.Close()
-	var out []Claimed
+	out := make([]Claimed, 0, p.Limit)
+	var rs envelope.RowScanner
 	for rows.Next() {
-		r, scanErr := envelope.ScanRow(rows)
+		r, scanErr := rs.Scan(rows)
 		if scanErr != nil && r.MessageID == "" {
 			return nil, fmt.Errorf("%s: scan: %w", op, scanErr)
 		}

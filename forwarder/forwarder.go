@@ -796,39 +796,85 @@ func (f *Forwarder) park(it *item, err error) {
 	it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: code, Detail: err.Error()}
 }
 
+// publishAll publishes work, up to Concurrency messages at once, in the
+// order of work.
 func (f *Forwarder) publishAll(work []*item, startBy time.Time, stopping, drainExpired <-chan struct{}) {
-	jobs := make(chan *item)
+	var taken atomic.Int64
 	var wg sync.WaitGroup
 	for range min(f.cfg.Concurrency, len(work)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for it := range jobs {
-				f.handle(it, startBy, stopping, drainExpired)
+			var r *runner
+			defer func() { r.stop() }()
+			for i := taken.Add(1) - 1; i < int64(len(work)); i = taken.Add(1) - 1 {
+				r = f.handle(r, work[i], startBy, stopping, drainExpired)
 			}
 		}()
 	}
-	for _, it := range work {
-		jobs <- it
-	}
-	close(jobs)
 	wg.Wait()
 }
 
-func (f *Forwarder) handle(it *item, startBy time.Time, stopping, drainExpired <-chan struct{}) {
+// runner is the goroutine a worker of publishAll hands its publishes to,
+// so that one which overruns its timeout can be left behind while the pass
+// goes on. A worker keeps its runner for all its messages (a goroutine per
+// message would start, and grow a stack, for every one) and starts a new
+// one only after leaving one behind. A nil *runner is one not started yet.
+type runner struct {
+	jobs chan publishJob
+	done chan error // buffered: a runner left behind never blocks on its answer
+}
+
+type publishJob struct {
+	topic string
+	msg   *message.Message
+}
+
+func (f *Forwarder) startRunner() *runner {
+	r := &runner{jobs: make(chan publishJob), done: make(chan error, 1)}
+	go func() {
+		for j := range r.jobs {
+			r.done <- f.publishRecovering(j)
+		}
+	}()
+	return r
+}
+
+// stop lets the runner's goroutine end once its current publish (if any)
+// returns.
+func (r *runner) stop() {
+	if r != nil {
+		close(r.jobs)
+	}
+}
+
+// publishRecovering is the downstream Publish with a panic turned into an
+// error.
+func (f *Forwarder) publishRecovering(j publishJob) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &panicError{value: v}
+		}
+	}()
+	return f.out.Publish(j.topic, j.msg)
+}
+
+// handle publishes one item on r (starting a runner when r is nil) and
+// sets its outcome. It returns the runner for the worker's next item.
+func (f *Forwarder) handle(r *runner, it *item, startBy time.Time, stopping, drainExpired <-chan struct{}) *runner {
 	row := it.claimed.Row
 	select {
 	case <-stopping:
 		it.outcome = fencing.Outcome{To: envelope.StatusPending}
-		return
+		return r
 	default:
 	}
 	if f.localNow().After(startBy) {
 		it.outcome = fencing.Outcome{To: envelope.StatusPending}
-		return
+		return r
 	}
 	attempt := row.Attempts + 1
-	err, code := f.publish(it.msg, row, attempt, drainExpired)
+	err, code, r := f.publish(r, it.msg, row, attempt, drainExpired)
 	it.err = err
 	var v Verdict
 	switch {
@@ -842,10 +888,10 @@ func (f *Forwarder) handle(it *item, startBy time.Time, stopping, drainExpired <
 	switch v.Outcome {
 	case Confirmed:
 		it.outcome = fencing.Outcome{To: envelope.StatusPublished}
-		return
+		return r
 	case Rejected:
 		it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: cmpOr(v.Code, FailurePublishRejected), Detail: errText(err)}
-		return
+		return r
 	case Ambiguous:
 		v.Code = cmpOr(v.Code, FailurePublishError)
 	default:
@@ -856,7 +902,7 @@ func (f *Forwarder) handle(it *item, startBy time.Time, stopping, drainExpired <
 	}
 	if attempt >= f.cfg.MaxAttempts {
 		it.outcome = fencing.Outcome{To: envelope.StatusExhausted, Code: v.Code, Detail: errText(err)}
-		return
+		return r
 	}
 	// The delay, not a local deadline: the outcome statement adds it to the
 	// clock the claim compares with (Config.Now, or the database's now()),
@@ -865,12 +911,15 @@ func (f *Forwarder) handle(it *item, startBy time.Time, stopping, drainExpired <
 		To: envelope.StatusAmbiguous, Code: v.Code, Detail: errText(err),
 		RetryAfter: f.RetryDelay(row.MessageID, attempt),
 	}
+	return r
 }
 
-// publish sends msg downstream under a span continuing the row's trace. It
-// returns the publisher's error, or a failure code when the publish timed
-// out (PublishTimeout, or the drain deadline) or panicked.
-func (f *Forwarder) publish(msg *message.Message, row envelope.Row, attempt int, drainExpired <-chan struct{}) (error, string) {
+// publish sends msg downstream on runner r under a span continuing the
+// row's trace. It returns the publisher's error, or a failure code when the
+// publish timed out (PublishTimeout, or the drain deadline) or panicked, and
+// the runner for the next publish: r, or nil when r was left behind still
+// publishing.
+func (f *Forwarder) publish(r *runner, msg *message.Message, row envelope.Row, attempt int, drainExpired <-chan struct{}) (error, string, *runner) {
 	ctx, span := f.tracer.Start(msg.Context(), "outbox.publish "+row.Destination,
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(
@@ -884,37 +933,34 @@ func (f *Forwarder) publish(msg *message.Message, row envelope.Row, attempt int,
 	defer cancel()
 	msg.SetContext(ctx)
 
+	if r == nil {
+		r = f.startRunner()
+	}
 	began := time.Now()
-	done := make(chan error, 1) // buffered: a publisher returning after the timeout must not leak this goroutine
-	go func() {
-		defer func() {
-			if r := recover(); r != nil {
-				done <- &panicError{value: r}
-			}
-		}()
-		done <- f.out.Publish(row.Destination, msg)
-	}()
-	timer := time.NewTimer(f.cfg.PublishTimeout)
-	defer timer.Stop()
+	r.jobs <- publishJob{topic: row.Destination, msg: msg} // an idle runner takes it at once
 	var err error
 	var code string
 	select {
-	case err = <-done:
+	case err = <-r.done:
 		var pe *panicError
 		if errors.As(err, &pe) {
 			code = FailurePublishPanic
 		}
-	case <-timer.C:
+	case <-ctx.Done():
 		err, code = fmt.Errorf("publish did not return within %s", f.cfg.PublishTimeout), FailurePublishTimeout
+		r.stop()
+		r = nil
 	case <-drainExpired:
 		err, code = errors.New("publish still running when the drain deadline passed"), FailurePublishTimeout
+		r.stop()
+		r = nil
 	}
 	f.metrics.published(row.Destination, time.Since(began))
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, cmpOr(code, "publish failed"))
 	}
-	return err, code
+	return err, code, r
 }
 
 type panicError struct{ value any }

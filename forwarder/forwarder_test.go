@@ -234,6 +234,37 @@ func TestHangingPublishIsAmbiguousWhileTheLeaseHolds(t *testing.T) {
 	require.Equal(t, forwarder.FailurePublishTimeout, st.Code)
 }
 
+// TestAPublishLeftBehindDoesNotHoldUpTheRest: with one publish at a time, a
+// publish that overruns PublishTimeout is left running and the worker goes
+// on with the next rows; the goroutine left behind ends once the publish
+// returns (goleak, in TestMain).
+func TestAPublishLeftBehindDoesNotHoldUpTheRest(t *testing.T) {
+	s := newDB(t)
+	insertN(t, s.DB, "orders", "m1", "m2", "m3")
+	release := make(chan struct{})
+	returned := make(chan struct{})
+	rec := &recorder{behave: func(_ string, m *message.Message) (bool, error) {
+		if m.UUID == "m1" {
+			<-release
+			close(returned)
+			return false, nil
+		}
+		return true, nil
+	}}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{
+		Concurrency: 1, PublishTimeout: 50 * time.Millisecond, LeaseDuration: 10 * time.Second, DrainTimeout: time.Second,
+	})
+	rep, err := f.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Ambiguous)
+	require.Equal(t, 2, rep.Published)
+	require.Equal(t, []string{"m2", "m3"}, rec.ids(), "published while m1's publish still ran")
+	require.Equal(t, forwarder.FailurePublishTimeout, state(t, s.DB, "m1").Code)
+	require.Equal(t, "PUBLISHED", state(t, s.DB, "m3").Status)
+	close(release)
+	<-returned
+}
+
 func TestPanickingPublisherIsAmbiguous(t *testing.T) {
 	s := newDB(t)
 	insertN(t, s.DB, "orders", "m1")
