@@ -1,10 +1,11 @@
 package fencing
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -252,7 +253,10 @@ func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Claimed, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Row.Seq < out[j].Row.Seq })
+	bySeq := func(a, b Claimed) int { return cmp.Compare(a.Row.Seq, b.Row.Seq) }
+	if !slices.IsSortedFunc(out, bySeq) { // RETURNING has no order; usually it is the CTE's
+		slices.SortFunc(out, bySeq)
+	}
 	return out, nil
 }
 

@@ -627,10 +627,12 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	// clock skew with the database cannot stretch it.
 	startBy := b.claimedAt.Add(f.cfg.LeaseDuration - f.cfg.PublishTimeout - f.cfg.PublishTimeout/2)
 
+	slab := make([]item, len(claimed)) // one allocation for the batch's items
 	items := make([]*item, 0, len(claimed))
-	var work []*item
-	for _, c := range claimed {
-		it := &item{claimed: c}
+	work := make([]*item, 0, len(claimed))
+	for i, c := range claimed {
+		it := &slab[i]
+		it.claimed = c
 		items = append(items, it)
 		switch {
 		case !c.Held():
@@ -667,8 +669,8 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 // writeOutcomes writes the outcomes of a pass's items, logs and counts them,
 // and ends the pass.
 func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []*item) {
-	var outcomes []fencing.Outcome
-	var written []*item
+	outcomes := make([]fencing.Outcome, 0, len(items))
+	written := make([]*item, 0, len(items))
 	now := f.dbNow() // one clock for the batch: Apply writes it as one instant
 	for _, it := range items {
 		if it.claimed.Held() {
@@ -696,9 +698,12 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []*item) {
 		f.end(t, fmt.Errorf("forwarder: write outcomes of %d rows: %w", len(outcomes), err))
 		return
 	}
-	stale := make(map[*item]bool)
+	var stale map[*item]bool
 	for i, r := range results {
 		if r == fencing.Stale {
+			if stale == nil {
+				stale = make(map[*item]bool)
+			}
 			stale[written[i]] = true
 		}
 	}
