@@ -52,8 +52,8 @@
 //
 // Cost: no index reads status, lease or attempt columns (migration 00030),
 // so the claim is a HOT update wherever the row's page has room for the new
-// version (the table's fillfactor, 70 by default, leaves room for about 40% of
-// a claim's rows; 50 for all): a few hundred bytes of WAL and no index entry
+// version (the table's fillfactor, 50 since migration 00031, leaves room for
+// all of a claim's rows; 70 for about 40%): a few hundred bytes of WAL and no index entry
 // per row instead of a full row copy plus two index entries. The terminal
 // write adds the row to the published index. [Prepared] runs the claim and [Apply] as prepared statements: the
 // claim's planning would otherwise cost more than claiming 100 rows.

@@ -62,7 +62,7 @@ type Config struct {
 	// (names like outbox/x1): for paired A/B runs of two relay variants.
 	Drain []string `json:"drain,omitempty"`
 	// Fillfactor, when non-zero, overrides messaging_outbox's fillfactor
-	// (migration 00030 sets 70) in every schema of the run: for measuring
+	// (migration 00031 sets 50) in every schema of the run: for measuring
 	// the write/drain trade-off of that setting.
 	Fillfactor int `json:"fillfactor,omitempty"`
 	// DBLatencyMs, when non-zero, sends every connection of the run through
