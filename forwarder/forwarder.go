@@ -925,15 +925,16 @@ func (f *Forwarder) handle(r *runner, it *item, startBy time.Time, stopping, dra
 // the runner for the next publish: r, or nil when r was left behind still
 // publishing.
 func (f *Forwarder) publish(r *runner, msg *message.Message, row envelope.Row, attempt int, drainExpired <-chan struct{}) (error, string, *runner) {
-	ctx, span := f.tracer.Start(msg.Context(), "outbox.publish "+row.Destination,
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
+	ctx, span := f.tracer.Start(msg.Context(), "outbox.publish "+row.Destination, trace.WithSpanKind(trace.SpanKindProducer))
+	defer span.End()
+	if span.IsRecording() { // built only for a span that keeps them: this runs once per message
+		span.SetAttributes(
 			attribute.String("messaging.message.id", row.MessageID),
 			attribute.String("messaging.destination.name", row.Destination),
 			attribute.Int("outbox.attempt", attempt),
 			attribute.Int64("outbox.lease_token", row.LeaseToken),
-		))
-	defer span.End()
+		)
+	}
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
 	defer cancel()
 	msg.SetContext(ctx)
