@@ -801,8 +801,8 @@ func (f *Forwarder) park(it *item, err error) {
 	it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: code, Detail: err.Error()}
 }
 
-// publishAll publishes work, up to Concurrency messages at once, in the
-// order of work.
+// publishAll publishes work, up to Concurrency messages at once, starting
+// them in the order of work.
 func (f *Forwarder) publishAll(work []*item, startBy time.Time, stopping, drainExpired <-chan struct{}) {
 	var taken atomic.Int64
 	var wg sync.WaitGroup
@@ -810,24 +810,25 @@ func (f *Forwarder) publishAll(work []*item, startBy time.Time, stopping, drainE
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var r *runner
-			defer func() { r.stop() }()
+			r := &runner{out: f.out}
+			defer r.stop()
 			for i := taken.Add(1) - 1; i < int64(len(work)); i = taken.Add(1) - 1 {
-				r = f.handle(r, work[i], startBy, stopping, drainExpired)
+				f.handle(r, work[i], startBy, stopping, drainExpired)
 			}
 		}()
 	}
 	wg.Wait()
 }
 
-// runner is the goroutine a worker of publishAll hands its publishes to,
-// so that one which overruns its timeout can be left behind while the pass
-// goes on. A worker keeps its runner for all its messages (a goroutine per
-// message would start, and grow a stack, for every one) and starts a new
-// one only after leaving one behind. A nil *runner is one not started yet.
+// runner runs one worker's publishes on a goroutine of its own, so that a
+// publish which overruns its time can be left behind while the worker goes
+// on. The goroutine is kept for all the worker's messages (one per message
+// would start, and grow a stack, for every one); after leaving one behind,
+// the next publish starts a new one.
 type runner struct {
-	jobs chan publishJob
-	done chan error // buffered: a runner left behind never blocks on its answer
+	out  message.Publisher
+	jobs chan publishJob // nil: no goroutine yet, or the last one was left behind
+	done chan error      // buffered: a goroutine left behind never blocks on its answer
 }
 
 type publishJob struct {
@@ -835,51 +836,72 @@ type publishJob struct {
 	msg   *message.Message
 }
 
-func (f *Forwarder) startRunner() *runner {
-	r := &runner{jobs: make(chan publishJob), done: make(chan error, 1)}
-	go func() {
-		for j := range r.jobs {
-			r.done <- f.publishRecovering(j)
-		}
-	}()
-	return r
+// publish hands msg to the runner's goroutine and waits for its answer, for
+// ctx to end, or for drainExpired. It returns the publisher's error (a
+// panic turned into a *panicError), or errLeftBehind or errDrainExpired
+// when it left the publish behind.
+func (r *runner) publish(ctx context.Context, topic string, msg *message.Message, drainExpired <-chan struct{}) error {
+	if r.jobs == nil {
+		jobs, done, out := make(chan publishJob), make(chan error, 1), r.out
+		go func() {
+			for j := range jobs {
+				done <- publishRecovering(out, j)
+			}
+		}()
+		r.jobs, r.done = jobs, done
+	}
+	r.jobs <- publishJob{topic: topic, msg: msg} // the goroutine is idle: it takes the job at once
+	select {
+	case err := <-r.done:
+		return err
+	case <-ctx.Done():
+		r.stop()
+		return errLeftBehind
+	case <-drainExpired:
+		r.stop()
+		return errDrainExpired
+	}
 }
+
+var (
+	errLeftBehind   = errors.New("publish left running when its context ended")
+	errDrainExpired = errors.New("publish still running when the drain deadline passed")
+)
 
 // stop lets the runner's goroutine end once its current publish (if any)
 // returns.
 func (r *runner) stop() {
-	if r != nil {
+	if r.jobs != nil {
 		close(r.jobs)
+		r.jobs = nil
 	}
 }
 
-// publishRecovering is the downstream Publish with a panic turned into an
-// error.
-func (f *Forwarder) publishRecovering(j publishJob) (err error) {
+// publishRecovering is out.Publish with a panic turned into an error.
+func publishRecovering(out message.Publisher, j publishJob) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = &panicError{value: v}
 		}
 	}()
-	return f.out.Publish(j.topic, j.msg)
+	return out.Publish(j.topic, j.msg)
 }
 
-// handle publishes one item on r (starting a runner when r is nil) and
-// sets its outcome. It returns the runner for the worker's next item.
-func (f *Forwarder) handle(r *runner, it *item, startBy time.Time, stopping, drainExpired <-chan struct{}) *runner {
+// handle publishes one item on r and sets its outcome.
+func (f *Forwarder) handle(r *runner, it *item, startBy time.Time, stopping, drainExpired <-chan struct{}) {
 	row := it.claimed.Row
 	select {
 	case <-stopping:
 		it.outcome = fencing.Outcome{To: envelope.StatusPending}
-		return r
+		return
 	default:
 	}
 	if f.localNow().After(startBy) {
 		it.outcome = fencing.Outcome{To: envelope.StatusPending}
-		return r
+		return
 	}
 	attempt := row.Attempts + 1
-	err, code, r := f.publish(r, it.msg, row, attempt, drainExpired)
+	err, code := f.publish(r, it.msg, row, attempt, drainExpired)
 	it.err = err
 	var v Verdict
 	switch {
@@ -893,10 +915,10 @@ func (f *Forwarder) handle(r *runner, it *item, startBy time.Time, stopping, dra
 	switch v.Outcome {
 	case Confirmed:
 		it.outcome = fencing.Outcome{To: envelope.StatusPublished}
-		return r
+		return
 	case Rejected:
 		it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: cmpOr(v.Code, FailurePublishRejected), Detail: errText(err)}
-		return r
+		return
 	case Ambiguous:
 		v.Code = cmpOr(v.Code, FailurePublishError)
 	default:
@@ -907,7 +929,7 @@ func (f *Forwarder) handle(r *runner, it *item, startBy time.Time, stopping, dra
 	}
 	if attempt >= f.cfg.MaxAttempts {
 		it.outcome = fencing.Outcome{To: envelope.StatusExhausted, Code: v.Code, Detail: errText(err)}
-		return r
+		return
 	}
 	// The delay, not a local deadline: the outcome statement adds it to the
 	// clock the claim compares with (Config.Now, or the database's now()),
@@ -916,15 +938,12 @@ func (f *Forwarder) handle(r *runner, it *item, startBy time.Time, stopping, dra
 		To: envelope.StatusAmbiguous, Code: v.Code, Detail: errText(err),
 		RetryAfter: f.RetryDelay(row.MessageID, attempt),
 	}
-	return r
 }
 
-// publish sends msg downstream on runner r under a span continuing the
-// row's trace. It returns the publisher's error, or a failure code when the
-// publish timed out (PublishTimeout, or the drain deadline) or panicked, and
-// the runner for the next publish: r, or nil when r was left behind still
-// publishing.
-func (f *Forwarder) publish(r *runner, msg *message.Message, row envelope.Row, attempt int, drainExpired <-chan struct{}) (error, string, *runner) {
+// publish sends msg downstream on r under a span continuing the row's
+// trace. It returns the publisher's error, or a failure code when the
+// publish timed out (PublishTimeout, or the drain deadline) or panicked.
+func (f *Forwarder) publish(r *runner, msg *message.Message, row envelope.Row, attempt int, drainExpired <-chan struct{}) (error, string) {
 	ctx, span := f.tracer.Start(msg.Context(), "outbox.publish "+row.Destination, trace.WithSpanKind(trace.SpanKindProducer))
 	defer span.End()
 	if span.IsRecording() { // built only for a span that keeps them: this runs once per message
@@ -939,34 +958,25 @@ func (f *Forwarder) publish(r *runner, msg *message.Message, row envelope.Row, a
 	defer cancel()
 	msg.SetContext(ctx)
 
-	if r == nil {
-		r = f.startRunner()
-	}
 	began := time.Now()
-	r.jobs <- publishJob{topic: row.Destination, msg: msg} // an idle runner takes it at once
-	var err error
+	err := r.publish(ctx, row.Destination, msg, drainExpired)
 	var code string
-	select {
-	case err = <-r.done:
-		var pe *panicError
-		if errors.As(err, &pe) {
-			code = FailurePublishPanic
-		}
-	case <-ctx.Done():
+	var pe *panicError
+	switch {
+	case err == nil:
+	case errors.As(err, &pe):
+		code = FailurePublishPanic
+	case err == errDrainExpired:
+		code = FailurePublishTimeout
+	case err == errLeftBehind:
 		err, code = fmt.Errorf("publish did not return within %s", f.cfg.PublishTimeout), FailurePublishTimeout
-		r.stop()
-		r = nil
-	case <-drainExpired:
-		err, code = errors.New("publish still running when the drain deadline passed"), FailurePublishTimeout
-		r.stop()
-		r = nil
 	}
 	f.metrics.published(row.Destination, time.Since(began))
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, cmpOr(code, "publish failed"))
 	}
-	return err, code, r
+	return err, code
 }
 
 type panicError struct{ value any }
