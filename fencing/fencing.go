@@ -90,6 +90,15 @@ type ClaimParams struct {
 	MaxAttempts int            // attempt budget; > 0
 	Policy      OrderingPolicy // per-key ordering policy
 	Now         time.Time      // zero: the server's now()
+	// FromSeq, when > 0, limits the claim to rows with seq >= FromSeq: the
+	// index scan then starts there instead of at the claimable index's first
+	// entry. A long drain leaves the entries of the rows it published at the
+	// head of that index until VACUUM removes them, and a claim from the
+	// start walks all of them (a 100-row claim: 0.86 ms on a fresh index,
+	// 3.0 ms behind 290,000 published rows). Rows below FromSeq are not
+	// considered at all, so a caller using it must also claim with 0 from
+	// time to time (the forwarder does: see its documentation). >= 0.
+	FromSeq int64
 }
 
 // Claimed is one row returned by [Claim].
@@ -121,9 +130,10 @@ type Claimed struct {
 func (c Claimed) Held() bool { return c.Row.Status == envelope.StatusInFlight }
 
 // The claim. The CTE is an index range scan on messaging_outbox_claimable_idx
-// (its WHERE repeats the index predicate: "published_at IS NULL AND parked_at
-// IS NULL" is the claimable set PENDING/AMBIGUOUS/IN_FLIGHT, an equivalence
-// the table's CHECKs enforce; ORDER BY seq LIMIT n follows the index order), SKIP LOCKED makes concurrent claimers take disjoint rows, and
+// starting at seq $6 (its WHERE repeats the index predicate: "published_at IS
+// NULL AND parked_at IS NULL" is the claimable set PENDING/AMBIGUOUS/IN_FLIGHT,
+// an equivalence the table's CHECKs enforce; ORDER BY seq LIMIT n follows the
+// index order), SKIP LOCKED makes concurrent claimers take disjoint rows, and
 // the ordering check probes messaging_outbox_ordering_head_idx. The UPDATE
 // runs on the server in the same statement, and the token is advanced by the
 // database, not by the client.
@@ -143,7 +153,7 @@ WITH picked AS (
     SELECT o.ctid AS picked_ctid, o.status = 'IN_FLIGHT' AS expired,
            CASE WHEN o.status = 'IN_FLIGHT' THEN o.attempts + 1 >= $4 ELSE o.attempts >= $4 END AS park
       FROM messaging_outbox o
-     WHERE o.published_at IS NULL AND o.parked_at IS NULL
+     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.seq >= $6
        AND (   (o.status <> 'IN_FLIGHT' AND o.attempts < $4
                 AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= coalesce($1::timestamptz, now())))
             OR (o.status <> 'IN_FLIGHT' AND o.attempts >= $4)
@@ -227,12 +237,14 @@ func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Claimed, error) {
 		return nil, outbox.Errorf(CodeInvalidArgument, op, "max attempts must be > 0, got %d", p.MaxAttempts)
 	case !p.Policy.Valid():
 		return nil, outbox.Errorf(CodeInvalidArgument, op, "unknown ordering policy %d", int(p.Policy))
+	case p.FromSeq < 0:
+		return nil, outbox.Errorf(CodeInvalidArgument, op, "from seq must be >= 0, got %d", p.FromSeq)
 	}
 	q := ClaimBlockKeySQL
 	if p.Policy == SkipParked {
 		q = ClaimSkipParkedSQL
 	}
-	rows, err := db.QueryContext(ctx, q, nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit)
+	rows, err := db.QueryContext(ctx, q, nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}

@@ -469,7 +469,7 @@ func TestClaimPlanUsesTheClaimableIndex(t *testing.T) {
 	_, err = s.DB.Exec(`ANALYZE messaging_outbox`)
 	require.NoError(t, err)
 	for name, q := range map[string]string{"block": fencing.ClaimBlockKeySQL, "skip": fencing.ClaimSkipParkedSQL} {
-		rows, err := s.DB.Query("EXPLAIN "+q, t0, "r", 30.0, 10, 100)
+		rows, err := s.DB.Query("EXPLAIN "+q, t0, "r", 30.0, 10, 100, 5000)
 		require.NoError(t, err)
 		var plan []string
 		for rows.Next() {
@@ -487,7 +487,30 @@ func TestClaimPlanUsesTheClaimableIndex(t *testing.T) {
 		// small table a hash join over a seq scan is cheaper.)
 		require.Contains(t, text, "Index Scan using messaging_outbox_claimable_idx on messaging_outbox o_1", "%s plan:\n%s", name, text)
 		require.NotContains(t, text, "Sort Key", "%s plan:\n%s", name, text)
+		// FromSeq is where the index scan starts, not a filter over it.
+		require.Regexp(t, `Index Cond: \(seq >= \$6\)|Index Cond: \(seq >= '?5000`, text, "%s plan:\n%s", name, text)
 	}
+}
+
+// FromSeq: a claim takes no row below it, and only rows below it are left;
+// 0 takes from the first row.
+func TestClaimFromSeqStartsThere(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	for _, id := range []string{"m1", "m2", "m3", "m4", "m5"} {
+		insert(t, s.DB, id, "")
+	}
+	var seq3 int64
+	require.NoError(t, s.DB.QueryRow(`SELECT seq FROM messaging_outbox WHERE message_id = 'm3'`).Scan(&seq3))
+	p := params("relay-a", t0)
+	p.FromSeq = seq3
+	cl, err := fencing.Claim(ctx, s.DB, p)
+	require.NoError(t, err)
+	require.Equal(t, []string{"m3", "m4", "m5"}, ids(cl))
+	p.FromSeq = 0
+	cl, err = fencing.Claim(ctx, s.DB, p)
+	require.NoError(t, err)
+	require.Equal(t, []string{"m1", "m2"}, ids(cl), "the rows below FromSeq were left claimable")
 }
 
 func TestInvalidArgumentsAreRefused(t *testing.T) {
@@ -500,6 +523,7 @@ func TestInvalidArgumentsAreRefused(t *testing.T) {
 		"lease":    func(p *fencing.ClaimParams) { p.Lease = 0 },
 		"attempts": func(p *fencing.ClaimParams) { p.MaxAttempts = 0 },
 		"policy":   func(p *fencing.ClaimParams) { p.Policy = 7 },
+		"from":     func(p *fencing.ClaimParams) { p.FromSeq = -1 },
 	} {
 		p := good
 		mut(&p)

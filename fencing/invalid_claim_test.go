@@ -24,6 +24,7 @@ func TestClaimRefusesInvalidParametersWithoutTheDatabase(t *testing.T) {
 		"zero attempts":    func(p *fencing.ClaimParams) { p.MaxAttempts = 0 },
 		"negative attempt": func(p *fencing.ClaimParams) { p.MaxAttempts = -1 },
 		"unknown policy":   func(p *fencing.ClaimParams) { p.Policy = 7 },
+		"negative from":    func(p *fencing.ClaimParams) { p.FromSeq = -1 },
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := good

@@ -93,6 +93,20 @@
 // finishes, and the heartbeat is removed. RouterPlugin ties all of this to a
 // watermill Router.
 //
+// # Where a claim starts
+//
+// A drain leaves the index entries of the rows it published at the head of
+// the claimable index until VACUUM removes them, and a claim that starts at
+// the first entry walks them all: the longer the drain, the slower each
+// claim. So while a relay gets full batches, its claims start at the lowest
+// seq of its last three batches (fencing.ClaimParams.FromSeq). A claim that
+// comes back short of a full batch, a failed claim, and every 16th claim
+// start at the first entry again. Until then a claimable row below the start
+// waits, for 16 claims at most: a row whose transaction committed after
+// later rows were drained, an AMBIGUOUS row whose retry came due, a row
+// whose lease expired, a redriven row. A key's next row does not wait: it
+// comes after a row of one of the last three batches.
+//
 // # Observability
 //
 // With Config.Metrics set: outbox_forwarder_messages_total{outcome,destination},

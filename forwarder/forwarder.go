@@ -84,6 +84,7 @@ type Forwarder struct {
 	metrics    *metrics
 	seed       uint64 // from the owner: per-relay jitter, deterministic per owner
 	dbTimeout  time.Duration
+	start      claimStart // where each claim starts in the claimable index
 
 	// Claims of Run wait for a fresh heartbeat: once it has lapsed,
 	// debezium.Enable may switch the database to CDC, and a relay still
@@ -534,10 +535,13 @@ func (f *Forwarder) claim(ctx context.Context) claimedBatch {
 	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 	defer cancel()
 	at := f.localNow()
+	from := f.start.from()
 	claimed, err := fencing.Claim(dbctx, f.q, fencing.ClaimParams{
 		Owner: f.cfg.Owner, Limit: f.cfg.BatchSize, Lease: f.cfg.LeaseDuration,
 		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
+		FromSeq: from,
 	})
+	f.start.record(from, f.cfg.BatchSize, claimed, err)
 	return claimedBatch{claimed: claimed, claimedAt: at, err: err}
 }
 

@@ -65,7 +65,7 @@ func explainClaim(ctx context.Context, db *sql.DB) (string, error) {
 	defer func() { _ = tx.Rollback() }()
 	p := probeParams()
 	rows, err := tx.QueryContext(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+fencing.ClaimBlockKeySQL,
-		nil, p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit)
+		nil, p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq)
 	if err != nil {
 		return "", fmt.Errorf("explain claim: %w", err)
 	}

@@ -1,0 +1,75 @@
+package forwarder
+
+import (
+	"sync"
+
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+)
+
+// rescanEvery is how many claims may start past the claimable index's first
+// entry before one starts at it again (see claimStart).
+const rescanEvery = 16
+
+// window is how many recent batches the start point stays at or below: at
+// most this many of a relay's batches can be unfinished (published, or
+// having their outcomes written) when it starts a claim under prefetch and
+// pipelining; the outcomes of older ones have committed.
+const window = 3
+
+// claimStart chooses where each claim's index scan starts
+// (fencing.ClaimParams.FromSeq).
+//
+// A drain leaves the index entries of the rows it published at the head of
+// the claimable index until VACUUM removes them, so a claim that starts at
+// the first entry walks over all of them: the longer the drain, the slower
+// every claim (a 100-row claim: 0.86 ms on a fresh index, 3.0 ms behind
+// 290,000 published rows). So while a relay is draining full batches, its
+// claims start at the lowest seq of its last three batches instead.
+//
+// Nothing is skipped for good: a claim that comes back short of a full
+// batch (the backlog seen from there is drained), a claim that failed, and
+// every rescanEvery-th claim start at the first entry again. Until then a
+// claimable row below the start point waits: a row whose transaction
+// committed after later rows had been drained, an AMBIGUOUS row whose retry
+// came due, a row whose lease expired, a redriven row. A row held back by
+// its ordering key does not wait: it is behind a row of one of the last
+// three batches (seq order within a key), unless that row belongs to
+// another relay, whose own claims then reach it.
+type claimStart struct {
+	mu        sync.Mutex
+	recent    [window]int64 // lowest seq of each recent batch; 0: start at the first entry
+	next      int           // the slot of recent the next batch overwrites
+	sinceFull int           // claims since the last one that started at the first entry
+}
+
+// from returns the FromSeq for the next claim.
+func (c *claimStart) from() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sinceFull >= rescanEvery {
+		return 0
+	}
+	lowest := c.recent[0]
+	for _, s := range c.recent[1:] {
+		lowest = min(lowest, s)
+	}
+	return lowest
+}
+
+// record takes the result of a claim that started at from and asked for
+// limit rows.
+func (c *claimStart) record(from int64, limit int, claimed []fencing.Claimed, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil || len(claimed) < limit {
+		c.recent, c.next, c.sinceFull = [window]int64{}, 0, 0
+		return
+	}
+	if from == 0 {
+		c.sinceFull = 0
+	} else {
+		c.sinceFull++
+	}
+	c.recent[c.next] = claimed[0].Row.Seq // Claim returns rows in seq order
+	c.next = (c.next + 1) % window
+}

@@ -1,0 +1,90 @@
+package forwarder_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
+)
+
+// A row whose transaction commits after later rows were drained sits below
+// where the relay's claims start while it drains full batches: it is not
+// taken by the next claim, and it is taken by the rescan that comes at the
+// latest 16 claims later (forwarder doc, "Where a claim starts"). Nothing
+// is lost, nothing is published twice.
+func TestALateCommitBelowTheClaimStartIsTakenByTheRescan(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	late, err := s.DB.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = late.Rollback() }()
+	insertN(t, late, "orders", "late") // takes the lowest seq, invisible until commit
+	var ids []string
+	for i := range 60 {
+		ids = append(ids, fmt.Sprintf("m%02d", i))
+	}
+	insertN(t, s.DB, "orders", ids...)
+
+	rec := &recorder{}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{BatchSize: 2})
+	for range 6 {
+		rep, err := f.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 2, rep.Published)
+	}
+	require.NoError(t, late.Commit())
+
+	passes := 0
+	for !slices.Contains(rec.ids(), "late") {
+		rep, err := f.RunOnce(ctx)
+		require.NoError(t, err)
+		require.NotZero(t, rep.Published, "the backlog is not drained yet")
+		passes++
+		require.LessOrEqual(t, passes, 16, "the rescan must come within 16 claims")
+	}
+	require.Greater(t, passes, 1, "the claim right after the commit started above the late row")
+	for {
+		rep, err := f.RunOnce(ctx)
+		require.NoError(t, err)
+		if rep.Claimed == 0 {
+			break
+		}
+	}
+	got := rec.ids()
+	require.Len(t, got, 61, "every row published once")
+	require.ElementsMatch(t, append(ids, "late"), got)
+	require.Equal(t, "PUBLISHED", state(t, s.DB, "late").Status)
+}
+
+// A key's next row never waits for the rescan: it comes after a row of one
+// of the relay's last batches, and the claims start at or below those. Here
+// one key's 20 rows come first and 20 unkeyed rows after them; every pass
+// (2 rows) takes the key's next row and one unkeyed row, so the drain takes
+// exactly 20 passes.
+func TestAKeysNextRowDoesNotWaitForTheRescan(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	for i := range 20 {
+		m := message.NewMessage(fmt.Sprintf("k-%02d", i), []byte("x"))
+		envelope.SetOrderingKey(m, "key")
+		insert(t, s.DB, "orders", m)
+	}
+	for i := range 20 {
+		insertN(t, s.DB, "orders", fmt.Sprintf("free-%02d", i))
+	}
+	rec := &recorder{}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{BatchSize: 2})
+	for pass := range 20 {
+		rep, err := f.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 2, rep.Published, "pass %d", pass)
+		require.Contains(t, rec.ids(), fmt.Sprintf("k-%02d", pass), "pass %d took the key's next row", pass)
+	}
+	require.Len(t, rec.ids(), 40)
+}
