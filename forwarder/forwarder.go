@@ -970,9 +970,9 @@ func (f *Forwarder) publish(r *runner, msg *message.Message, row envelope.Row, a
 	case err == nil:
 	case errors.As(err, &pe):
 		code = FailurePublishPanic
-	case err == errDrainExpired:
+	case errors.Is(err, errDrainExpired):
 		code = FailurePublishTimeout
-	case err == errLeftBehind:
+	case errors.Is(err, errLeftBehind):
 		err, code = fmt.Errorf("publish did not return within %s", f.cfg.PublishTimeout), FailurePublishTimeout
 	}
 	f.metrics.published(row.Destination, time.Since(began))
