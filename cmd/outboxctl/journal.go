@@ -172,7 +172,14 @@ func (a *app) journalCommand(op, short, long string) *cobra.Command {
 				return a.printJSON(map[string]any{"dry_run": false, "plan": planJSON(out.Plan), "ticket": f.ticket,
 					"batches": out.Batches, "items": out.Items, "owner": out.Run.Owner})
 			}
-			fmt.Fprintf(a.stdout, "\n%s complete under ticket %s: %d items (%d batches in this run)\n", op, f.ticket, out.Items, out.Batches)
+			// The journal's totals, like the progress lines: on a resumed
+			// ticket they count the items earlier runs did, which the plan
+			// printed above (rows matching now) does not.
+			batches := "batches"
+			if out.Batches == 1 {
+				batches = "batch"
+			}
+			fmt.Fprintf(a.stdout, "\n%s complete under ticket %s: %d of %d items (%d %s in this run)\n", op, f.ticket, out.Items, out.Plan.Matching, out.Batches, batches)
 			return nil
 		}),
 	}

@@ -69,7 +69,7 @@ func TestRedriveDryRunThenExactlyOnce(t *testing.T) {
 	r = db(t, s, append([]string{"redrive", "--ticket", "CHG-1", "--expect-digest", digest, "--batch-size", "10"}, filter...)...)
 	requireCode(t, r, 0)
 	require.Regexp(t, `(?m)^digest\s+`+digest+`$`, r.stdout)
-	require.Contains(t, r.stdout, "redrive complete under ticket CHG-1: 25 items (3 batches in this run)")
+	require.Contains(t, r.stdout, "redrive complete under ticket CHG-1: 25 of 25 items (3 batches in this run)")
 	require.Contains(t, r.stderr, "redrive CHG-1: batch 1 committed, 10 of 25 items")
 	require.Contains(t, r.stderr, "redrive CHG-1: batch 3 committed, 25 of 25 items")
 	require.Equal(t, 25, s.Count(t, "status = 'PENDING' AND attempts = 0 AND parked_at IS NULL AND message_id LIKE 'ex-%'"))
