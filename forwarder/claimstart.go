@@ -26,15 +26,18 @@ const window = 3
 // 290,000 published rows). So while a relay is draining full batches, its
 // claims start at the lowest seq of its last three batches instead.
 //
-// Nothing is skipped for good: a claim that comes back short of a full
-// batch (the backlog seen from there is drained), a claim that failed, and
-// every rescanEvery-th claim start at the first entry again. Until then a
-// claimable row below the start point waits: a row whose transaction
-// committed after later rows had been drained, an AMBIGUOUS row whose retry
-// came due, a row whose lease expired, a redriven row. A row held back by
-// its ordering key does not wait: it is behind a row of one of the last
-// three batches (seq order within a key), unless that row belongs to
-// another relay, whose own claims then reach it.
+// Nothing is skipped for good. A claim that comes back short of a full
+// batch from its start point claims the rest from the first entry at once
+// (Forwarder.claim), so a short batch still means the whole index had no
+// more; after it, after a failed claim, and on every rescanEvery-th claim,
+// claims start at the first entry again. While batches come back full, a
+// claimable row below the start point waits, for rescanEvery claims at
+// most: a row whose transaction committed after later rows had been
+// drained, an AMBIGUOUS row whose retry came due, a row whose lease
+// expired, a redriven row. A row held back by its ordering key does not
+// wait: it is behind a row of one of the last three batches (seq order
+// within a key), unless that row belongs to another relay, whose own claims
+// then reach it.
 type claimStart struct {
 	mu        sync.Mutex
 	recent    [window]int64 // lowest seq of each recent batch; 0: start at the first entry

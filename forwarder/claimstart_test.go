@@ -88,3 +88,34 @@ func TestAKeysNextRowDoesNotWaitForTheRescan(t *testing.T) {
 	}
 	require.Len(t, rec.ids(), 40)
 }
+
+// A claim that comes back short from its start point looks below it in the
+// same pass: a short (here empty) batch never hides a claimable row, so a
+// RunOnce that claims nothing means nothing was claimable, and Run only
+// idles when that is so.
+func TestAShortClaimLooksBelowItsStart(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	late, err := s.DB.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = late.Rollback() }()
+	insertN(t, late, "orders", "late") // the lowest seq, invisible until commit
+	insertN(t, s.DB, "orders", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8")
+
+	rec := &recorder{}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{BatchSize: 2})
+	for range 4 { // full batches: the claims now start above the first entry
+		rep, err := f.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 2, rep.Published)
+	}
+	require.NoError(t, late.Commit())
+
+	rep, err := f.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Published, "nothing was left above the start; the row below it was taken")
+	require.Equal(t, "late", rec.ids()[8])
+	rep, err = f.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, rep.Claimed)
+}

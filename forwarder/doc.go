@@ -100,12 +100,14 @@
 // the first entry walks them all: the longer the drain, the slower each
 // claim. So while a relay gets full batches, its claims start at the lowest
 // seq of its last three batches (fencing.ClaimParams.FromSeq). A claim that
-// comes back short of a full batch, a failed claim, and every 16th claim
-// start at the first entry again. Until then a claimable row below the start
-// waits, for 16 claims at most: a row whose transaction committed after
-// later rows were drained, an AMBIGUOUS row whose retry came due, a row
-// whose lease expired, a redriven row. A key's next row does not wait: it
-// comes after a row of one of the last three batches.
+// comes back short from there claims the rest from the first entry in the
+// same pass, so a short batch still means nothing more was claimable; after
+// it, after a failed claim, and on every 16th claim, claims start at the
+// first entry again. While batches come back full, a claimable row below the
+// start waits, for 16 claims at most: a row whose transaction committed
+// after later rows were drained, an AMBIGUOUS row whose retry came due, a
+// row whose lease expired, a redriven row. A key's next row does not wait:
+// it comes after a row of one of the last three batches.
 //
 // # Observability
 //

@@ -1,12 +1,14 @@
 package forwarder
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -535,13 +537,34 @@ func (f *Forwarder) claim(ctx context.Context) claimedBatch {
 	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 	defer cancel()
 	at := f.localNow()
-	from := f.start.from()
-	claimed, err := fencing.Claim(dbctx, f.q, fencing.ClaimParams{
+	p := fencing.ClaimParams{
 		Owner: f.cfg.Owner, Limit: f.cfg.BatchSize, Lease: f.cfg.LeaseDuration,
 		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
-		FromSeq: from,
-	})
-	f.start.record(from, f.cfg.BatchSize, claimed, err)
+		FromSeq: f.start.from(),
+	}
+	claimed, err := fencing.Claim(dbctx, f.q, p)
+	from := p.FromSeq
+	if err == nil && from > 0 && len(claimed) < p.Limit {
+		// Nothing more at or above the start point: look below it before
+		// calling the batch short, so that a short batch (which sends Run
+		// to idle) always means the whole claimable index had no more. The
+		// rows claimed above are IN_FLIGHT under this relay now, so this
+		// claim cannot take them again.
+		below := p
+		below.Limit, below.FromSeq = p.Limit-len(claimed), 0
+		more, berr := fencing.Claim(dbctx, f.q, below)
+		claimed = append(more, claimed...)
+		slices.SortFunc(claimed, func(a, b fencing.Claimed) int { return cmp.Compare(a.Row.Seq, b.Row.Seq) })
+		from = 0 // this batch looked at the whole index
+		if berr != nil {
+			// The rows claimed above the start are held and go on; the
+			// next claim starts at the first entry.
+			f.logger.Error("Outbox claim below the start point failed", berr, watermill.LogFields{"held": len(claimed)})
+			f.start.record(0, p.Limit, nil, berr)
+			return claimedBatch{claimed: claimed, claimedAt: at}
+		}
+	}
+	f.start.record(from, p.Limit, claimed, err)
 	return claimedBatch{claimed: claimed, claimedAt: at, err: err}
 }
 
