@@ -2,6 +2,7 @@ package forwarder_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"slices"
 	"testing"
@@ -21,10 +22,7 @@ import (
 func TestALateCommitBelowTheClaimStartIsTakenByTheRescan(t *testing.T) {
 	ctx := context.Background()
 	s := newDB(t)
-	late, err := s.DB.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	defer func() { _ = late.Rollback() }()
-	insertN(t, late, "orders", "late") // takes the lowest seq, invisible until commit
+	late := lateRow(t, s.DB)
 	var ids []string
 	for i := range 60 {
 		ids = append(ids, fmt.Sprintf("m%02d", i))
@@ -96,10 +94,7 @@ func TestAKeysNextRowDoesNotWaitForTheRescan(t *testing.T) {
 func TestAShortClaimLooksBelowItsStart(t *testing.T) {
 	ctx := context.Background()
 	s := newDB(t)
-	late, err := s.DB.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	defer func() { _ = late.Rollback() }()
-	insertN(t, late, "orders", "late") // the lowest seq, invisible until commit
+	late := lateRow(t, s.DB)
 	insertN(t, s.DB, "orders", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8")
 
 	rec := &recorder{}
@@ -118,4 +113,15 @@ func TestAShortClaimLooksBelowItsStart(t *testing.T) {
 	rep, err = f.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Zero(t, rep.Claimed)
+}
+
+// lateRow inserts the row "late" in a transaction it leaves open: the row
+// takes the lowest seq and stays invisible until the caller commits.
+func lateRow(t *testing.T, db *sql.DB) *sql.Tx {
+	t.Helper()
+	tx, err := db.BeginTx(context.Background(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	insertN(t, tx, "orders", "late")
+	return tx
 }
