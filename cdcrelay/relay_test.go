@@ -165,8 +165,6 @@ func running(t *testing.T, r *cdcrelay.Relay) (wait func() error) {
 	return wait
 }
 
-// streaming starts r and waits until it streams from the slot: a slot only
-// holds what commits after it was created.
 // relay starts a relay on cfg publishing to out and returns once its
 // walsender streams (see streaming).
 func (e *env) relay(t *testing.T, cfg cdcrelay.Config, out message.Publisher) (wait func() error) {
@@ -176,6 +174,8 @@ func (e *env) relay(t *testing.T, cfg cdcrelay.Config, out message.Publisher) (w
 	return e.streaming(t, r)
 }
 
+// streaming starts r and waits until it streams from the slot: a slot only
+// holds what commits after it was created.
 func (e *env) streaming(t *testing.T, r *cdcrelay.Relay) (wait func() error) {
 	t.Helper()
 	wait = running(t, r)

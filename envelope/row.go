@@ -127,7 +127,6 @@ func (rs *RowScanner) Scan(s Scanner) (Row, error) {
 	// Scan assigns every destination, or fails: nothing of a previous row
 	// survives into this one. The payload is a fresh copy each time (Scan
 	// into *[]byte copies), so returned rows never share it.
-	rs.r.Payload = nil
 	if err := s.Scan(rs.dest...); err != nil {
 		return Row{}, err
 	}
@@ -141,7 +140,6 @@ func (rs *RowScanner) Scan(s Scanner) (Row, error) {
 	r.Traceparent, r.Tracestate, r.Baggage = rs.tp.String, rs.ts.String, rs.bg.String
 	r.SchemaSubject, r.SchemaVersion, r.ContentType, r.MessageType = rs.ssub.String, rs.sver.String, rs.ct.String, rs.mt.String
 	r.AggregateType, r.AggregateID = rs.aggT.String, rs.aggID.String
-	r.AggregateVersion = nil
 	if rs.aggV.Valid {
 		v := rs.aggV.Int64
 		r.AggregateVersion = &v

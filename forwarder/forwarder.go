@@ -543,8 +543,7 @@ func (f *Forwarder) claim(ctx context.Context) claimedBatch {
 		FromSeq: f.start.from(),
 	}
 	claimed, err := fencing.Claim(dbctx, f.q, p)
-	from := p.FromSeq
-	if err == nil && from > 0 && len(claimed) < p.Limit {
+	if err == nil && p.FromSeq > 0 && len(claimed) < p.Limit {
 		// Nothing more at or above the start point: look below it before
 		// calling the batch short, so that a short batch (which sends Run
 		// to idle) always means the whole claimable index had no more. The
@@ -553,18 +552,17 @@ func (f *Forwarder) claim(ctx context.Context) claimedBatch {
 		below := p
 		below.Limit, below.FromSeq = p.Limit-len(claimed), 0
 		more, berr := fencing.Claim(dbctx, f.q, below)
+		if berr != nil {
+			// The rows claimed above the start are held and go on; record
+			// makes the next claim start at the first entry.
+			f.logger.Error("Outbox claim below the start point failed", berr, watermill.LogFields{"held": len(claimed)})
+		}
 		claimed = append(more, claimed...)
 		slices.SortFunc(claimed, func(a, b fencing.Claimed) int { return cmp.Compare(a.Row.Seq, b.Row.Seq) })
-		from = 0 // this batch looked at the whole index
-		if berr != nil {
-			// The rows claimed above the start are held and go on; the
-			// next claim starts at the first entry.
-			f.logger.Error("Outbox claim below the start point failed", berr, watermill.LogFields{"held": len(claimed)})
-			f.start.record(0, p.Limit, nil, berr)
-			return claimedBatch{claimed: claimed, claimedAt: at}
-		}
+		f.start.record(0, p.Limit, claimed, berr) // this batch looked at the whole index
+		return claimedBatch{claimed: claimed, claimedAt: at}
 	}
-	f.start.record(from, p.Limit, claimed, err)
+	f.start.record(p.FromSeq, p.Limit, claimed, err)
 	return claimedBatch{claimed: claimed, claimedAt: at, err: err}
 }
 
@@ -654,13 +652,11 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	// clock skew with the database cannot stretch it.
 	startBy := b.claimedAt.Add(f.cfg.LeaseDuration - f.cfg.PublishTimeout - f.cfg.PublishTimeout/2)
 
-	slab := make([]item, len(claimed)) // one allocation for the batch's items
-	items := make([]*item, 0, len(claimed))
+	items := make([]item, len(claimed)) // one allocation for the batch
 	work := make([]*item, 0, len(claimed))
 	for i, c := range claimed {
-		it := &slab[i]
+		it := &items[i]
 		it.claimed = c
-		items = append(items, it)
 		switch {
 		case !c.Held():
 			// Parked by the claim: an expired lease spent the budget
@@ -695,11 +691,12 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 
 // writeOutcomes writes the outcomes of a pass's items, logs and counts them,
 // and ends the pass.
-func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []*item) {
+func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []item) {
 	outcomes := make([]fencing.Outcome, 0, len(items))
 	written := make([]*item, 0, len(items))
 	now := f.dbNow() // one clock for the batch: Apply writes it as one instant
-	for _, it := range items {
+	for i := range items {
+		it := &items[i]
 		if it.claimed.Held() {
 			it.outcome.Lease = it.claimed.Lease
 			it.outcome.Now = now
@@ -736,7 +733,8 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []*item) {
 	}
 	rep := &t.rep
 	var unknown error
-	for _, it := range items {
+	for i := range items {
+		it := &items[i]
 		row := it.claimed.Row
 		verdict := it.verdict()
 		if stale[it] {

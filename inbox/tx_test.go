@@ -43,7 +43,6 @@ func TestTxOptionsReachTheConsumerTransaction(t *testing.T) {
 		require.Equal(t, 1, e.applied(t, id))
 		require.Equal(t, 1, e.inboxRows(t, "billing", id))
 	}
-
 }
 
 // Config.Logger is the follow-up publisher's logger and the middleware's.
