@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
@@ -124,4 +125,36 @@ func lateRow(t *testing.T, db *sql.DB) *sql.Tx {
 	t.Cleanup(func() { _ = tx.Rollback() })
 	insertN(t, tx, "orders", "late")
 	return tx
+}
+
+// Under Run, with prefetch and pipelining, a key's next row is claimable
+// only once its predecessor's outcome commits, by which time the relay has
+// claimed up to two more batches: the start stays at or below the lowest seq
+// of the last three batches, so the key's rows keep coming every few passes
+// and do not wait for the rescan. Here one key's 20 rows come first and 300
+// unkeyed rows after them, in batches of 2: the key is done while at least
+// 100 unkeyed rows are still to go. (Waiting for the rescan, 16 claims per
+// key row, it would still be going when they run out.)
+func TestUnderRunAKeysNextRowDoesNotWaitForTheRescan(t *testing.T) {
+	s := newDB(t)
+	for i := range 20 {
+		m := message.NewMessage(fmt.Sprintf("k-%02d", i), []byte("x"))
+		envelope.SetOrderingKey(m, "key")
+		insert(t, s.DB, "orders", m)
+	}
+	for i := range 300 {
+		insertN(t, s.DB, "orders", fmt.Sprintf("free-%03d", i))
+	}
+	rec := &recorder{}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{BatchSize: 2, PollInterval: 5 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond})
+	done := make(chan error, 1)
+	go func() { done <- f.Run(context.Background()) }()
+	require.Eventually(t, func() bool { return len(rec.ids()) == 320 }, 30*time.Second, 5*time.Millisecond)
+	require.NoError(t, f.Close())
+	require.NoError(t, <-done)
+
+	got := rec.ids()
+	last := slices.Index(got, "k-19")
+	require.NotEqual(t, -1, last)
+	require.Less(t, last, len(got)-100, "the key's last row went out at %d of %d", last, len(got))
 }

@@ -57,9 +57,10 @@ type Config struct {
 	// AMBIGUOUS rows (and of the loop after a failing pass). Defaults 1s, 1m.
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
-	// Concurrency is how many publishes run at once in a pass. Rows of one
-	// ordering key are never in flight together (the claim returns only the
-	// head of each key), so this never reorders a key. Default 8.
+	// Concurrency is how many publishes run at once in a pass. A pass
+	// claims only the head of each key among the rows committed when its
+	// claim runs, so rows of one key committed in order are never in flight
+	// together and this never reorders them. Default 8.
 	Concurrency int
 	// OrderingPolicy: what a parked row does to later rows of its key.
 	// Default fencing.BlockKey.
