@@ -69,11 +69,7 @@ func TestALateCommitBelowTheClaimStartIsTakenByTheRescan(t *testing.T) {
 func TestAKeysNextRowDoesNotWaitForTheRescan(t *testing.T) {
 	ctx := context.Background()
 	s := newDB(t)
-	for i := range 20 {
-		m := message.NewMessage(fmt.Sprintf("k-%02d", i), []byte("x"))
-		envelope.SetOrderingKey(m, "key")
-		insert(t, s.DB, "orders", m)
-	}
+	insertKeyChain(t, s.DB, 20)
 	for i := range 20 {
 		insertN(t, s.DB, "orders", fmt.Sprintf("free-%02d", i))
 	}
@@ -137,24 +133,26 @@ func lateRow(t *testing.T, db *sql.DB) *sql.Tx {
 // key row, it would still be going when they run out.)
 func TestUnderRunAKeysNextRowDoesNotWaitForTheRescan(t *testing.T) {
 	s := newDB(t)
-	for i := range 20 {
-		m := message.NewMessage(fmt.Sprintf("k-%02d", i), []byte("x"))
-		envelope.SetOrderingKey(m, "key")
-		insert(t, s.DB, "orders", m)
-	}
+	insertKeyChain(t, s.DB, 20)
 	for i := range 300 {
 		insertN(t, s.DB, "orders", fmt.Sprintf("free-%03d", i))
 	}
 	rec := &recorder{}
 	f := newForwarder(t, s.DB, rec, forwarder.Config{BatchSize: 2, PollInterval: 5 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond})
-	done := make(chan error, 1)
-	go func() { done <- f.Run(context.Background()) }()
-	require.Eventually(t, func() bool { return len(rec.ids()) == 320 }, 30*time.Second, 5*time.Millisecond)
-	require.NoError(t, f.Close())
-	require.NoError(t, <-done)
+	runUntilDelivered(t, f, rec, 320, 30*time.Second)
 
 	got := rec.ids()
 	last := slices.Index(got, "k-19")
 	require.NotEqual(t, -1, last)
 	require.Less(t, last, len(got)-100, "the key's last row went out at %d of %d", last, len(got))
+}
+
+// insertKeyChain inserts n rows k-00, k-01, ... of one ordering key.
+func insertKeyChain(t *testing.T, db *sql.DB, n int) {
+	t.Helper()
+	for i := range n {
+		m := message.NewMessage(fmt.Sprintf("k-%02d", i), []byte("x"))
+		envelope.SetOrderingKey(m, "key")
+		insert(t, db, "orders", m)
+	}
 }

@@ -192,3 +192,14 @@ func newForwarder(t *testing.T, db *sql.DB, out message.Publisher, cfg forwarder
 	t.Cleanup(func() { _ = f.Close() })
 	return f
 }
+
+// runUntilDelivered runs f until rec has n deliveries, then closes it and
+// requires a clean stop.
+func runUntilDelivered(t *testing.T, f *forwarder.Forwarder, rec *recorder, n int, within time.Duration) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- f.Run(context.Background()) }()
+	require.Eventually(t, func() bool { return len(rec.ids()) == n }, within, 5*time.Millisecond)
+	require.NoError(t, f.Close())
+	require.NoError(t, <-done)
+}

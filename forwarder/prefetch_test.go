@@ -36,11 +36,7 @@ func TestPrefetchKeepsPerKeyOrder(t *testing.T) {
 	}
 	rec := &recorder{}
 	f := newForwarder(t, s.DB, rec, forwarder.Config{BatchSize: 3, PollInterval: 5 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond})
-	done := make(chan error, 1)
-	go func() { done <- f.Run(context.Background()) }()
-	require.Eventually(t, func() bool { return len(rec.ids()) == keys*perKey+40 }, 20*time.Second, 5*time.Millisecond)
-	require.NoError(t, f.Close())
-	require.NoError(t, <-done)
+	runUntilDelivered(t, f, rec, keys*perKey+40, 20*time.Second)
 
 	next := map[string]int{}
 	for _, id := range rec.ids() {
