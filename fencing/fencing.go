@@ -90,15 +90,74 @@ type ClaimParams struct {
 	MaxAttempts int            // attempt budget; > 0
 	Policy      OrderingPolicy // per-key ordering policy
 	Now         time.Time      // zero: the server's now()
-	// FromSeq, when > 0, limits the claim to rows with seq >= FromSeq: the
-	// index scan then starts there instead of at the claimable index's first
-	// entry. A long drain leaves the entries of the rows it published at the
-	// head of that index until VACUUM removes them, and a claim from the
-	// start walks all of them (a 100-row claim: 0.86 ms on a fresh index,
-	// 3.0 ms behind 290,000 published rows). Rows below FromSeq are not
-	// considered at all, so a caller using it must also claim with 0 from
-	// time to time (the forwarder does: see its documentation). >= 0.
+	// FromSeq, when > 0, limits the unkeyed half of the claim to rows with
+	// seq >= FromSeq: its index scan then starts there instead of at the
+	// first entry. A long drain leaves the entries of the rows it published
+	// at the head of that index until VACUUM removes them, and a claim from
+	// the start walks all of them (a 100-row claim: 0.86 ms on a fresh
+	// index, 3.0 ms behind 290,000 published rows). Unkeyed rows below
+	// FromSeq are not considered at all, so a caller using it must also
+	// claim with 0 from time to time (the forwarder does: see its
+	// documentation). >= 0.
 	FromSeq int64
+	// KeyCursor is where the walk over ordering keys starts: the first key
+	// after it, wrapping around to the smallest key once. Pass the
+	// [NextKeyCursor] of the previous claim so that every key gets its turn
+	// when there are more claimable keys than one claim takes. "" starts at
+	// the smallest key.
+	KeyCursor string
+	// MaxChain bounds the rows taken from one key in one claim (0: Limit).
+	// Shorter chains spread a batch over more keys, which a relay publishes
+	// concurrently; longer ones cost fewer round trips on a hot key.
+	MaxChain int
+	// Continue extends chains the caller already holds (see [Continuation]).
+	Continue []Continuation
+	// NoKeyWalk leaves out the walk over keys (only Continue and, unless
+	// NoUnkeyed, unkeyed rows are claimed).
+	NoKeyWalk bool
+	// NoUnkeyed leaves out rows without an ordering key.
+	NoUnkeyed bool
+}
+
+// Continuation asks a claim for the rows of Key right behind AfterSeq, a row
+// (AfterID) that the caller holds IN_FLIGHT under the same owner, or that is
+// already published. The caller must not publish them before it knows that
+// AfterID and every earlier row it held of the key were confirmed: the claim
+// takes them while those are still in flight.
+type Continuation struct {
+	Key      string
+	AfterSeq int64
+	AfterID  string
+}
+
+// NextKeyCursor returns the KeyCursor for the claim after one that started
+// at prev and returned claimed: the last key its walk served, in walk order
+// (keys after prev first, then, wrapped around, keys up to prev). Keys in
+// continued were not walked and are ignored. When the walk served no key the
+// cursor stays.
+func NextKeyCursor(prev string, claimed []Claimed, continued []Continuation) string {
+	var after, wrapped string
+	var haveAfter, haveWrapped bool
+	for _, c := range claimed {
+		k, ok := c.Row.OrderingKey, c.Row.OrderingKey != ""
+		if !ok || slices.ContainsFunc(continued, func(x Continuation) bool { return x.Key == k }) {
+			continue
+		}
+		if k > prev {
+			if !haveAfter || k > after {
+				after, haveAfter = k, true
+			}
+		} else if !haveWrapped || k > wrapped {
+			wrapped, haveWrapped = k, true
+		}
+	}
+	switch {
+	case haveWrapped:
+		return wrapped
+	case haveAfter:
+		return after
+	}
+	return prev
 }
 
 // Claimed is one row returned by [Claim].
@@ -129,50 +188,171 @@ type Claimed struct {
 // Held reports whether the caller holds the row and must write an outcome.
 func (c Claimed) Held() bool { return c.Row.Status == envelope.StatusInFlight }
 
-// The claim. The CTE is an index range scan on messaging_outbox_claimable_idx
-// starting at seq $6 (its WHERE repeats the index predicate: "published_at IS
-// NULL AND parked_at IS NULL" is the claimable set PENDING/AMBIGUOUS/IN_FLIGHT,
-// an equivalence the table's CHECKs enforce; ORDER BY seq LIMIT n follows the
-// index order), SKIP LOCKED makes concurrent claimers take disjoint rows, and
-// the ordering check probes messaging_outbox_ordering_head_idx. The UPDATE
-// runs on the server in the same statement, and the token is advanced by the
-// database, not by the client.
+// The claim is one statement with two halves, joined in seq order and cut at
+// the limit.
+//
+// Unkeyed rows come from an index range scan on
+// messaging_outbox_unkeyed_claimable_idx starting at seq $6 (its WHERE
+// repeats the index predicate; ORDER BY seq LIMIT follows the index order),
+// FOR UPDATE SKIP LOCKED, exactly as a SKIP LOCKED queue.
+//
+// Keyed rows come in chains. The claim walks the ordering keys that have
+// unpublished rows, not the rows: a loose index scan over
+// messaging_outbox_ordering_head_idx (one descent per key, "the next key
+// after k"), starting after the key $7 where the relay's previous walk
+// stopped and wrapping around once, so every key gets its turn. For each key
+// it reads the head (the key's first unpublished row in seq order; under
+// SkipParked the first unpublished and unparked one) and, only when the head
+// is claimable, the run of rows right behind it (at most $8), cut at the
+// first row that is not claimable and after a row the claim parks. A key
+// whose head is in flight, parked, or waiting for its retry costs one
+// descent and one heap read, whatever is queued behind it. The walk is
+// lazy: it stops once it has found $13 rows.
+//
+// Continuations ($9-$11) extend chains this owner already holds: for each
+// (key, after_seq, after_id), the run behind after_seq, provided the row
+// after_id is still this owner's IN_FLIGHT row or already published. Keys
+// being continued are left out of the walk.
+//
+// The chains are read without locks, then locked with SKIP LOCKED through
+// their ctids (a TID scan); a row that another relay has locked or changed
+// since this statement's snapshot is not returned (its new version fails
+// the TID recheck) and ends its chain there: only rows whose position in
+// the chain equals their rank among the locked rows of their key are kept,
+// so a chain is always a prefix of its key's claimable run and a row never
+// goes out while an earlier row of its key is with someone else.
 //
 // The UPDATE finds each picked row by its ctid (a TID scan) rather than by
-// message_id (a primary-key descent per row, about an eighth of the claim's
-// server time). The ctid is the locked version's: nobody else can change
-// that version while the lock is held. In one race the TID scan finds
-// nothing: a row changed by a transaction that committed after this
-// statement's snapshot (another relay released it) is locked in its newest
-// version, which the snapshot does not see. That row is then neither
-// updated nor returned, keeps its state, and is claimed by a later pass; it
-// is never returned without being marked.
-const (
-	claimHead = `
-WITH picked AS (
-    SELECT o.ctid AS picked_ctid, o.status = 'IN_FLIGHT' AS expired,
-           CASE WHEN o.status = 'IN_FLIGHT' THEN o.attempts + 1 >= $4 ELSE o.attempts >= $4 END AS park
+// message_id (a primary-key descent per row). The ctid is the locked
+// version's: nobody else can change that version while the lock is held. In
+// one race the TID scan finds nothing: a row changed by a transaction that
+// committed after this statement's snapshot (another relay released it) is
+// locked in its newest version, which the snapshot does not see. That row is
+// then neither updated nor returned, keeps its state, and is claimed by a
+// later pass; it is never returned without being marked.
+
+// claimable is the predicate "a relay may take this row now" on alias a.
+func claimable(a string) string {
+	return strings.NewReplacer("a.", a+".").Replace(`(a.published_at IS NULL AND a.parked_at IS NULL AND (
+            (a.status <> 'IN_FLIGHT' AND (a.attempts >= $4 OR a.next_attempt_at IS NULL
+                                          OR a.next_attempt_at <= coalesce($1::timestamptz, now())))
+         OR (a.status = 'IN_FLIGHT' AND a.lease_expires_at <= coalesce($1::timestamptz, now()))))`)
+}
+
+// parks is "the claim parks this row instead of taking it" on alias a: an
+// expired lease that spends the last attempt, or a budget already spent.
+func parks(a string) string {
+	return strings.NewReplacer("a.", a+".").Replace(
+		`(CASE WHEN a.status = 'IN_FLIGHT' THEN a.attempts + 1 >= $4 ELSE a.attempts >= $4 END)`)
+}
+
+// walkCols are the columns the walks carry: enough to judge a row.
+const walkCols = `x.ctid AS row_ctid, x.ordering_key AS k, x.seq, x.status, x.attempts,
+                x.next_attempt_at, x.lease_expires_at, x.published_at, x.parked_at`
+
+// rowAfter is the next row of key k after seq s: one index descent on
+// messaging_outbox_ordering_head_idx (ORDER BY ... LIMIT 1 is read from the
+// index in order, never by a bitmap over every row of the key, whatever the
+// planner believes about the key's size).
+func rowAfter(k, s, notParked string) string {
+	return `SELECT ` + walkCols + ` FROM messaging_outbox x
+                 WHERE x.ordering_key = ` + k + ` AND x.seq > ` + s + ` AND x.published_at IS NULL` + notParked + `
+                 ORDER BY x.ordering_key, x.seq LIMIT 1`
+}
+
+// headAfter is the head of the first key after k ("" for the first key at
+// all): the first index entry past k, one descent.
+func headAfter(k, notParked string) string {
+	cond := "x.ordering_key IS NOT NULL"
+	if k != "" {
+		cond = "x.ordering_key > " + k
+	}
+	return `SELECT ` + walkCols + ` FROM messaging_outbox x
+                 WHERE ` + cond + ` AND x.published_at IS NULL` + notParked + `
+                 ORDER BY x.ordering_key, x.seq LIMIT 1`
+}
+
+// walkStep is the columns a walk row carries, from candidate row alias a.
+func walkStep(a, pos, wrapped string) string {
+	return a + `.row_ctid, ` + a + `.k, ` + a + `.seq, ` + pos + ` AS pos, ` + wrapped + ` AS wrapped, ` +
+		claimable(a) + ` AS take, ` + parks(a) + ` AS park`
+}
+
+func claimSQL(notParked string) string {
+	return `
+WITH RECURSIVE walk(row_ctid, k, seq, pos, wrapped, take, park) AS (
+    -- The head of the first key after the cursor ($7), or, wrapping, of the
+    -- first key.
+    SELECT ` + walkStep("f", "1", "f.wrapped") + ` FROM (
+        (SELECT y.*, false AS wrapped FROM (` + headAfter("$7", notParked) + `) y)
+        UNION ALL
+        (SELECT y.*, true FROM (` + headAfter("", notParked) + `) y)
+        LIMIT 1) f
+     WHERE $13 > 0
+  UNION ALL
+    -- After a taken row that ends no chain: the next row of its key, if it
+    -- can be taken; otherwise the head of the next key (wrapping once).
+    SELECT n.* FROM walk c CROSS JOIN LATERAL (
+        (SELECT ` + walkStep("y", "c.pos + 1", "c.wrapped") + ` FROM (` + rowAfter("c.k", "c.seq", notParked) + `) y
+          WHERE c.take AND NOT c.park AND c.pos < $8 AND ` + claimable("y") + `)
+        UNION ALL
+        (SELECT ` + walkStep("y", "1", "c.wrapped") + ` FROM (` + headAfter("c.k", notParked) + `) y)
+        UNION ALL
+        (SELECT ` + walkStep("y", "1", "true") + ` FROM (` + headAfter("", notParked) + `) y WHERE NOT c.wrapped)
+        LIMIT 1) n
+     WHERE NOT (n.wrapped AND n.k > $7)
+),
+chains AS (
+    SELECT row_ctid, k, seq, pos FROM walk
+     WHERE take AND k <> ALL($9::text[])
+     LIMIT $13
+),
+continued AS (
+    WITH RECURSIVE run(row_ctid, k, seq, pos, wrapped, take, park) AS (
+        SELECT ` + walkStep("y", "1", "false") + `
+          FROM unnest($9::text[], $10::int8[], $11::text[]) AS ck(k, after_seq, after_id)
+          CROSS JOIN LATERAL (` + rowAfter("ck.k", "ck.after_seq", notParked) + `) y
+         WHERE ` + claimable("y") + `
+           AND EXISTS (SELECT 1 FROM messaging_outbox p
+                        WHERE p.message_id = ck.after_id
+                          AND (p.published_at IS NOT NULL OR (p.status = 'IN_FLIGHT' AND p.lease_owner = $2)))
+      UNION ALL
+        SELECT ` + walkStep("y", "c.pos + 1", "false") + `
+          FROM run c CROSS JOIN LATERAL (` + rowAfter("c.k", "c.seq", notParked) + `) y
+         WHERE NOT c.park AND c.pos < $8 AND ` + claimable("y") + `
+    )
+    SELECT row_ctid, k, seq, pos FROM run LIMIT $5
+),
+candidates AS (
+    SELECT * FROM chains UNION ALL SELECT * FROM continued
+),
+locked AS (
+    SELECT o.ctid AS picked_ctid, o.seq, o.ordering_key AS k,
+           o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
       FROM messaging_outbox o
-     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.seq >= $6
-       AND (   (o.status <> 'IN_FLIGHT' AND o.attempts < $4
-                AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= coalesce($1::timestamptz, now())))
-            OR (o.status <> 'IN_FLIGHT' AND o.attempts >= $4)
-            OR (o.status = 'IN_FLIGHT' AND o.lease_expires_at <= coalesce($1::timestamptz, now())))
-       AND (o.ordering_key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM messaging_outbox e
-             WHERE e.ordering_key = o.ordering_key AND e.seq < o.seq
-               AND e.published_at IS NULL`
-	// Written on status, not as "e.parked_at IS NULL" (the same rows, by the
-	// table's CHECK): with parked_at the probe would also match the
-	// claimable index's predicate, and the planner may then walk every
-	// earlier claimable row by seq instead of probing the key's entries in
-	// messaging_outbox_ordering_head_idx.
-	claimSkipParked = `
-               AND e.status NOT IN ('FAILED', 'EXHAUSTED')`
-	claimTail = `))
-     ORDER BY o.seq
-     LIMIT $5
+     WHERE o.ctid = ANY (ARRAY(SELECT row_ctid FROM candidates))
+       AND ` + claimable("o") + `
        FOR UPDATE OF o SKIP LOCKED
+),
+unkeyed AS (
+    SELECT o.ctid AS picked_ctid, o.seq, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
+      FROM messaging_outbox o
+     WHERE o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.seq >= $6
+     ORDER BY o.seq
+     LIMIT $12
+       FOR UPDATE OF o SKIP LOCKED
+),
+picked AS (
+    SELECT u.picked_ctid, u.expired, u.park FROM (
+        SELECT picked_ctid, seq, expired, park FROM unkeyed
+        UNION ALL
+        SELECT picked_ctid, seq, expired, park
+          FROM (SELECT l.*, c.pos, row_number() OVER (PARTITION BY l.k ORDER BY l.seq) AS rank
+                  FROM locked l JOIN candidates c ON c.seq = l.seq) r
+         WHERE r.rank = r.pos
+    ) u
+    ORDER BY u.seq
+    LIMIT $5
 )
 UPDATE messaging_outbox o
    SET status = CASE WHEN p.park THEN 'EXHAUSTED' ELSE 'IN_FLIGHT' END,
@@ -195,21 +375,28 @@ UPDATE messaging_outbox o
   FROM picked p
  WHERE o.ctid = p.picked_ctid
 RETURNING ` + claimColumns
+}
 
-	// claimColumns is envelope.SelectColumns, in its order for
-	// envelope.ScanRow, with the timestamps Claimed.Row leaves zero read as
-	// NULL (TestClaimColumnsFollowSelectColumns keeps the two in step).
-	claimColumns = `message_id, destination, payload, headers, status, seq, created_at,
+// claimColumns is envelope.SelectColumns, in its order for envelope.ScanRow,
+// with the timestamps Claimed.Row leaves zero read as NULL
+// (TestClaimColumnsFollowSelectColumns keeps the two in step).
+const claimColumns = `message_id, destination, payload, headers, status, seq, created_at,
 occurred_at, NULL::timestamptz, attempts, NULL::timestamptz, lease_owner, lease_token,
 lease_expires_at, last_failure_code, last_failure_detail, NULL::timestamptz, producer,
 correlation_id, causation_id, tenant, partition_key, ordering_key, traceparent,
 tracestate, baggage, schema_subject, schema_version, content_type, message_type,
 aggregate_type, aggregate_id, aggregate_version, NULL::timestamptz, routing_key`
 
+var (
 	// ClaimBlockKeySQL is the claim under [BlockKey].
-	ClaimBlockKeySQL = claimHead + claimTail
-	// ClaimSkipParkedSQL is the claim under [SkipParked].
-	ClaimSkipParkedSQL = claimHead + claimSkipParked + claimTail
+	ClaimBlockKeySQL = claimSQL("")
+	// ClaimSkipParkedSQL is the claim under [SkipParked]: its walks step
+	// over parked rows. Written on status, not as "parked_at IS NULL" (the
+	// same rows, by the table's CHECK): with parked_at the walk's steps would
+	// also match messaging_outbox_claimable_idx's predicate, and the planner
+	// may then read a key's next row from that index instead of the ordering
+	// index.
+	ClaimSkipParkedSQL = claimSQL(" AND x.status NOT IN ('FAILED', 'EXHAUSTED')")
 )
 
 func nowArg(t time.Time) any {
@@ -219,32 +406,69 @@ func nowArg(t time.Time) any {
 	return t
 }
 
-// Claim takes up to p.Limit claimable rows for p.Owner in one statement and
-// returns them in seq order (see the package documentation for what is
-// claimable). Rows come back IN_FLIGHT with a fresh lease, or EXHAUSTED when
-// an expired lease spent the budget or the budget was already spent. Invalid parameters are refused with
-// FENCING_INVALID_ARGUMENT before touching the database.
-func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Claimed, error) {
+// ClaimStatement returns the statement and arguments [Claim] runs for p,
+// for EXPLAIN and for tools that need the plan of the claim a relay makes;
+// p is validated as Claim validates it.
+func ClaimStatement(p ClaimParams) (string, []any, error) {
 	const op = "fencing.Claim"
 	switch {
 	case p.Owner == "":
-		return nil, outbox.Errorf(CodeInvalidArgument, op, "owner must not be empty")
+		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "owner must not be empty")
 	case p.Limit <= 0:
-		return nil, outbox.Errorf(CodeInvalidArgument, op, "limit must be > 0, got %d", p.Limit)
+		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "limit must be > 0, got %d", p.Limit)
 	case p.Lease <= 0:
-		return nil, outbox.Errorf(CodeInvalidArgument, op, "lease must be > 0, got %s", p.Lease)
+		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "lease must be > 0, got %s", p.Lease)
 	case p.MaxAttempts <= 0:
-		return nil, outbox.Errorf(CodeInvalidArgument, op, "max attempts must be > 0, got %d", p.MaxAttempts)
+		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "max attempts must be > 0, got %d", p.MaxAttempts)
 	case !p.Policy.Valid():
-		return nil, outbox.Errorf(CodeInvalidArgument, op, "unknown ordering policy %d", int(p.Policy))
+		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "unknown ordering policy %d", int(p.Policy))
 	case p.FromSeq < 0:
-		return nil, outbox.Errorf(CodeInvalidArgument, op, "from seq must be >= 0, got %d", p.FromSeq)
+		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "from seq must be >= 0, got %d", p.FromSeq)
+	case p.MaxChain < 0:
+		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "max chain must be >= 0, got %d", p.MaxChain)
+	}
+	n := len(p.Continue)
+	keys, afters, ids := make([]string, n), make([]int64, n), make([]string, n)
+	for i, c := range p.Continue {
+		if c.Key == "" || c.AfterID == "" || c.AfterSeq <= 0 {
+			return "", nil, outbox.Errorf(CodeInvalidArgument, op, "continuation %d needs a key, the seq and the id of the row it follows (got %q, %d, %q)", i, c.Key, c.AfterSeq, c.AfterID)
+		}
+		if slices.Contains(keys[:i], c.Key) {
+			return "", nil, outbox.Errorf(CodeInvalidArgument, op, "key %q is continued twice", c.Key)
+		}
+		keys[i], afters[i], ids[i] = c.Key, c.AfterSeq, c.AfterID
+	}
+	maxChain := cmp.Or(p.MaxChain, p.Limit)
+	unkeyed, walk := p.Limit, p.Limit
+	if p.NoUnkeyed {
+		unkeyed = 0
+	}
+	if p.NoKeyWalk {
+		walk = 0
 	}
 	q := ClaimBlockKeySQL
 	if p.Policy == SkipParked {
 		q = ClaimSkipParkedSQL
 	}
-	rows, err := db.QueryContext(ctx, q, nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq)
+	return q, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
+		p.KeyCursor, maxChain, pq.Array(keys), pq.Array(afters), pq.Array(ids), unkeyed, walk}, nil
+}
+
+// Claim takes up to p.Limit claimable rows for p.Owner in one statement and
+// returns them in seq order (see the package documentation for what is
+// claimable): unkeyed rows, and for ordering keys, chains (a key's head and
+// the claimable rows right behind it, at most p.MaxChain). Rows come back
+// IN_FLIGHT with a fresh lease, or EXHAUSTED when an expired lease spent the
+// budget or the budget was already spent (a chain ends after such a row).
+// Invalid parameters are refused with FENCING_INVALID_ARGUMENT before
+// touching the database.
+func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Claimed, error) {
+	const op = "fencing.Claim"
+	q, args, err := ClaimStatement(p)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}

@@ -248,7 +248,7 @@ func TestRowOverALoweredBudgetIsParkedByTheClaim(t *testing.T) {
 	p.MaxAttempts = 5
 	c, err := fencing.Claim(ctx, s.DB, p)
 	require.NoError(t, err)
-	require.Equal(t, []string{"k1", "early", "lone"}, ids(c), "k2 waits behind k1, late behind early (ordering rule)")
+	require.Equal(t, []string{"k1", "early", "late", "lone"}, ids(c), "k2 waits behind the parked k1; late, over budget, is parked in early's chain, which ends there")
 	for _, x := range c {
 		switch x.Row.MessageID {
 		case "early":
@@ -395,7 +395,7 @@ func TestReleaseKeepsAmbiguityAndAttempts(t *testing.T) {
 	require.Equal(t, 1, st.Attempts)
 }
 
-func TestOrderingKeyOnlyHeadIsClaimable(t *testing.T) {
+func TestOrderingKeyChainStartsAtTheHead(t *testing.T) {
 	ctx := context.Background()
 	s := newDB(t)
 	insert(t, s.DB, "a1", "K")
@@ -404,9 +404,14 @@ func TestOrderingKeyOnlyHeadIsClaimable(t *testing.T) {
 	insert(t, s.DB, "a3", "K")
 	insert(t, s.DB, "c1", "L")
 
-	c, err := fencing.Claim(ctx, s.DB, params("r", t0))
+	heads1 := func(now time.Time) fencing.ClaimParams {
+		p := params("r", now)
+		p.MaxChain = 1
+		return p
+	}
+	c, err := fencing.Claim(ctx, s.DB, heads1(t0))
 	require.NoError(t, err)
-	require.Equal(t, []string{"a1", "b1", "c1"}, ids(c), "one row per key, the head")
+	require.Equal(t, []string{"a1", "b1", "c1"}, ids(c), "chains of one: the head of each key")
 	res, err := fencing.Apply(ctx, s.DB, []fencing.Outcome{{Lease: c[1].Lease, To: envelope.StatusPublished}, {Lease: c[2].Lease, To: envelope.StatusPublished}})
 	require.NoError(t, err)
 	require.Equal(t, []fencing.Result{fencing.Applied, fencing.Applied}, res)
@@ -414,29 +419,29 @@ func TestOrderingKeyOnlyHeadIsClaimable(t *testing.T) {
 	// While a1 is in flight, or ambiguous, a2 waits.
 	_, err = fencing.MarkAmbiguous(ctx, s.DB, c[0].Lease, t0.Add(time.Minute), "X", "", t0)
 	require.NoError(t, err)
-	c2, err := fencing.Claim(ctx, s.DB, params("r", t0.Add(time.Second)))
+	c2, err := fencing.Claim(ctx, s.DB, heads1(t0.Add(time.Second)))
 	require.NoError(t, err)
 	require.Empty(t, c2)
 
-	c3, err := fencing.Claim(ctx, s.DB, params("r", t0.Add(time.Minute)))
+	c3, err := fencing.Claim(ctx, s.DB, heads1(t0.Add(time.Minute)))
 	require.NoError(t, err)
 	require.Equal(t, []string{"a1"}, ids(c3))
 	_, err = fencing.MarkPublished(ctx, s.DB, c3[0].Lease, time.Time{})
 	require.NoError(t, err)
 
-	c4, err := fencing.Claim(ctx, s.DB, params("r", t0.Add(time.Minute)))
+	c4, err := fencing.Claim(ctx, s.DB, heads1(t0.Add(time.Minute)))
 	require.NoError(t, err)
 	require.Equal(t, []string{"a2"}, ids(c4))
 	_, err = fencing.MarkFailed(ctx, s.DB, c4[0].Lease, "REJECTED", "", time.Time{})
 	require.NoError(t, err)
 
 	// BlockKey: the parked a2 holds a3 back.
-	block, err := fencing.Claim(ctx, s.DB, params("r", t0.Add(time.Hour)))
+	block, err := fencing.Claim(ctx, s.DB, heads1(t0.Add(time.Hour)))
 	require.NoError(t, err)
 	require.Empty(t, block)
 
 	// SkipParked: a3 goes past it.
-	p := params("r", t0.Add(time.Hour))
+	p := heads1(t0.Add(time.Hour))
 	p.Policy = fencing.SkipParked
 	skip, err := fencing.Claim(ctx, s.DB, p)
 	require.NoError(t, err)
@@ -469,7 +474,7 @@ func TestClaimPlanUsesTheClaimableIndex(t *testing.T) {
 	_, err = s.DB.Exec(`ANALYZE messaging_outbox`)
 	require.NoError(t, err)
 	for name, q := range map[string]string{"block": fencing.ClaimBlockKeySQL, "skip": fencing.ClaimSkipParkedSQL} {
-		rows, err := s.DB.Query("EXPLAIN "+q, t0, "r", 30.0, 10, 100, 5000)
+		rows, err := s.DB.Query("EXPLAIN "+q, t0, "r", 30.0, 10, 100, 5000, "", 100, "{}", "{}", "{}", 100, 100)
 		require.NoError(t, err)
 		var plan []string
 		for rows.Next() {
@@ -479,14 +484,14 @@ func TestClaimPlanUsesTheClaimableIndex(t *testing.T) {
 		}
 		require.NoError(t, rows.Err())
 		text := strings.Join(plan, "\n")
-		require.Contains(t, text, "messaging_outbox_claimable_idx", "%s plan:\n%s", name, text)
 		require.Contains(t, text, "messaging_outbox_ordering_head_idx", "%s plan:\n%s", name, text)
-		// The candidate scan (o_1, inside the CTE) walks the claimable index in
-		// seq order; no sort, no bitmap over the backlog index. (How the
-		// UPDATE joins back by primary key is the planner's business: on a
-		// small table a hash join over a seq scan is cheaper.)
-		require.Contains(t, text, "Index Scan using messaging_outbox_claimable_idx on messaging_outbox o_1", "%s plan:\n%s", name, text)
-		require.NotContains(t, text, "Sort Key", "%s plan:\n%s", name, text)
+		// The unkeyed half walks the unkeyed claimable index in seq order;
+		// the keyed half reads keys, heads and chains from the ordering
+		// index (no scan of the claimable set, no bitmap over the backlog).
+		require.Regexp(t, `Index Scan using messaging_outbox_unkeyed_claimable_idx on messaging_outbox o_\d`, text, "%s plan:\n%s", name, text)
+		require.NotContains(t, text, "Seq Scan", "%s plan:\n%s", name, text)
+		require.NotContains(t, text, "messaging_outbox_claimable_idx", "%s plan:\n%s", name, text)
+		require.NotContains(t, text, "Bitmap", "%s plan:\n%s", name, text)
 		// FromSeq is where the index scan starts, not a filter over it.
 		require.Regexp(t, `Index Cond: \(seq >= \$6\)|Index Cond: \(seq >= '?5000`, text, "%s plan:\n%s", name, text)
 	}
@@ -595,10 +600,10 @@ func TestClaimRetryAndReleaseAreHOTUpdates(t *testing.T) {
 
 	c, err := fencing.Claim(ctx, tx, params("relay-a", t0))
 	require.NoError(t, err)
-	require.Len(t, c, 12, "10 unkeyed rows and the head of each of the 2 keys")
+	require.Len(t, c, 20, "10 unkeyed rows and the chains of the 2 keys, 5 rows each")
 	hot, all := hotUpdates(t, tx)
-	require.Equal(t, 12, all)
-	require.Equal(t, 12, hot, "every claim update is HOT")
+	require.Equal(t, 20, all)
+	require.Equal(t, 20, hot, "every claim update is HOT")
 
 	var outcomes []fencing.Outcome
 	for i, cl := range c {
@@ -617,8 +622,8 @@ func TestClaimRetryAndReleaseAreHOTUpdates(t *testing.T) {
 		require.Equal(t, fencing.Applied, r)
 	}
 	hot, all = hotUpdates(t, tx)
-	require.Equal(t, 24, all)
-	require.Equal(t, 12+8, hot, "AMBIGUOUS and released rows stay HOT; the 4 PUBLISHED rows leave the claimable index")
+	require.Equal(t, 40, all)
+	require.Equal(t, 20+14, hot, "AMBIGUOUS and released rows stay HOT; the 6 PUBLISHED rows leave the claimable indexes")
 }
 
 // The fillfactor claims of migrations 00030 and 00031, fencing/doc.go,

@@ -43,6 +43,7 @@ type claimStart struct {
 	recent    [window]int64 // lowest seq of each recent batch; 0: start at the first entry
 	next      int           // the slot of recent the next batch overwrites
 	sinceFull int           // claims since the last one that started at the first entry
+	cursor    string        // the key where the last walk over ordering keys stopped
 }
 
 // from returns the FromSeq for the next claim.
@@ -59,8 +60,24 @@ func (c *claimStart) from() int64 {
 	return lowest
 }
 
-// record takes the result of a claim that started at from and asked for
-// limit rows.
+// keyCursor is the KeyCursor for the next claim.
+func (c *claimStart) keyCursor() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cursor
+}
+
+// walked records where a claim's walk over ordering keys stopped
+// (fencing.NextKeyCursor), so the next walk starts after it and every key
+// gets its turn.
+func (c *claimStart) walked(cursor string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cursor = cursor
+}
+
+// record takes the unkeyed rows of a claim whose unkeyed half started at
+// from and asked for limit rows.
 func (c *claimStart) record(from int64, limit int, claimed []fencing.Claimed, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

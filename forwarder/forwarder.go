@@ -67,8 +67,12 @@ type Report struct {
 	Failed    int
 	Exhausted int // parked by this pass, or by the claim (expired lease, budget spent)
 	Stale     int
-	Released  int // claimed but not attempted (stopping, lease too short to start)
-	Duration  time.Duration
+	Released  int // claimed but not attempted (stopping, lease too short to start, the rest of a cut chain)
+	// Chains is how many ordering keys the pass published a run of rows
+	// for (each in seq order, one publish at a time); unkeyed rows are not
+	// counted.
+	Chains   int
+	Duration time.Duration
 }
 
 // Forwarder is the fenced relay: it moves committed outbox rows to a
@@ -86,7 +90,9 @@ type Forwarder struct {
 	metrics    *metrics
 	seed       uint64 // from the owner: per-relay jitter, deterministic per owner
 	dbTimeout  time.Duration
-	start      claimStart // where each claim starts in the claimable index
+	start      claimStart // where each claim starts in the claimable index, and the key walk
+	chains     chainLog   // which of this relay's chains were confirmed to their end
+	chainCap   int        // rows of one key a claim takes before it looks at other keys
 
 	// Claims of Run wait for a fresh heartbeat: once it has lapsed,
 	// debezium.Enable may switch the database to CDC, and a relay still
@@ -144,6 +150,7 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 		tracer:     tp.Tracer(tracerName),
 		seed:       seedOf(cfg.Owner),
 		dbTimeout:  defaultDBTimeout,
+		chainCap:   max(1, (cfg.BatchSize+cfg.Concurrency-1)/cfg.Concurrency),
 		beatEpoch:  time.Now(),
 		stop:       make(chan struct{}),
 		running:    make(chan struct{}),
@@ -316,8 +323,13 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			idle = 0
 			delay = f.jittered(f.cfg.BackoffBase, f.cfg.BackoffMax, failures, 0)
 			f.logger.Error("Outbox pass failed", err, watermill.LogFields{"consecutive_failures": failures, "retry_in": delay})
-		case claimed >= f.cfg.BatchSize:
-			failures, idle = 0, 0 // a full batch: more is waiting, go again at once
+		case claimed >= f.cfg.BatchSize, cur.rep.Chains > 0, cur.ahead:
+			// A full batch: more is waiting. Chains: their keys may have more
+			// behind them, claimable as soon as these outcomes are written. A
+			// batch claimed ahead: it was claimed while its predecessor's
+			// rows were still in flight, so it says nothing about what is
+			// claimable now. Go again at once.
+			failures, idle = 0, 0
 		case claimed > 0:
 			failures, idle = 0, 0
 			delay = f.cfg.PollInterval
@@ -523,52 +535,122 @@ func (it *item) verdict() string {
 type claimedBatch struct {
 	claimed   []fencing.Claimed
 	claimedAt time.Time
+	after     map[string]int64 // continued keys: the seq their chain continues
 	err       error
 }
 
-func (f *Forwarder) claim(ctx context.Context) claimedBatch {
+// claim takes the next batch: unkeyed rows and chains, continuing the
+// chains in cont (those of the batch in flight, for a claim made ahead).
+//
+// It may take three statements. When the first comes back short from its
+// start point, the unkeyed rows below the start point are claimed (so that
+// a short batch still means nothing more was claimable). When it is still
+// short and some chains stopped at the chain cap (a cap that spreads a
+// batch over several keys when there are several), those chains are
+// extended by the room left, so a few hot keys still fill a batch.
+func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) claimedBatch {
 	if ttl := time.Duration(f.beatTTL.Load()); ttl > 0 {
 		if age := time.Since(f.beatEpoch) - time.Duration(f.lastBeat.Load()); age > ttl {
 			return claimedBatch{err: outbox.Errorf(CodeHeartbeatLapsed, "forwarder.claim",
-				"no relay heartbeat succeeded for %s, longer than its lifetime %s: the database may have been switched to CDC meanwhile, so nothing is claimed until a heartbeat succeeds again (check the database connection)",
+				"no relay heartbeat succeeded for %s, longer than its lifetime %s: the database may have been switched to CDC meanwhile, so nothing is claimable until a heartbeat succeeds again (check the database connection)",
 				age.Round(time.Millisecond), ttl)}
 		}
 	}
 	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 	defer cancel()
 	at := f.localNow()
+	from, cursor := f.start.from(), f.start.keyCursor()
 	p := fencing.ClaimParams{
 		Owner: f.cfg.Owner, Limit: f.cfg.BatchSize, Lease: f.cfg.LeaseDuration,
 		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
-		FromSeq: f.start.from(),
+		FromSeq: from, KeyCursor: cursor, MaxChain: f.chainCap, Continue: cont,
 	}
 	claimed, err := fencing.Claim(dbctx, f.q, p)
-	if err == nil && p.FromSeq > 0 && len(claimed) < p.Limit {
+	if err != nil {
+		f.start.record(p.FromSeq, p.Limit, nil, err)
+		return claimedBatch{claimedAt: at, err: err}
+	}
+	f.start.walked(fencing.NextKeyCursor(cursor, claimed, cont))
+	unkeyedFrom := p.FromSeq
+	if p.FromSeq > 0 && len(claimed) < p.Limit {
 		// Nothing more at or above the start point: look below it before
 		// calling the batch short, so that a short batch (which sends Run
 		// to idle) always means the whole claimable index had no more. The
 		// rows claimed above are IN_FLIGHT under this relay now, so this
 		// claim cannot take them again.
 		below := p
-		below.Limit, below.FromSeq = p.Limit-len(claimed), 0
+		below.Limit, below.FromSeq, below.NoKeyWalk, below.Continue = p.Limit-len(claimed), 0, true, nil
 		more, berr := fencing.Claim(dbctx, f.q, below)
 		if berr != nil {
 			// The rows claimed above the start are held and go on; record
 			// makes the next claim start at the first entry.
 			f.logger.Error("Outbox claim below the start point failed", berr, watermill.LogFields{"held": len(claimed)})
 		}
-		claimed = append(more, claimed...)
-		slices.SortFunc(claimed, func(a, b fencing.Claimed) int { return cmp.Compare(a.Row.Seq, b.Row.Seq) })
-		f.start.record(0, p.Limit, claimed, berr) // this batch looked at the whole index
-		return claimedBatch{claimed: claimed, claimedAt: at}
+		claimed = mergeBySeq(claimed, more)
+		unkeyedFrom = 0 // this batch looked at the whole index
 	}
-	f.start.record(p.FromSeq, p.Limit, claimed, err)
-	return claimedBatch{claimed: claimed, claimedAt: at, err: err}
+	f.start.record(unkeyedFrom, p.Limit, unkeyedOnly(claimed), nil)
+	if ext := capped(claimed, f.chainCap); len(ext) > 0 && len(claimed) < p.Limit {
+		room := p.Limit - len(claimed)
+		more := p
+		more.Limit, more.MaxChain, more.Continue = room, (room+len(ext)-1)/len(ext), ext
+		more.NoKeyWalk, more.NoUnkeyed, more.FromSeq = true, true, 0
+		if rows, xerr := fencing.Claim(dbctx, f.q, more); xerr != nil {
+			f.logger.Error("Outbox claim extending chains failed", xerr, watermill.LogFields{"held": len(claimed)})
+		} else {
+			claimed = mergeBySeq(claimed, rows)
+		}
+	}
+	var after map[string]int64
+	for _, c := range cont {
+		if after == nil {
+			after = make(map[string]int64, len(cont))
+		}
+		after[c.Key] = c.AfterSeq
+	}
+	return claimedBatch{claimed: claimed, claimedAt: at, after: after}
+}
+
+// capped are the continuations of the chains that stopped at the cap.
+func capped(claimed []fencing.Claimed, limit int) []fencing.Continuation {
+	var rows map[string]int
+	for _, c := range claimed {
+		if k := c.Row.OrderingKey; k != "" {
+			if rows == nil {
+				rows = make(map[string]int)
+			}
+			rows[k]++
+		}
+	}
+	if rows == nil {
+		return nil
+	}
+	return slices.DeleteFunc(continuations(claimed), func(c fencing.Continuation) bool { return rows[c.Key] < limit })
+}
+
+func unkeyedOnly(claimed []fencing.Claimed) []fencing.Claimed {
+	out := make([]fencing.Claimed, 0, len(claimed))
+	for _, c := range claimed {
+		if c.Row.OrderingKey == "" {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func mergeBySeq(a, b []fencing.Claimed) []fencing.Claimed {
+	if len(b) == 0 {
+		return a
+	}
+	out := append(a, b...)
+	slices.SortFunc(out, func(x, y fencing.Claimed) int { return cmp.Compare(x.Row.Seq, y.Row.Seq) })
+	return out
 }
 
 // tail is the second half of a pass: writing its outcomes and reporting.
 // Under Run it may still be running while the next pass publishes.
 type tail struct {
+	ahead bool // its batch was claimed ahead, while the previous one was in flight
 	start time.Time
 	rep   Report // rep.Claimed is set before the tail can run behind: the loop reads it
 	err   error
@@ -615,7 +697,7 @@ func (f *Forwarder) end(t *tail, err error) {
 //
 // Without a batch claimed ahead (next nil) the returned tail is finished.
 func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan struct{}, pre <-chan claimedBatch, prefetch bool, behind *tail) (t *tail, next <-chan claimedBatch) {
-	t = &tail{start: time.Now(), done: make(chan struct{})}
+	t = &tail{start: time.Now(), done: make(chan struct{}), ahead: pre != nil}
 	var b claimedBatch
 	if pre != nil {
 		b = <-pre
@@ -627,7 +709,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 			return t, nil
 		default:
 		}
-		b = f.claim(ctx)
+		b = f.claim(ctx, nil)
 	}
 	claimed := b.claimed
 	if b.err != nil || len(claimed) == 0 {
@@ -641,7 +723,8 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 		case <-stopping:
 		default:
 			ch := make(chan claimedBatch, 1) // buffered: the claim never waits for its reader
-			go func() { ch <- f.claim(ctx) }()
+			cont := continuations(claimed)
+			go func() { ch <- f.claim(ctx, cont) }()
 			next = ch
 		}
 	}
@@ -653,7 +736,8 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	startBy := b.claimedAt.Add(f.cfg.LeaseDuration - f.cfg.PublishTimeout - f.cfg.PublishTimeout/2)
 
 	items := make([]item, len(claimed)) // one allocation for the batch
-	work := make([]*item, 0, len(claimed))
+	units := make([]unit, 0, len(claimed))
+	var chainOf map[string]int // ordering key -> its unit
 	for i, c := range claimed {
 		it := &items[i]
 		it.claimed = c
@@ -671,14 +755,34 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 			msg, err := envelope.ToMessage(c.Row, envelope.Options{Producer: f.cfg.Producer})
 			if err != nil {
 				f.park(it, err)
-				continue
+				break
 			}
 			it.msg = msg
-			work = append(work, it)
 		}
+		key := c.Row.OrderingKey
+		if key == "" {
+			if it.msg != nil {
+				units = append(units, unit{items: []*item{it}})
+			}
+			continue
+		}
+		// A key's rows stay together, in seq order (Claim returns them so),
+		// rows that will not be published included: they end the chain.
+		u, seen := chainOf[key]
+		if !seen {
+			if chainOf == nil {
+				chainOf = make(map[string]int)
+			}
+			u = len(units)
+			chainOf[key] = u
+			units = append(units, unit{key: key, after: b.after[key]})
+		}
+		units[u].items = append(units[u].items, it)
 	}
+	t.rep.Chains = len(chainOf)
 
-	f.publishAll(work, startBy, stopping, drainExpired)
+	f.publishAll(units, startBy, stopping, drainExpired)
+	f.chains.endPass()
 
 	behind.wait()
 	if next == nil {
@@ -826,23 +930,139 @@ func (f *Forwarder) park(it *item, err error) {
 	it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: code, Detail: err.Error()}
 }
 
-// publishAll publishes work, up to Concurrency messages at once, starting
-// them in the order of work.
-func (f *Forwarder) publishAll(work []*item, startBy time.Time, stopping, drainExpired <-chan struct{}) {
+// unit is what one worker publishes, in order: an unkeyed row, or the chain
+// of one ordering key (its rows of the batch in seq order).
+type unit struct {
+	items []*item
+	key   string // "" for an unkeyed row
+	// after > 0: the chain continues one of this relay's chains of an
+	// earlier batch that ended at this seq; it may go out only if that one
+	// was confirmed to its end.
+	after int64
+}
+
+// publishAll publishes the units, up to Concurrency at once, starting them
+// in order. Within a chain one publish runs at a time, each waiting for the
+// previous one's outcome; the first row that is not confirmed (ambiguous,
+// rejected, timed out, not started) cuts the chain, and the rows behind it
+// are released without an attempt, so no row of a key goes out after an
+// earlier one that did not.
+func (f *Forwarder) publishAll(units []unit, startBy time.Time, stopping, drainExpired <-chan struct{}) {
 	var taken atomic.Int64
 	var wg sync.WaitGroup
-	for range min(f.cfg.Concurrency, len(work)) {
+	for range min(f.cfg.Concurrency, len(units)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			r := &runner{out: f.out}
 			defer r.stop()
-			for i := taken.Add(1) - 1; i < int64(len(work)); i = taken.Add(1) - 1 {
-				f.handle(r, work[i], startBy, stopping, drainExpired)
+			for i := taken.Add(1) - 1; i < int64(len(units)); i = taken.Add(1) - 1 {
+				f.publishUnit(r, &units[i], startBy, stopping, drainExpired)
 			}
 		}()
 	}
 	wg.Wait()
+}
+
+func (f *Forwarder) publishUnit(r *runner, u *unit, startBy time.Time, stopping, drainExpired <-chan struct{}) {
+	cut := u.after > 0 && !f.chains.confirmedThrough(u.key, u.after)
+	var through int64
+	for _, it := range u.items {
+		switch {
+		case cut:
+			if it.msg != nil {
+				it.outcome = fencing.Outcome{To: envelope.StatusPending}
+			}
+		case it.msg == nil:
+			cut = true // parked by the claim, or unreadable: the key stops here
+		default:
+			f.handle(r, it, startBy, stopping, drainExpired)
+			if it.outcome.To == envelope.StatusPublished {
+				through = it.claimed.Row.Seq
+			} else {
+				cut = true
+			}
+		}
+	}
+	if u.key != "" {
+		if cut {
+			through = 0
+		}
+		f.chains.record(u.key, through)
+	}
+}
+
+// continuations are the chains of a batch that a claim made while the batch
+// is in flight may extend: per key, the batch's last row of it, when every
+// row of the key in the batch is held and readable.
+func continuations(claimed []fencing.Claimed) []fencing.Continuation {
+	var out []fencing.Continuation
+	at := map[string]int{}
+	for _, c := range claimed {
+		k := c.Row.OrderingKey
+		if k == "" {
+			continue
+		}
+		i, seen := at[k]
+		if !seen {
+			i = len(out)
+			at[k] = i
+			out = append(out, fencing.Continuation{Key: k})
+		}
+		if out[i].AfterSeq == -1 {
+			continue
+		}
+		if !c.Held() || c.Err != nil {
+			out[i].AfterSeq = -1 // the chain ends here for good
+			continue
+		}
+		out[i].AfterSeq, out[i].AfterID = c.Row.Seq, c.Row.MessageID
+	}
+	return slices.DeleteFunc(out, func(c fencing.Continuation) bool { return c.AfterSeq <= 0 })
+}
+
+// chainLog remembers, per ordering key, the seq up to which this relay's
+// last chain of the key was confirmed, so that a chain claimed ahead as its
+// continuation goes out only behind a chain that was confirmed to its end.
+// Entries older than a few batches are dropped: a continuation only ever
+// follows the batch just before it.
+type chainLog struct {
+	mu    sync.Mutex
+	pass  int64
+	until map[string]chainEnd
+}
+
+type chainEnd struct {
+	seq  int64 // confirmed through this seq; 0: cut
+	pass int64
+}
+
+func (l *chainLog) record(key string, through int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.until == nil {
+		l.until = make(map[string]chainEnd)
+	}
+	l.until[key] = chainEnd{seq: through, pass: l.pass}
+}
+
+func (l *chainLog) confirmedThrough(key string, seq int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.until[key]
+	return ok && e.seq == seq
+}
+
+// endPass drops what no later continuation can need.
+func (l *chainLog) endPass() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pass++
+	for k, e := range l.until {
+		if l.pass-e.pass > 3 {
+			delete(l.until, k)
+		}
+	}
 }
 
 // runner runs one worker's publishes on a goroutine of its own, so that a

@@ -60,7 +60,9 @@ func TestFullBatchesArePolledAgainAtOnce(t *testing.T) {
 	require.NoError(t, <-done)
 	mu.Lock()
 	defer mu.Unlock()
-	require.Equal(t, []int{2, 2, 2, 1}, claimed)
+	// The short batch was claimed ahead, while its predecessor was in
+	// flight, so one fresh claim follows it before the relay idles.
+	require.Equal(t, []int{2, 2, 2, 1, 0}, claimed)
 }
 
 // barrier confirms a publish only when n publishes are inside Publish at

@@ -100,7 +100,7 @@ func TestSmoke(t *testing.T) {
 	}
 	require.Len(t, rep.Results, len(want), "unexpected extra results")
 	require.NotEmpty(t, rep.Targets)
-	require.Contains(t, rep.ExplainClaim, "messaging_outbox_claimable_idx", "the claim must be an index scan on the claimable index")
+	require.Contains(t, rep.ExplainClaim, "messaging_outbox_unkeyed_claimable_idx", "the claim's unkeyed half must be an index scan on the unkeyed claimable index")
 	require.NotEmpty(t, rep.Machine.PostgreSQL)
 	require.Len(t, rep.WAL, 6, "WAL per row of the six statements")
 

@@ -63,9 +63,11 @@ func explainClaim(ctx context.Context, db *sql.DB) (string, error) {
 		return "", err
 	}
 	defer func() { _ = tx.Rollback() }()
-	p := probeParams()
-	rows, err := tx.QueryContext(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+fencing.ClaimBlockKeySQL,
-		nil, p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq)
+	q, args, err := fencing.ClaimStatement(probeParams())
+	if err != nil {
+		return "", err
+	}
+	rows, err := tx.QueryContext(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+q, args...)
 	if err != nil {
 		return "", fmt.Errorf("explain claim: %w", err)
 	}
