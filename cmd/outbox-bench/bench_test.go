@@ -3,14 +3,20 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 )
 
@@ -20,8 +26,8 @@ func tinyConfig(t *testing.T) Config {
 	cfg.URL = testdb.URL()
 	cfg.Out = filepath.Join(t.TempDir(), "results.json")
 	cfg.Reps = 1
-	cfg.Writers = []int{1, 2}
-	cfg.PerTx = []int{1, 3}
+	cfg.Writers = []int{2}
+	cfg.PerTx = []int{3}
 	cfg.WriteDuration = 100 * time.Millisecond
 	cfg.Backlog = 300
 	cfg.LatencyRate = 50
@@ -34,14 +40,130 @@ func tinyConfig(t *testing.T) Config {
 	cfg.DrainTimeout = 30 * time.Second
 	cfg.Quiet = true
 	cfg.WhatIf = true
+	cfg.Keys = []int{1, 10}
+	cfg.ParkedBehind, cfg.ClaimKeys, cfg.ClaimPerKey, cfg.ClaimProbes = 100, 5, 20, 3
+	cfg.SteadyRate, cfg.SteadyKeys, cfg.SteadyWriters = 100, 5, 2
+	cfg.RecoveryBacklog, cfg.Outage = cfg.Backlog, time.Second
+	cfg.WriteKeys = 3
 	return cfg
 }
 
 // TestSmoke runs the whole program in a tiny configuration and checks the
 // result file names every scenario with a non-zero measurement. It asserts
 // no timing: the machine is shared, the full run is `make bench`.
+//
+// It runs in two halves at once (a tiny run mostly waits for the database):
+// the groups of issues 14 and 19 that are not drain cells (recovery, claim
+// cost, steady load, beside the two drain cells they read) in
+// TestSmokeOutageAndClaims, the rest here. Each half expects exactly the
+// results of its groups, so together they cover the whole program.
 func TestSmoke(t *testing.T) {
+	t.Parallel()
 	cfg := tinyConfig(t)
+	cfg.Only = []string{"write", "drain", "latency", "idle", "scale", "retention"}
+	rep, md := smokeRun(t, cfg)
+	require.Contains(t, rep.ExplainClaim, "messaging_outbox_unkeyed_claimable_idx", "the claim's unkeyed half must be an index scan on the unkeyed claimable index")
+	require.Len(t, rep.WAL, 6, "WAL per row of the six statements")
+	requireTargets(t, rep, "drain keyed: 10 keys / unkeyed", "drain keyed: 1 key (total order) / watermill tuned")
+	require.Contains(t, md, "Relay CPU per relayed message")
+	require.Contains(t, md, "| "+drainKind{relayOurs, 1, 10}.name()+" |")
+}
+
+// TestSmokeOutageAndClaims is the other half of TestSmoke: recovery after
+// an outage (reusing the repetition's undisturbed drains), claim cost under
+// blocked keys with its plan, and latency at a steady load of half the
+// measured drain rate.
+func TestSmokeOutageAndClaims(t *testing.T) {
+	t.Parallel()
+	cfg := tinyConfig(t)
+	cfg.Only = []string{"drain", "recovery", "claimcost", "steady"}
+	cfg.Drain = []string{"outbox/x1", "watermill-tuned/x1"}
+	rep, md := smokeRun(t, cfg)
+	require.Contains(t, rep.ExplainParkedHead, "messaging_outbox_ordering_head_idx", "the parked-head claim walks the keys on the ordering index")
+	requireTargets(t, rep, "claim p99: clean / 100 rows behind a parked head", "steady load p99: watermill tuned / outbox",
+		"recovery after a 1s outage: allowed / outbox")
+	require.Contains(t, md, "Recovery after a 1s downstream outage")
+	require.Contains(t, md, "rows behind a parked head")
+	got := map[string]float64{}
+	for _, r := range rep.Results {
+		got[r.Name] = r.Median
+	}
+	require.Zero(t, got[recoveryName(relayOurs, "undelivered")], "every message arrives after the outage")
+	require.Zero(t, got[recoveryName(relayWMTuned, "undelivered")], "every message arrives after the outage")
+	require.Positive(t, got[recoveryName(relayOurs, "refused-publishes")], "the outage refused publishes")
+	require.InDelta(t, got[drainName(relayOurs, 1)]/2, got[steadyName(relayOurs, "offered")], 1, "the steady load is half the drain rate")
+}
+
+// expectedResults are the result names a run of cfg must produce.
+func expectedResults(cfg Config) []string {
+	var want []string
+	for _, w := range cfg.Writers {
+		for _, n := range cfg.PerTx {
+			for _, impl := range append(slices.Clone(writeImpls), keyedWriteImpls()...) {
+				if cfg.runs("write") {
+					want = append(want, writeName(impl, w, n))
+				}
+			}
+		}
+	}
+	for _, d := range cfg.drainKinds() {
+		if cfg.runs("drain") {
+			want = append(want, d.name(), drainCPUName(d.name()))
+		}
+	}
+	for _, k := range recoveryKinds {
+		for _, what := range []string{"undisturbed-drain", "after-outage", "undelivered", "refused-publishes"} {
+			if cfg.runs("recovery") {
+				want = append(want, recoveryName(k, what))
+			}
+		}
+	}
+	if cfg.runs("recovery") {
+		want = append(want, recoveryName(relayOurs, "allowed"), recoveryName(relayOurs, "exhausted"), recoveryName(relayOurs, "max-attempts"))
+	}
+	for _, cs := range claimCostCases(cfg) {
+		if cfg.runs("claimcost") {
+			want = append(want, claimCostName(cs, "p50"), claimCostName(cs, "p99"))
+		}
+	}
+	for _, k := range latencyKinds {
+		if cfg.runs("latency") {
+			want = append(want, latencyName(k, "p50"), latencyName(k, "p99"))
+		}
+	}
+	for _, k := range steadyKinds {
+		for _, what := range []string{"p50", "p99", "offered", "committed", "late"} {
+			if cfg.runs("steady") {
+				want = append(want, steadyName(k, what))
+			}
+		}
+	}
+	for _, k := range latencyKinds {
+		if cfg.runs("idle") {
+			want = append(want, idleName(k))
+		}
+	}
+	for _, n := range cfg.ScaleBacklogs {
+		if cfg.runs("scale") {
+			want = append(want, scaleName("outbox", n), scaleName("claim-p50", n), scaleName("claim-p99", n),
+				scaleName("wal-bytes-per-row", n), scaleName("wal-fpi-per-row", n), scaleName("checkpoints", n),
+				scaleName("backend-writes-per-row", n))
+		}
+	}
+	if cfg.runs("scale") {
+		want = append(want, scaleName(relayWMTuned, cfg.ScaleWatermill), scaleName(relayOursTuned, cfg.ScaleWatermill))
+	}
+	if cfg.runs("retention") {
+		want = append(want, "retention/claim-p50/idle", "retention/claim-p99/idle",
+			"retention/claim-p50/during", "retention/claim-p99/during", "retention/deleted-per-s")
+	}
+	return want
+}
+
+// smokeRun runs cfg and checks its result file and markdown hold exactly
+// the expected results, each measured; it returns the report and markdown.
+func smokeRun(t *testing.T, cfg Config) (Report, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	_, err := run(ctx, cfg, nil)
@@ -56,59 +178,94 @@ func TestSmoke(t *testing.T) {
 	for _, r := range rep.Results {
 		got[r.Name] = r
 	}
-	var want []string
-	for _, w := range cfg.Writers {
-		for _, n := range cfg.PerTx {
-			for _, impl := range writeImpls {
-				want = append(want, writeName(impl, w, n))
-			}
-		}
-	}
-	for _, d := range cfg.drainKinds() {
-		want = append(want, drainName(d.kind, d.relays))
-	}
-	for _, k := range latencyKinds {
-		want = append(want, latencyName(k, "p50"), latencyName(k, "p99"), idleName(k))
-	}
-	for _, n := range cfg.ScaleBacklogs {
-		want = append(want, scaleName("outbox", n), scaleName("claim-p50", n), scaleName("claim-p99", n),
-			scaleName("wal-bytes-per-row", n), scaleName("wal-fpi-per-row", n), scaleName("checkpoints", n),
-			scaleName("backend-writes-per-row", n))
-	}
-	want = append(want, scaleName(relayWMTuned, cfg.ScaleWatermill), scaleName(relayOursTuned, cfg.ScaleWatermill),
-		"retention/claim-p50/idle", "retention/claim-p99/idle",
-		"retention/claim-p50/during", "retention/claim-p99/during", "retention/deleted-per-s")
+	want := expectedResults(cfg)
 	for _, name := range want {
 		r, ok := got[name]
 		require.True(t, ok, "result %s missing from %s", name, cfg.Out)
 		require.Len(t, r.Samples, cfg.Reps, name)
-		switch r.Group {
-		case "latency":
+		switch {
+		case r.Group == "latency" || r.Group == "steady" && (strings.HasSuffix(name, "/p50") || strings.HasSuffix(name, "/p99")):
 			// A message can arrive before Commit returns (NOTIFY), so a
 			// latency may be zero; it is never negative.
 			require.GreaterOrEqual(t, r.Median, 0.0, name)
-		case "server":
+		case r.Group == "server":
 			// Server counters: a tiny drain causes no checkpoint and no
 			// full-page image; WAL it always writes.
 			require.GreaterOrEqual(t, r.Median, 0.0, name)
 			if strings.HasPrefix(name, "scale/wal-bytes-per-row/") {
 				require.Greater(t, r.Median, 0.0, name)
 			}
+		case r.Group == "recovery" || strings.HasSuffix(name, "/late"):
+			// Counts that are zero when all goes well; times that are
+			// short on a tiny backlog.
+			require.GreaterOrEqual(t, r.Median, 0.0, name)
 		default:
 			require.Greater(t, r.Median, 0.0, "%s has no measurement", name)
 		}
 	}
 	require.Len(t, rep.Results, len(want), "unexpected extra results")
 	require.NotEmpty(t, rep.Targets)
-	require.Contains(t, rep.ExplainClaim, "messaging_outbox_unkeyed_claimable_idx", "the claim's unkeyed half must be an index scan on the unkeyed claimable index")
 	require.NotEmpty(t, rep.Machine.PostgreSQL)
-	require.Len(t, rep.WAL, 6, "WAL per row of the six statements")
 
 	md, err := os.ReadFile(filepath.Join(filepath.Dir(cfg.Out), "results.md"))
 	require.NoError(t, err)
 	for _, name := range want {
 		require.Contains(t, string(md), "| "+name+" |")
 	}
+	return rep, string(md)
+}
+
+// requireTargets: each target named by a prefix is present, measured (a
+// ratio) and says what it compares.
+func requireTargets(t *testing.T, rep Report, prefixes ...string) {
+	t.Helper()
+	for _, prefix := range prefixes {
+		i := slices.IndexFunc(rep.Targets, func(tg Target) bool { return strings.HasPrefix(tg.Name, prefix) })
+		require.GreaterOrEqual(t, i, 0, "target %q missing", prefix)
+		require.Positive(t, rep.Targets[i].Ratio, prefix)
+		require.NotEmpty(t, rep.Targets[i].Note, prefix)
+		require.NotContains(t, rep.Targets[i].Note, "not measured", prefix)
+	}
+}
+
+// The order check judges first deliveries at Publish: a key's messages must
+// come in seq order (g increasing), a redelivery is not judged, and a
+// message without its key or from outside the backlog is a failure.
+func TestOrderCheck(t *testing.T) {
+	msg := func(g int, key string) *message.Message {
+		m := message.NewMessage(fmt.Sprintf("ob-%d", g), nil)
+		if key != "" {
+			envelope.SetOrderingKey(m, key)
+		}
+		return m
+	}
+	pub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	defer pub.Close()
+	oc := newOrderCheck(pub, "ob-", 10)
+	require.NoError(t, oc.Publish("t", msg(1, "k1"), msg(2, "k0"), msg(3, "k1")))
+	require.NoError(t, oc.Publish("t", msg(1, "k1"))) // a redelivery
+	require.NoError(t, oc.Publish("t", msg(4, "k0")))
+	require.NoError(t, oc.violation())
+	require.Equal(t, 4, oc.firstDeliveries())
+	require.NoError(t, oc.Publish("t", msg(6, "k1"), msg(5, "k1")))
+	require.ErrorContains(t, oc.violation(), "key k1: ob-5 published after ob-6")
+
+	for _, m := range []*message.Message{msg(7, ""), msg(11, "k1"), message.NewMessage("other", nil)} {
+		oc := newOrderCheck(pub, "ob-", 10)
+		require.NoError(t, oc.Publish("t", m))
+		require.Error(t, oc.violation(), m.UUID)
+	}
+}
+
+// A steady load is spread over transactions of several messages once the
+// writers' transaction rate would exceed maxTxPerWriter each.
+func TestLoadShape(t *testing.T) {
+	perTx, every := load{rate: 200, writers: 1}.shape()
+	require.Equal(t, 1, perTx)
+	require.Equal(t, 5*time.Millisecond, every)
+	perTx, every = load{rate: 16000, writers: 4}.shape()
+	require.Equal(t, 16, perTx)
+	require.Equal(t, 4*time.Millisecond, every)
 }
 
 // TestIntsRefusesBadLists covers the flag parser's refusals.
@@ -160,9 +317,10 @@ func TestPercentile(t *testing.T) {
 // paired A/B runs of two relay variants.
 func TestDrainFilter(t *testing.T) {
 	cfg := defaultConfig()
-	require.Equal(t, drainKinds, cfg.drainKinds())
-	cfg.Drain = []string{"outbox-noprefetch/x1", "outbox/x1", "nonsense/x9"}
-	require.Equal(t, []drainKind{{relayOurs, 1}, {relayOursNoPF, 1}}, cfg.drainKinds())
+	require.Equal(t, append(slices.Clone(drainKinds), keyedKinds(cfg.Keys)...), cfg.drainKinds())
+	require.Len(t, keyedKinds(cfg.Keys), 10, "1, 10, 100, 1,000 and 10,000 keys, at defaults and at batch 1000")
+	cfg.Drain = []string{"outbox-noprefetch/x1", "outbox/x1", "nonsense/x9", "outbox-tuned-k100/x1"}
+	require.Equal(t, []drainKind{{relayOurs, 1, 0}, {relayOursNoPF, 1, 0}, {relayOursTuned, 1, 100}}, cfg.drainKinds())
 }
 
 // -db-latency-ms: the proxied URL reaches the same server (a drain cell runs
@@ -184,7 +342,8 @@ func TestLatencyProxy(t *testing.T) {
 	defer cancel()
 	rep, err := run(ctx, cfg, nil)
 	require.NoError(t, err)
-	require.Len(t, rep.Results, 1)
+	require.Len(t, rep.Results, 2)
 	require.Equal(t, "drain/outbox/x1", rep.Results[0].Name)
+	require.Equal(t, "cpu/outbox/x1", rep.Results[1].Name)
 	require.Positive(t, rep.Results[0].Median)
 }

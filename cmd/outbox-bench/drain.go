@@ -298,34 +298,66 @@ func fillFor(ctx context.Context, s *schema, kind string, n int, payload []byte)
 	}
 }
 
-// drainCell measures how fast relays relays of kind drain a backlog of n
-// rows into a GoChannel, from start to the last message received.
-func drainCell(ctx context.Context, e *env, kind string, relays, n int, payload []byte, timeout time.Duration) (float64, error) {
+// drainStats is one drain cell's numbers.
+type drainStats struct {
+	rate     float64 // msg/s, from relay start to the last message received
+	cpuPerMs float64 // µs of this process's CPU (user + sys) per relayed message
+}
+
+// drainCell measures how fast d.relays relays of d.kind drain a backlog of n
+// rows into a GoChannel, from start to the last message received, and the
+// process CPU spent meanwhile per message. With d.keys > 0 the backlog's
+// rows carry d.keys ordering keys, interleaved in seq (row g has key
+// 'k' || g % keys), and every message is checked for per-key order as it is
+// published (orderCheck): a violation fails the cell.
+func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, timeout time.Duration) (drainStats, error) {
+	var st drainStats
 	s, err := e.newSchema(ctx, 2)
 	if err != nil {
-		return 0, err
+		return st, err
 	}
 	defer s.drop()
-	if err := fillFor(ctx, s, kind, n, payload); err != nil {
-		return 0, err
+	if d.keys > 0 {
+		if err := prefillRows(ctx, s.db, "ob-", n, payload, keyedBy(d.keys), ""); err != nil {
+			return st, err
+		}
+	} else if err := fillFor(ctx, s, d.kind, n, payload); err != nil {
+		return st, err
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	snk, err := newSink(sctx, n)
 	if err != nil {
-		return 0, err
+		return st, err
 	}
 	defer snk.close()
+	var out message.Publisher = snk.ch
+	var oc *orderCheck
+	if d.keys > 0 {
+		oc = newOrderCheck(snk.ch, "ob-", n)
+		out = oc
+	}
+	cpu0 := processCPU()
 	start := time.Now()
-	r, err := startRelay(sctx, s, kind, relays, snk.ch, false)
+	r, err := startRelay(sctx, s, d.kind, d.relays, out, false)
 	if err != nil {
-		return 0, err
+		return st, err
 	}
 	defer r.stop()
 	select {
 	case <-snk.done:
 	case <-time.After(timeout):
-		return 0, fmt.Errorf("drain %s x%d: only %d of %d messages arrived within %s", kind, relays, snk.count.Load(), n, timeout)
+		return st, fmt.Errorf("%s: only %d of %d messages arrived within %s", d.name(), snk.count.Load(), n, timeout)
 	}
-	return float64(n) / time.Since(start).Seconds(), nil
+	st.rate = float64(n) / time.Since(start).Seconds()
+	st.cpuPerMs = float64((processCPU() - cpu0).Microseconds()) / float64(n)
+	if oc != nil {
+		if err := oc.violation(); err != nil {
+			return st, fmt.Errorf("%s: PER-KEY ORDER VIOLATED: %w", d.name(), err)
+		}
+		if got := oc.firstDeliveries(); got != n {
+			return st, fmt.Errorf("%s: %d distinct messages published, want %d", d.name(), got, n)
+		}
+	}
+	return st, nil
 }

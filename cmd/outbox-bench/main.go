@@ -68,6 +68,30 @@ type Config struct {
 	// DBLatencyMs, when non-zero, sends every connection of the run through
 	// a proxy that delays each reply from the database by this much.
 	DBLatencyMs int `json:"db_latency_ms,omitempty"`
+	// Keys are the ordering-key counts of the keyed drain cells (issue 14),
+	// each drained at defaults and at BatchSize 1000 over Backlog rows.
+	Keys []int `json:"keys"`
+	// Claim cost under blocked keys (group "claimcost"): ParkedBehind rows
+	// of one key behind its parked (EXHAUSTED) head, beside as many rows of
+	// other keys; ClaimKeys keys x ClaimPerKey rows; ClaimProbes rolled-back
+	// claims per case.
+	ParkedBehind int `json:"parked_behind"`
+	ClaimKeys    int `json:"claim_keys"`
+	ClaimPerKey  int `json:"claim_per_key"`
+	ClaimProbes  int `json:"claim_probes_per_case"`
+	// Steady load (group "steady"): half the repetition's measured unkeyed
+	// drain rate (drain/outbox/x1), or SteadyRate when that cell did not
+	// run, over SteadyKeys ordering keys, by SteadyWriters writers, for
+	// LatencyDur.
+	SteadyRate    int `json:"steady_rate_fallback"`
+	SteadyKeys    int `json:"steady_keys"`
+	SteadyWriters int `json:"steady_writers"`
+	// Recovery (group "recovery", issue 19): a RecoveryBacklog-row backlog,
+	// the downstream unavailable for Outage, then up.
+	RecoveryBacklog int           `json:"recovery_backlog"`
+	Outage          time.Duration `json:"outage_ns"`
+	// WriteKeys is the number of ordering keys of the keyed write cells.
+	WriteKeys int `json:"write_keys"`
 }
 
 func defaultConfig() Config {
@@ -77,6 +101,8 @@ func defaultConfig() Config {
 		Backlog: 50000, LatencyRate: 200, LatencyDur: 8 * time.Second, IdleDur: 6 * time.Second,
 		ScaleBacklogs: []int{10000, 100000}, ScaleWatermill: 100000, RetentionRows: 100000,
 		Probes: 30, DrainTimeout: 5 * time.Minute,
+		Keys: []int{1, 10, 100, 1000, 10000}, ParkedBehind: 20000, ClaimKeys: 100, ClaimPerKey: 500, ClaimProbes: 200,
+		SteadyRate: 5000, SteadyKeys: 100, SteadyWriters: 4, RecoveryBacklog: 50000, Outage: 60 * time.Second, WriteKeys: 100,
 	}
 }
 
@@ -90,7 +116,12 @@ type Report struct {
 	Results      []Result  `json:"results"`
 	Targets      []Target  `json:"targets"`
 	ExplainClaim string    `json:"explain_claim"`
-	WAL          []WALCost `json:"wal_per_row"`
+	// ExplainParkedHead is the claim's plan with ParkedBehind rows behind a
+	// parked head (claim cost under blocked keys).
+	ExplainParkedHead string    `json:"explain_claim_parked_head,omitempty"`
+	WAL               []WALCost `json:"wal_per_row"`
+	// Notes say what the run could not measure, and why.
+	Notes []string `json:"notes,omitempty"`
 }
 
 // Machine describes where the numbers come from.
@@ -124,7 +155,18 @@ func main() {
 	flag.BoolVar(&cfg.Quiet, "quiet", false, "no progress lines")
 	flag.BoolVar(&cfg.WhatIf, "what-if", false, "drain: also run the one-commit-per-batch prototype relay (evidence for BENCHMARKS.md, not the product)")
 	drain := flag.String("drain", "", "comma-separated drain cells to run (e.g. outbox/x1,outbox-noprefetch/x1); default all")
-	only := flag.String("only", "", "comma-separated groups to run (write,drain,latency,idle,scale,retention); default all")
+	only := flag.String("only", "", "comma-separated groups to run (write,drain,latency,steady,idle,scale,retention,claimcost,recovery); default all")
+	keys := flag.String("keys", joinInts(cfg.Keys), "drain: ordering-key counts of the keyed drain cells")
+	flag.IntVar(&cfg.ParkedBehind, "parked-behind", cfg.ParkedBehind, "claimcost: rows behind the parked head")
+	flag.IntVar(&cfg.ClaimKeys, "claim-keys", cfg.ClaimKeys, "claimcost: keys of the many-keys case")
+	flag.IntVar(&cfg.ClaimPerKey, "claim-per-key", cfg.ClaimPerKey, "claimcost: rows per key of the many-keys case")
+	flag.IntVar(&cfg.ClaimProbes, "claim-probes", cfg.ClaimProbes, "claimcost: rolled-back claims per case (p50, p99)")
+	flag.IntVar(&cfg.SteadyRate, "steady-rate", cfg.SteadyRate, "steady: msg/s when drain/outbox/x1 did not run in the repetition (else half its rate)")
+	flag.IntVar(&cfg.SteadyKeys, "steady-keys", cfg.SteadyKeys, "steady: ordering keys of our messages")
+	flag.IntVar(&cfg.SteadyWriters, "steady-writers", cfg.SteadyWriters, "steady: concurrent writers")
+	flag.IntVar(&cfg.RecoveryBacklog, "recovery-backlog", cfg.RecoveryBacklog, "recovery: backlog rows")
+	flag.DurationVar(&cfg.Outage, "outage", cfg.Outage, "recovery: how long the downstream is unavailable")
+	flag.IntVar(&cfg.WriteKeys, "write-keys", cfg.WriteKeys, "write: ordering keys of the keyed write cells")
 	flag.IntVar(&cfg.DBLatencyMs, "db-latency-ms", 0, "delay every reply from the database by this many milliseconds (an in-process toxiproxy): the relays as they run over a network")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
@@ -148,7 +190,9 @@ func main() {
 	var err error
 	if cfg.Writers, err = ints(*writers); err == nil {
 		if cfg.PerTx, err = ints(*perTx); err == nil {
-			cfg.ScaleBacklogs, err = ints(*scale)
+			if cfg.ScaleBacklogs, err = ints(*scale); err == nil {
+				cfg.Keys, err = ints(*keys)
+			}
 		}
 	}
 	if err != nil {
@@ -206,20 +250,43 @@ func writeName(impl string, w, b int) string { return fmt.Sprintf("write/%s/w%d/
 func drainName(kind string, relays int) string {
 	return fmt.Sprintf("drain/%s/x%d", kind, relays)
 }
+
+// drainCPUName is the relay process's CPU per message of a drain cell.
+func drainCPUName(drain string) string  { return "cpu/" + strings.TrimPrefix(drain, "drain/") }
 func latencyName(kind, p string) string { return fmt.Sprintf("latency/%s/%s", kind, p) }
 func idleName(kind string) string       { return "idle/" + kind }
 func scaleName(what string, n int) string {
 	return fmt.Sprintf("scale/%s/%d", what, n)
 }
 
-// drainKinds are the drain scenario's relays (kind, relay count).
+// drainKinds are the drain scenario's relays (kind, relay count, and the
+// ordering keys of the backlog: 0 for unkeyed rows).
 type drainKind struct {
 	kind   string
 	relays int
+	keys   int
 }
 
-var drainKinds = []drainKind{{relayOurs, 1}, {relayOursNoPF, 1}, {relayOurs, 4}, {relayOursTuned, 1}, {relayOursTunedNoPF, 1},
-	{relayWMDefault, 1}, {relayWMTuned, 1}, {relayMinimal, 1}, {relayMinimalTuned, 1}}
+// name is the cell's result name: drain/outbox/x1, drain/outbox-k10/x1.
+func (d drainKind) name() string {
+	if d.keys > 0 {
+		return drainName(fmt.Sprintf("%s-k%d", d.kind, d.keys), d.relays)
+	}
+	return drainName(d.kind, d.relays)
+}
+
+// keyedKinds are the keyed drain cells: our relay at defaults and at
+// BatchSize 1000 for every key count.
+func keyedKinds(keys []int) []drainKind {
+	var out []drainKind
+	for _, k := range keys {
+		out = append(out, drainKind{relayOurs, 1, k}, drainKind{relayOursTuned, 1, k})
+	}
+	return out
+}
+
+var drainKinds = []drainKind{{relayOurs, 1, 0}, {relayOursNoPF, 1, 0}, {relayOurs, 4, 0}, {relayOursTuned, 1, 0}, {relayOursTunedNoPF, 1, 0},
+	{relayWMDefault, 1, 0}, {relayWMTuned, 1, 0}, {relayMinimal, 1, 0}, {relayMinimalTuned, 1, 0}}
 
 // writeImpls are the write side's implementations, run back to back per cell.
 var writeImpls = []string{implPublisher, implWatermill, implRaw, implPublisherPlain, implRawPrepared}
@@ -270,8 +337,8 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 				break
 			}
 			for _, b := range cfg.PerTx {
-				for _, impl := range writeImpls {
-					v, err := writeCell(ctx, e, impl, w, b, cfg.WriteDuration, payload)
+				for _, impl := range append(slices.Clone(writeImpls), keyedWriteImpls()...) {
+					v, err := writeCell(ctx, e, impl, w, b, cfg.WriteKeys, cfg.WriteDuration, payload)
 					if err != nil {
 						return nil, err
 					}
@@ -280,30 +347,49 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 				}
 			}
 		}
-		// 2. Drain.
+		// 2. Drain, unkeyed and keyed, each with the process CPU per message.
 		for _, d := range cfg.drainKinds() {
 			if !cfg.runs("drain") {
 				break
 			}
-			v, err := drainCell(ctx, e, d.kind, d.relays, cfg.Backlog, payload, timeout(cfg.Backlog))
+			st, err := drainCell(ctx, e, d, cfg.Backlog, payload, timeout(cfg.Backlog))
 			if err != nil {
 				return nil, err
 			}
-			c.add("drain", drainName(d.kind, d.relays), "msg/s", v)
-			logf("  %-28s %10.0f msg/s", drainName(d.kind, d.relays), v)
+			c.add("drain", d.name(), "msg/s", st.rate)
+			c.add("cpu", drainCPUName(d.name()), "µs/msg", st.cpuPerMs)
+			logf("  %-28s %10.0f msg/s %7.1f µs CPU/msg", d.name(), st.rate, st.cpuPerMs)
+		}
+		// 2b. Recovery after a downstream outage, and claim cost under
+		// blocked keys.
+		if cfg.runs("recovery") {
+			if err := runRecovery(ctx, e, cfg, c, r, payload, logf); err != nil {
+				return nil, err
+			}
+		}
+		if cfg.runs("claimcost") {
+			if err := runClaimCost(ctx, e, cfg, c, rep, r == 1, payload, logf); err != nil {
+				return nil, err
+			}
 		}
 		// 3. Latency at a steady rate, and idle load.
 		for _, k := range latencyKinds {
 			if !cfg.runs("latency") {
 				break
 			}
-			p50, p99, err := latencyCell(ctx, e, k, cfg.LatencyRate, cfg.LatencyDur, payload)
+			lr, err := latencyCell(ctx, e, k, load{rate: cfg.LatencyRate, dur: cfg.LatencyDur, writers: 1}, payload)
 			if err != nil {
 				return nil, err
 			}
+			p50, p99 := lr.p50, lr.p99
 			c.add("latency", latencyName(k, "p50"), "ms", p50)
 			c.add("latency", latencyName(k, "p99"), "ms", p99)
 			logf("  %-28s p50 %.1f ms p99 %.1f ms", "latency/"+k, p50, p99)
+		}
+		if cfg.runs("steady") {
+			if err := runSteady(ctx, e, cfg, c, payload, logf); err != nil {
+				return nil, err
+			}
 		}
 		for _, k := range latencyKinds {
 			if !cfg.runs("idle") {
@@ -340,18 +426,18 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 				res.server.WALBytes, res.server.FPI, res.server.BackendWrites, res.server.Checkpoints)
 		}
 		if n := cfg.ScaleWatermill; n > 0 && cfg.runs("scale") {
-			v, err := drainCell(ctx, e, relayWMTuned, 1, n, payload, timeout(n))
+			st, err := drainCell(ctx, e, drainKind{relayWMTuned, 1, 0}, n, payload, timeout(n))
 			if err != nil {
 				return nil, err
 			}
-			c.add("scale", scaleName(relayWMTuned, n), "msg/s", v)
-			logf("  %-28s %10.0f msg/s", scaleName(relayWMTuned, n), v)
+			c.add("scale", scaleName(relayWMTuned, n), "msg/s", st.rate)
+			logf("  %-28s %10.0f msg/s", scaleName(relayWMTuned, n), st.rate)
 			// Ours with the same batch as watermill tuned, right after it.
-			if v, err = drainCell(ctx, e, relayOursTuned, 1, n, payload, timeout(n)); err != nil {
+			if st, err = drainCell(ctx, e, drainKind{relayOursTuned, 1, 0}, n, payload, timeout(n)); err != nil {
 				return nil, err
 			}
-			c.add("scale", scaleName(relayOursTuned, n), "msg/s", v)
-			logf("  %-28s %10.0f msg/s", scaleName(relayOursTuned, n), v)
+			c.add("scale", scaleName(relayOursTuned, n), "msg/s", st.rate)
+			logf("  %-28s %10.0f msg/s", scaleName(relayOursTuned, n), st.rate)
 		}
 		if n := cfg.RetentionRows; n > 0 && cfg.runs("retention") {
 			res, err := retentionCell(ctx, e, n, max(1000, cfg.ScaleBacklogs[0]), payload, cfg.Probes)
@@ -369,6 +455,7 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	}
 	rep.Results = c.results()
 	rep.Targets = targets(cfg, c)
+	rep.Notes = append(rep.Notes, notes(cfg)...)
 	rep.Finished = time.Now().UTC()
 	rep.Machine.LoadAfter = loadavg()
 	if err := writeReport(cfg.Out, rep); err != nil {
@@ -382,16 +469,16 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 }
 
 func (c Config) drainKinds() []drainKind {
-	kinds := drainKinds
+	kinds := append(slices.Clone(drainKinds), keyedKinds(c.Keys)...)
 	if c.WhatIf {
-		kinds = append(slices.Clone(drainKinds), drainKind{relayOneCommit, 1})
+		kinds = append(kinds, drainKind{relayOneCommit, 1, 0})
 	}
 	if len(c.Drain) == 0 {
 		return kinds
 	}
 	var out []drainKind
 	for _, d := range kinds {
-		if slices.Contains(c.Drain, strings.TrimPrefix(drainName(d.kind, d.relays), "drain/")) {
+		if slices.Contains(c.Drain, strings.TrimPrefix(d.name(), "drain/")) {
 			out = append(out, d)
 		}
 	}
@@ -450,6 +537,15 @@ func printTable(w io.Writer, rep *Report) {
 	}
 	if rep.ExplainClaim != "" {
 		fmt.Fprintf(w, "\nclaim at the largest backlog:\n%s", rep.ExplainClaim)
+	}
+	if rep.ExplainParkedHead != "" {
+		fmt.Fprintf(w, "\nclaim with %d rows behind a parked head:\n%s", rep.Config.ParkedBehind, rep.ExplainParkedHead)
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(w, "\nnot measured: %s", n)
+	}
+	if len(rep.Notes) > 0 {
+		fmt.Fprintln(w)
 	}
 }
 

@@ -16,10 +16,14 @@ import (
 // rolled back, so no row keeps it.
 const probeOwner = "bench-probe"
 
+// probeParams is the claim a forwarder at defaults makes first: a full
+// batch, BlockKey, chains capped at ceil(BatchSize/Concurrency) rows per key
+// (the forwarder's chain cap), the key walk starting at the smallest key.
 func probeParams() fencing.ClaimParams {
 	return fencing.ClaimParams{
 		Owner: probeOwner, Limit: forwarder.DefaultBatchSize, Lease: forwarder.DefaultLeaseDuration,
 		MaxAttempts: forwarder.DefaultMaxAttempts, Policy: fencing.BlockKey,
+		MaxChain: (forwarder.DefaultBatchSize + forwarder.DefaultConcurrency - 1) / forwarder.DefaultConcurrency,
 	}
 }
 

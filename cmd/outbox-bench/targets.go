@@ -65,6 +65,7 @@ func targets(cfg Config, c *collector) []Target {
 	// Lower is better for latency and load: the ratio is theirs / ours.
 	add("latency p99: watermill tuned / outbox (LISTEN)", c.pairRatio(latencyName(relayWMTuned, "p99"), latencyName(relayOurs, "p99")), 1.0, "ours <= tuned")
 	add("idle load: watermill tuned / outbox", c.pairRatio(idleName(relayWMTuned), idleName(relayOurs)), 10, "xact/s, ours >= 10x lower")
+	keyedTargets(cfg, c, add)
 	if cfg.WhatIf {
 		add("what-if: prototype 1 commit per batch / outbox x1", c.pairRatio(drainName(relayOneCommit, 1), ours1), 1.0, "a candidate pass shape, not the product")
 	}
@@ -91,4 +92,88 @@ func ifMissing(c *collector, name, note string) string {
 		return ""
 	}
 	return note
+}
+
+// keyedTargets are issue 14's and issue 19's targets: keyed drains, the
+// claim under a parked head, steady-load latency, recovery after an outage,
+// and the cost of LockOrderingKeys. Each names what it compares; a target
+// whose cells did not run says so in its note (and is not met).
+func keyedTargets(cfg Config, c *collector, add func(name string, r, need float64, note string)) {
+	missing := func(names ...string) string {
+		for _, n := range names {
+			if _, ok := c.by[n]; !ok {
+				return "not measured in this run (" + n + " missing)"
+			}
+		}
+		return ""
+	}
+	ours1 := drainName(relayOurs, 1)
+	cpuNote := func(a, b string) string {
+		ca, okA := c.by[drainCPUName(a)]
+		cb, okB := c.by[drainCPUName(b)]
+		if !okA || !okB {
+			return ""
+		}
+		return fmt.Sprintf("; relay CPU %.1f vs %.1f µs/msg", median(sortedCopy(ca.Samples)), median(sortedCopy(cb.Samples)))
+	}
+	for _, k := range cfg.Keys {
+		keyed := drainKind{relayOurs, 1, k}.name()
+		if k >= 10 {
+			add(fmt.Sprintf("drain keyed: %d keys / unkeyed, defaults", k), c.pairRatio(keyed, ours1), 0.5,
+				cmp.Or(missing(keyed, ours1), "both batch 100, same backlog"+cpuNote(keyed, ours1)))
+		}
+		if k == 1 {
+			wm := drainName(relayWMTuned, 1)
+			add("drain keyed: 1 key (total order) / watermill tuned", c.pairRatio(keyed, wm), 1.0,
+				cmp.Or(missing(keyed, wm), "ours at defaults (batch 100) vs batch 1000; both keep total order"+cpuNote(keyed, wm)))
+		}
+	}
+	cases := claimCostCases(cfg)
+	parked, clean := claimCostName(cases[0], "p99"), claimCostName(cases[1], "p99")
+	add(fmt.Sprintf("claim p99: clean / %d rows behind a parked head", cfg.ParkedBehind), c.pairRatio(clean, parked), 0.5,
+		cmp.Or(missing(parked, clean), "parked p99 <= 2x the same backlog with the head not parked (BlockKey)"))
+	unk := claimCostName(cases[2], "p99")
+	add(fmt.Sprintf("claim p99: unkeyed / %d rows behind a parked head", cfg.ParkedBehind), c.pairRatio(unk, parked), 0.5,
+		cmp.Or(missing(parked, unk), "evidence: against an unkeyed backlog of the same size"))
+	many, manyUnk := claimCostName(cases[3], "p99"), claimCostName(cases[4], "p99")
+	add(fmt.Sprintf("claim p99: unkeyed / %d keys x %d rows", cfg.ClaimKeys, cfg.ClaimPerKey), c.pairRatio(manyUnk, many), 0.5,
+		cmp.Or(missing(many, manyUnk), "evidence, same backlog size"))
+	// Lower is better for latency and time: the ratio is theirs / ours.
+	sOurs, sWM := steadyName(relayOurs, "p99"), steadyName(relayWMTuned, "p99")
+	steadyNote := "half the unkeyed drain rate, same offered load for both"
+	if o, ok := c.by[steadyName(relayOurs, "offered")]; ok {
+		co, cw := c.by[steadyName(relayOurs, "committed")], c.by[steadyName(relayWMTuned, "committed")]
+		if co != nil && cw != nil {
+			steadyNote += fmt.Sprintf(" (offered %.0f msg/s; committed: ours %.0f, watermill %.0f)",
+				median(sortedCopy(o.Samples)), median(sortedCopy(co.Samples)), median(sortedCopy(cw.Samples)))
+		}
+	}
+	add(fmt.Sprintf("steady load p99: watermill tuned / outbox (%d keys, LISTEN)", cfg.SteadyKeys), c.pairRatio(sWM, sOurs), 1.0,
+		cmp.Or(missing(sOurs, sWM), steadyNote))
+	allowed, after := recoveryName(relayOurs, "allowed"), recoveryName(relayOurs, "after-outage")
+	recNote := "recovery-to-empty <= undisturbed drain + one breaker probe interval"
+	if breakerProbeInterval == 0 {
+		recNote = "recovery-to-empty <= undisturbed drain (forwarder.Config has no breaker probe interval yet, so no slack)"
+	}
+	if r, ok := c.by[recoveryName(relayOurs, "undelivered")]; ok && slices.Max(r.Samples) > 0 {
+		recNote += fmt.Sprintf("; up to %.0f messages never arrived", slices.Max(r.Samples))
+	}
+	add(fmt.Sprintf("recovery after a %s outage: allowed / outbox", cfg.Outage), c.pairRatio(allowed, after), 1.0,
+		cmp.Or(missing(allowed, after), recNote))
+	for _, w := range cfg.Writers {
+		for _, b := range cfg.PerTx {
+			locked, plain := writeName(implPublisherLocked, w, b), writeName(implPublisherKeyed, w, b)
+			if !hasLockOrderingKeys() {
+				continue
+			}
+			add(fmt.Sprintf("write w%d b%d: LockOrderingKeys / without, keyed", w, b), c.pairRatio(locked, plain), 0.95,
+				cmp.Or(missing(locked, plain), fmt.Sprintf("%d keys; the default if it costs <= 5%%", cfg.WriteKeys)))
+		}
+	}
+}
+
+func sortedCopy(v []float64) []float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/lib/pq"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
 )
 
@@ -50,7 +54,48 @@ const (
 	// implPublisherNotify is the publisher with the same-statement NOTIFY
 	// (the latency scenario's wake-up).
 	implPublisherNotify = "publisher-notify"
+	// implPublisherKeyed is the publisher (prepared) writing messages with
+	// ordering keys, and implPublisherLocked the same with
+	// publisher.Config.LockOrderingKeys (a transaction-scoped advisory lock
+	// per ordering key inside the INSERT, issue 14): the paired cells that
+	// give that option's cost. They run only when the option exists.
+	implPublisherKeyed  = "publisher-keyed"
+	implPublisherLocked = "publisher-keyed-locked"
 )
+
+// lockOrderingKeysField is the publisher option the keyed write cells
+// compare, found by name so that this program builds before it exists.
+const lockOrderingKeysField = "LockOrderingKeys"
+
+// hasLockOrderingKeys reports whether publisher.Config has the option.
+func hasLockOrderingKeys() bool {
+	f, ok := reflect.TypeFor[publisher.Config]().FieldByName(lockOrderingKeysField)
+	return ok && f.Type.Kind() == reflect.Bool
+}
+
+// keyedWriteImpls are the keyed write cells of this build (none without
+// the option).
+func keyedWriteImpls() []string {
+	if !hasLockOrderingKeys() {
+		return nil
+	}
+	return []string{implPublisherKeyed, implPublisherLocked}
+}
+
+// notes are what the run could not measure in this build, and why.
+func notes(cfg Config) []string {
+	var out []string
+	if !hasLockOrderingKeys() && cfg.runs("write") {
+		out = append(out, "write: publisher.Config.LockOrderingKeys does not exist in this build; the keyed write cells (with and without it) were not run")
+	}
+	if cfg.runs("recovery") && breakerProbeInterval == 0 {
+		out = append(out, "recovery: forwarder.Config has no breaker probe interval in this build; the recovery target compares with the undisturbed drain time alone")
+	}
+	if cfg.runs("recovery") && !unavailableIsForwarders {
+		out = append(out, "recovery: forwarder.Unavailable does not exist in this build; the outage's publish errors are plain errors (the default classifier: AMBIGUOUS, an attempt spent each)")
+	}
+	return out
+}
 
 // initWatermillTables creates watermill-sql's message and offsets tables
 // for the forwarder topic in the schema (what AutoInitializeSchema would do,
@@ -79,8 +124,9 @@ func newMessages(n int, payload []byte) []*message.Message {
 type writer struct {
 	db   *sql.DB
 	impl string
-	pub  *publisher.Prepared // implPublisher, implPublisherNotify
+	pub  *publisher.Prepared // implPublisher, implPublisherNotify, the keyed ones
 	raw  *sql.Stmt           // implRawPrepared
+	keys int                 // ordering keys of writeCell's messages (keyed impls)
 }
 
 // newWriter prepares what impl needs on db; close releases it.
@@ -88,7 +134,7 @@ func newWriter(ctx context.Context, db *sql.DB, impl string) (*writer, error) {
 	w := &writer{db: db, impl: impl}
 	var err error
 	switch impl {
-	case implPublisher, implPublisherNotify:
+	case implPublisher, implPublisherNotify, implPublisherKeyed, implPublisherLocked:
 		w.pub, err = publisher.Prepare(ctx, db)
 	case implRawPrepared:
 		w.raw, err = db.PrepareContext(ctx, rawInsert)
@@ -114,8 +160,16 @@ func (w *writer) writeTx(ctx context.Context, msgs []*message.Message) error {
 	}
 	defer func() { _ = tx.Rollback() }()
 	switch impl {
-	case implPublisher, implPublisherNotify, implPublisherPlain:
-		p, err := publisher.New(tx, publisher.Config{Notify: impl == implPublisherNotify, Prepared: w.pub}, nil)
+	case implPublisher, implPublisherNotify, implPublisherPlain, implPublisherKeyed, implPublisherLocked:
+		cfg := publisher.Config{Notify: impl == implPublisherNotify, Prepared: w.pub}
+		if impl == implPublisherLocked {
+			f := reflect.ValueOf(&cfg).Elem().FieldByName(lockOrderingKeysField)
+			if !f.IsValid() || f.Kind() != reflect.Bool {
+				return fmt.Errorf("publisher.Config.%s does not exist in this build", lockOrderingKeysField)
+			}
+			f.SetBool(true)
+		}
+		p, err := publisher.New(tx, cfg, nil)
 		if err != nil {
 			return err
 		}
@@ -155,8 +209,9 @@ func (w *writer) writeTx(ctx context.Context, msgs []*message.Message) error {
 }
 
 // writeCell measures committed messages/s of writers concurrent writers,
-// perTx messages per transaction, for dur, in a fresh schema.
-func writeCell(ctx context.Context, e *env, impl string, writers, perTx int, dur time.Duration, payload []byte) (float64, error) {
+// perTx messages per transaction, for dur, in a fresh schema. The keyed
+// implementations give every message one of keys ordering keys, at random.
+func writeCell(ctx context.Context, e *env, impl string, writers, perTx, keys int, dur time.Duration, payload []byte) (float64, error) {
 	s, err := e.newSchema(ctx, writers)
 	if err != nil {
 		return 0, err
@@ -194,10 +249,18 @@ func writeCell(ctx context.Context, e *env, impl string, writers, perTx int, dur
 	var wg sync.WaitGroup
 	start := time.Now()
 	deadline := start.Add(dur)
-	for range writers {
+	keyed := impl == implPublisherKeyed || impl == implPublisherLocked
+	for w := range writers {
 		wg.Go(func() {
+			rnd := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
 			for time.Now().Before(deadline) {
-				if err := wr.writeTx(ctx, newMessages(perTx, payload)); err != nil {
+				msgs := newMessages(perTx, payload)
+				if keyed {
+					for _, m := range msgs {
+						envelope.SetOrderingKey(m, "k"+strconv.Itoa(rnd.IntN(max(1, keys))))
+					}
+				}
+				if err := wr.writeTx(ctx, msgs); err != nil {
 					once.Do(func() { firstErr = err })
 					return
 				}
