@@ -1,0 +1,83 @@
+package fencing_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+)
+
+// A claim takes per key the head and the claimable rows right behind it (at
+// most MaxChain), in seq order beside unkeyed rows; a continuation extends a
+// chain its owner holds; the walk over keys starts after the cursor and
+// wraps around once.
+func TestClaimTakesChainsContinuationsAndRotatesKeys(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	for _, r := range [][2]string{
+		{"a1", "A"}, {"b1", "B"}, {"u1", ""}, {"a2", "A"}, {"b2", "B"}, {"a3", "A"},
+		{"b3", "B"}, {"a4", "A"}, {"b4", "B"}, {"c1", "C"}, {"d1", "D"},
+	} {
+		insert(t, s.DB, r[0], r[1])
+	}
+	p := params("r", t0)
+	p.MaxChain = 2
+	first, err := fencing.Claim(ctx, s.DB, p)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a1", "b1", "u1", "a2", "b2", "c1", "d1"}, ids(first), "chains of at most 2, in seq order")
+	require.Equal(t, "D", fencing.NextKeyCursor("", first, nil))
+
+	// Nothing of A or B is claimable by anyone while their chains are held.
+	other, err := fencing.Claim(ctx, s.DB, params("other", t0))
+	require.NoError(t, err)
+	require.Empty(t, other)
+
+	// The owner extends its chains behind the rows it holds.
+	byID := map[string]fencing.Claimed{}
+	for _, c := range first {
+		byID[c.Row.MessageID] = c
+	}
+	cont := p
+	cont.NoKeyWalk, cont.NoUnkeyed = true, true
+	cont.Continue = []fencing.Continuation{
+		{Key: "A", AfterSeq: byID["a2"].Row.Seq, AfterID: "a2"},
+		{Key: "B", AfterSeq: byID["b2"].Row.Seq, AfterID: "b2"},
+	}
+	more, err := fencing.Claim(ctx, s.DB, cont)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a3", "b3", "a4", "b4"}, ids(more))
+
+	// A continuation behind a row the owner does not hold takes nothing.
+	_, err = fencing.Release(ctx, s.DB, byID["c1"].Lease, t0)
+	require.NoError(t, err)
+	insert(t, s.DB, "c2", "C")
+	stranger := params("other", t0)
+	stranger.NoKeyWalk, stranger.NoUnkeyed = true, true
+	stranger.Continue = []fencing.Continuation{{Key: "D", AfterSeq: byID["d1"].Row.Seq, AfterID: "d1"}}
+	got, err := fencing.Claim(ctx, s.DB, stranger)
+	require.NoError(t, err)
+	require.Empty(t, got, "d1 is held by r, not by other")
+
+	// The walk starts after the cursor and wraps: from "C", D is held, then
+	// A and B are held and C is free again.
+	rot := params("r", t0)
+	rot.KeyCursor = "C"
+	again, err := fencing.Claim(ctx, s.DB, rot)
+	require.NoError(t, err)
+	require.Equal(t, []string{"c1", "c2"}, ids(again))
+	require.Equal(t, "C", fencing.NextKeyCursor("C", again, nil), "a wrapped walk's last key")
+
+	// Bad continuations are refused before touching the database.
+	bad := params("r", t0)
+	bad.Continue = []fencing.Continuation{{Key: "A"}}
+	_, err = fencing.Claim(ctx, s.DB, bad)
+	require.ErrorIs(t, err, fencing.ErrInvalidArgument)
+	bad.Continue = []fencing.Continuation{{Key: "A", AfterSeq: 1, AfterID: "a1"}, {Key: "A", AfterSeq: 2, AfterID: "a2"}}
+	_, err = fencing.Claim(ctx, s.DB, bad)
+	require.ErrorIs(t, err, fencing.ErrInvalidArgument)
+	bad.Continue, bad.MaxChain = nil, -1
+	_, err = fencing.Claim(ctx, s.DB, bad)
+	require.ErrorIs(t, err, fencing.ErrInvalidArgument)
+}

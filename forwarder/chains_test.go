@@ -1,0 +1,210 @@
+package forwarder_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
+)
+
+// insertKeyed writes one row of key (no key: "") with id.
+func insertKeyed(t *testing.T, db execer, id, key string) {
+	t.Helper()
+	msg := message.NewMessage(id, []byte("payload-"+id))
+	if key != "" {
+		envelope.SetOrderingKey(msg, key)
+	}
+	insert(t, db, "orders", msg)
+}
+
+// A chain is published in seq order, one publish at a time; the first row
+// that is not confirmed cuts it, and the rows behind it go back without an
+// attempt (their attempts column stays 0), in the same outcome statement.
+func TestChainCutReleasesItsTailWithoutSpendingAttempts(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		fail    error
+		status  string
+		release int
+	}{
+		{"ambiguous", errBroker, "AMBIGUOUS", 3},
+		{"rejected", forwarder.Reject(errBroker, "SCHEMA_INVALID"), "FAILED", 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newDB(t)
+			for i := 1; i <= 5; i++ {
+				insertKeyed(t, s.DB, fmt.Sprintf("k%d", i), "K")
+			}
+			insertKeyed(t, s.DB, "u1", "")
+			rec := &recorder{behave: func(_ string, m *message.Message) (bool, error) {
+				if m.UUID == "k2" {
+					return true, c.fail
+				}
+				return true, nil
+			}}
+			f := newForwarder(t, s.DB, rec, forwarder.Config{Now: newClock().Now})
+			rep, err := f.RunOnce(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, 6, rep.Claimed, "the chain of K (5 rows) and u1 in one batch")
+			require.Equal(t, 1, rep.Chains)
+			require.Equal(t, c.release, rep.Released)
+			require.ElementsMatch(t, []string{"k1", "k2", "u1"}, rec.ids(), "nothing of K goes out after k2")
+
+			k1 := state(t, s.DB, "k1")
+			require.Equal(t, "PUBLISHED", k1.Status)
+			require.Equal(t, 1, k1.Attempts)
+			k2 := state(t, s.DB, "k2")
+			require.Equal(t, c.status, k2.Status)
+			require.Equal(t, 1, k2.Attempts)
+			for _, id := range []string{"k3", "k4", "k5"} {
+				st := state(t, s.DB, id)
+				require.Equal(t, "PENDING", st.Status, id)
+				require.Zero(t, st.Attempts, "%s: a released row spends no attempt", id)
+			}
+		})
+	}
+}
+
+// With several relays, chains, random ambiguous and rejecting failures,
+// leases that expire in the middle of chains, and relays stopped (Close) in
+// the middle of chains and replaced, every key's first deliveries are in seq
+// order and every committed row ends PUBLISHED (delivered) or parked.
+func TestChainsKeepEveryKeysOrderUnderFaults(t *testing.T) {
+	s := newDB(t)
+	s.DB.SetMaxOpenConns(20)
+	// 3 hot keys with 150 rows each, 150 small keys with 3 rows each, 50
+	// unkeyed rows, interleaved in seq as real traffic is.
+	type row struct {
+		id, key string
+	}
+	var rows []row
+	for i := range 450 {
+		rows = append(rows, row{fmt.Sprintf("hot%d-%03d", i%3, i/3), fmt.Sprintf("hot%d", i%3)})
+		rows = append(rows, row{fmt.Sprintf("small%03d-%d", i%150, i/150), fmt.Sprintf("small%03d", i%150)})
+		if i%9 == 0 {
+			rows = append(rows, row{fmt.Sprintf("u%03d", i/9), ""})
+		}
+	}
+	tx, err := s.DB.Begin()
+	require.NoError(t, err)
+	for _, r := range rows {
+		insertKeyed(t, tx, r.id, r.key)
+	}
+	require.NoError(t, tx.Commit())
+
+	seqOf := map[string]int64{}
+	keyOf := map[string]string{}
+	res, err := s.DB.Query(`SELECT message_id, seq, coalesce(ordering_key, '') FROM messaging_outbox`)
+	require.NoError(t, err)
+	for res.Next() {
+		var id, key string
+		var seq int64
+		require.NoError(t, res.Scan(&id, &seq, &key))
+		seqOf[id], keyOf[id] = seq, key
+	}
+	require.NoError(t, res.Err())
+	total := len(seqOf)
+
+	var mu sync.Mutex
+	firsts := map[string][]int64{} // key -> seqs in order of first delivery
+	delivered := map[string]bool{}
+	rng := rand.New(rand.NewPCG(7, 11))
+	down := &recorder{behave: func(_ string, m *message.Message) (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		x := rng.IntN(100)
+		switch {
+		case x < 3:
+			return false, forwarder.Reject(errBroker, "SCHEMA_INVALID")
+		case x < 8:
+			return false, errBroker // lost before the broker had it: ambiguous, not delivered
+		}
+		if !delivered[m.UUID] {
+			delivered[m.UUID] = true
+			if k := keyOf[m.UUID]; k != "" {
+				firsts[k] = append(firsts[k], seqOf[m.UUID])
+			}
+		}
+		if x < 13 {
+			return true, errBroker // accepted, but the answer was lost
+		}
+		return true, nil
+	}}
+
+	cfg := forwarder.Config{
+		BatchSize: 40, Concurrency: 4, OrderingPolicy: fencing.SkipParked,
+		LeaseDuration: 2 * time.Second, PublishTimeout: time.Second, DrainTimeout: 500 * time.Millisecond,
+		PollInterval: time.Millisecond, MaxPollInterval: 20 * time.Millisecond,
+		BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond, MaxAttempts: 1000,
+	}
+	type running struct {
+		f    *forwarder.Forwarder
+		done chan error
+	}
+	start := func() running {
+		f, err := forwarder.New(s.DB, down, nil, cfg)
+		require.NoError(t, err)
+		r := running{f: f, done: make(chan error, 1)}
+		go func() { r.done <- f.Run(context.Background()) }()
+		return r
+	}
+	relays := []running{start(), start(), start(), start()}
+	defer func() {
+		for _, r := range relays {
+			_ = r.f.Close()
+			<-r.done
+		}
+	}()
+
+	terminal := func() int {
+		var n int
+		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_outbox WHERE status IN ('PUBLISHED', 'FAILED', 'EXHAUSTED')`).Scan(&n))
+		return n
+	}
+	// Faults until most rows are through: every round, the leases of half
+	// the rows in flight expire (their relay is treated as stalled), and one
+	// relay is closed mid-chain and replaced.
+	for round := 0; terminal() < total*3/4 && round < 10000; round++ {
+		_, err := s.DB.Exec(`UPDATE messaging_outbox SET lease_expires_at = now() - interval '1 second'
+			WHERE status = 'IN_FLIGHT' AND random() < 0.5`)
+		require.NoError(t, err)
+		i := round % len(relays)
+		require.NoError(t, relays[i].f.Close())
+		require.NoError(t, <-relays[i].done)
+		relays[i] = start()
+		time.Sleep(20 * time.Millisecond) // pacing between faults, not a wait for an outcome
+	}
+	require.Eventually(t, func() bool { return terminal() == total }, 2*time.Minute, 20*time.Millisecond,
+		"every row ends PUBLISHED or parked")
+
+	var published, parked int
+	require.NoError(t, s.DB.QueryRow(`SELECT count(*) FILTER (WHERE status = 'PUBLISHED'),
+		count(*) FILTER (WHERE status IN ('FAILED', 'EXHAUSTED')) FROM messaging_outbox`).Scan(&published, &parked))
+	require.Equal(t, total, published+parked)
+	require.Positive(t, parked, "the rejections parked rows")
+
+	mu.Lock()
+	defer mu.Unlock()
+	ids, err := s.DB.Query(`SELECT message_id FROM messaging_outbox WHERE status = 'PUBLISHED'`)
+	require.NoError(t, err)
+	for ids.Next() {
+		var id string
+		require.NoError(t, ids.Scan(&id))
+		require.True(t, delivered[id], "%s is PUBLISHED but was never delivered", id)
+	}
+	require.NoError(t, ids.Err())
+	for k, seqs := range firsts {
+		for i := 1; i < len(seqs); i++ {
+			require.Less(t, seqs[i-1], seqs[i], "key %s: first deliveries out of seq order: %v", k, seqs)
+		}
+	}
+}
