@@ -35,6 +35,22 @@ type Config struct {
 	// DefaultNotifyChannel. At most 63 bytes, valid UTF-8, no NUL.
 	NotifyChannel string
 
+	// LockOrderingKeys makes seq order equal commit order within an ordering
+	// key: the INSERT itself (no extra round trip) takes a
+	// transaction-scoped advisory lock on every ordering key it writes
+	// before its rows get their seqs, so a second transaction writing the
+	// same key waits until the first commits or rolls back. Without it, two
+	// transactions that write one key concurrently and share no other lock
+	// can commit out of seq order, and the relay, which publishes a key in
+	// seq order among committed rows, may then publish the later row first.
+	// Turn it on unless the producers of a key already serialise (for
+	// example by updating the same aggregate row first). Within one
+	// statement the keys are locked in key order; a transaction that
+	// publishes several keys in several calls, against another that does so
+	// in the opposite order, can deadlock (PostgreSQL aborts one with 40P01):
+	// publish a transaction's keys in one call, or in a fixed order.
+	LockOrderingKeys bool
+
 	// Prepared, when set, runs the INSERT as a prepared statement (see
 	// Prepare): one round trip per Publish instead of two, no parsing or
 	// planning per call. The transaction must belong to the *sql.DB it was

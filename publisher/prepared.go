@@ -41,7 +41,11 @@ func Prepare(ctx context.Context, db *sql.DB) (*Prepared, error) {
 		return nil, outbox.Errorf(outbox.CodeInvalidConfig, op, "db is nil")
 	}
 	p := &Prepared{}
+	shapes := make([][2][2]string, 0, len(statements)+1)
 	for _, byShape := range statements {
+		shapes = append(shapes, byShape)
+	}
+	for _, byShape := range append(shapes, lockedStatements) {
 		for _, byNotify := range byShape {
 			for _, q := range byNotify {
 				if _, _, err := p.stmts.GetOrPrepare(q, func() (*sql.Stmt, error) { return db.PrepareContext(ctx, q) }); err != nil {

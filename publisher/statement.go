@@ -124,6 +124,55 @@ const (
 	insertRowsFullAndNotify    = notifyHead + insertRowsFull + "\nRETURNING 1)\nSELECT pg_notify($24::text, '') WHERE EXISTS (SELECT 1 FROM ins)"
 )
 
+// The ordering-key lock (Config.LockOrderingKeys): the statement takes a
+// transaction-scoped advisory lock on each ordering key it writes before any
+// row gets its seq, so a second transaction writing the same key waits for the
+// first to end and its rows get later seqs: seq order is commit order within
+// a key. The lock is taken inside the INSERT (no round trip), in key order
+// within one statement. The full variant is the only one with ordering keys.
+const (
+	// orderingLockSpace is the first half of every advisory lock key the
+	// publisher takes (the second is hashtext of the ordering key), so its
+	// locks do not collide with an application's single-key advisory locks.
+	orderingLockSpace = "1869574002"
+
+	insertOneFullLocked = `INSERT INTO messaging_outbox (message_id, destination, payload, headers,
+    producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage,
+    tenant, partition_key, ordering_key, schema_subject, schema_version,
+    content_type, message_type, aggregate_type, aggregate_id, aggregate_version)
+SELECT $1::text, $2::text, $3::bytea, $4::jsonb, $5::text, $6::timestamptz, $7::text, $8::text, $9::text, $10::text,
+    $11::text, $12::text, $13::text, $14::text, $15::text, $16::text, $17::text, $18::text, $19::text, $20::text, $21::bigint
+FROM (SELECT pg_advisory_xact_lock(` + orderingLockSpace + `, hashtext($14::text))) AS ordering_lock`
+	insertRowsFullLocked = `INSERT INTO messaging_outbox (message_id, destination, payload, headers,
+    producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage,
+    tenant, partition_key, ordering_key, schema_subject, schema_version,
+    content_type, message_type, aggregate_type, aggregate_id, aggregate_version)
+SELECT u.message_id, $1::text, ` + rowsPayload + `, u.headers,
+    u.producer, u.occurred_at, u.correlation_id, u.causation_id, u.traceparent, u.tracestate, u.baggage,
+    u.tenant, u.partition_key, u.ordering_key, u.schema_subject, u.schema_version,
+    u.content_type, u.message_type, u.aggregate_type, u.aggregate_id, u.aggregate_version
+FROM unnest($2::text[], $4::int4[], $5::int4[], $6::jsonb[],
+    $7::text[], $8::timestamptz[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[],
+    $14::text[], $15::text[], $16::text[], $17::text[], $18::text[],
+    $19::text[], $20::text[], $21::text[], $22::text[], $23::bigint[])
+    WITH ORDINALITY AS u(message_id, payload_at, payload_len, headers,
+    producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage,
+    tenant, partition_key, ordering_key, schema_subject, schema_version,
+    content_type, message_type, aggregate_type, aggregate_id, aggregate_version, ord),
+    (SELECT count(pg_advisory_xact_lock(` + orderingLockSpace + `, hashtext(k.key)))
+       FROM (SELECT DISTINCT key FROM unnest($16::text[]) AS key WHERE key IS NOT NULL ORDER BY key) AS k) AS ordering_lock
+ORDER BY u.ord`
+
+	insertOneFullLockedAndNotify  = notifyHead + insertOneFullLocked + "\nRETURNING 1)\nSELECT pg_notify($22::text, '') WHERE EXISTS (SELECT 1 FROM ins)"
+	insertRowsFullLockedAndNotify = notifyHead + insertRowsFullLocked + "\nRETURNING 1)\nSELECT pg_notify($24::text, '') WHERE EXISTS (SELECT 1 FROM ins)"
+)
+
+// lockedStatements[one or batch][notify]: the full variant with the
+// ordering-key lock.
+var lockedStatements = [2][2]string{
+	{insertRowsFullLocked, insertRowsFullLockedAndNotify}, {insertOneFullLocked, insertOneFullLockedAndNotify},
+}
+
 // statements[one or batch][notify] by variant.
 var statements = map[variant][2][2]string{
 	variantMinimal: {{insertRowsMinimal, insertRowsMinimalAndNotify}, {insertOneMinimal, insertOneMinimalAndNotify}},
@@ -212,8 +261,11 @@ func variantOf(r envelope.Row) variant {
 	return variantMinimal
 }
 
-func pick(v variant, single, notify bool) string {
+func pick(v variant, single, notify, lock bool) string {
 	s := statements[v]
+	if lock && v == variantFull {
+		s = lockedStatements
+	}
 	i, j := 0, 0
 	if single {
 		i = 1
@@ -265,7 +317,7 @@ func one(topic string, r envelope.Row, headers []byte, v variant, cfg Config) St
 	if cfg.Notify {
 		args = append(args, cfg.NotifyChannel)
 	}
-	return Statement{SQL: pick(v, true, cfg.Notify), Args: args}
+	return Statement{SQL: pick(v, true, cfg.Notify, cfg.LockOrderingKeys && r.OrderingKey != ""), Args: args}
 }
 
 func batch(topic string, rows []envelope.Row, headers [][]byte, v variant, cfg Config) Statement {
@@ -309,7 +361,11 @@ func batch(topic string, rows []envelope.Row, headers [][]byte, v variant, cfg C
 	if cfg.Notify {
 		args = append(args, cfg.NotifyChannel)
 	}
-	return Statement{SQL: pick(v, false, cfg.Notify), Args: args}
+	keyed := false
+	for _, r := range rows {
+		keyed = keyed || r.OrderingKey != ""
+	}
+	return Statement{SQL: pick(v, false, cfg.Notify, cfg.LockOrderingKeys && keyed), Args: args}
 }
 
 // text maps "" to NULL: the envelope never stores an absent value as an
