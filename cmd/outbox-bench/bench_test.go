@@ -285,6 +285,15 @@ func TestRunRefusesZeroReps(t *testing.T) {
 	cfg.Reps = 0
 	_, err := run(context.Background(), cfg, nil)
 	require.ErrorContains(t, err, "-reps")
+
+	cfg = tinyConfig(t)
+	cfg.ClaimProbes = 0
+	_, err = run(context.Background(), cfg, nil)
+	require.ErrorContains(t, err, "-claim-probes")
+	cfg = tinyConfig(t)
+	cfg.Outage = -time.Second
+	_, err = run(context.Background(), cfg, nil)
+	require.ErrorContains(t, err, "-outage")
 }
 
 // TestPairRatio: target ratios pair the samples of one repetition, so a

@@ -300,8 +300,8 @@ func fillFor(ctx context.Context, s *schema, kind string, n int, payload []byte)
 
 // drainStats is one drain cell's numbers.
 type drainStats struct {
-	rate     float64 // msg/s, from relay start to the last message received
-	cpuPerMs float64 // µs of this process's CPU (user + sys) per relayed message
+	rate        float64 // msg/s, from relay start to the last message received
+	cpuUSPerMsg float64 // µs of this process's CPU (user + sys) per relayed message
 }
 
 // drainCell measures how fast d.relays relays of d.kind drain a backlog of n
@@ -350,7 +350,7 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 		return st, fmt.Errorf("%s: only %d of %d messages arrived within %s", d.name(), snk.count.Load(), n, timeout)
 	}
 	st.rate = float64(n) / time.Since(start).Seconds()
-	st.cpuPerMs = float64((processCPU() - cpu0).Microseconds()) / float64(n)
+	st.cpuUSPerMsg = float64((processCPU() - cpu0).Microseconds()) / float64(n)
 	if oc != nil {
 		if err := oc.violation(); err != nil {
 			return st, fmt.Errorf("%s: PER-KEY ORDER VIOLATED: %w", d.name(), err)

@@ -299,6 +299,19 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	}
 	rep := &Report{Started: time.Now().UTC(), Config: cfg, Command: commandLine()}
 	rep.Machine = Machine{NProc: runtime.NumCPU(), GoVersion: runtime.Version(), LoadBefore: loadavg()}
+	for _, f := range []struct {
+		flag string
+		v    int
+	}{{"-parked-behind", cfg.ParkedBehind}, {"-claim-keys", cfg.ClaimKeys}, {"-claim-per-key", cfg.ClaimPerKey},
+		{"-claim-probes", cfg.ClaimProbes}, {"-steady-writers", cfg.SteadyWriters}, {"-steady-rate", cfg.SteadyRate},
+		{"-recovery-backlog", cfg.RecoveryBacklog}, {"-write-keys", cfg.WriteKeys}} {
+		if f.v < 1 {
+			return nil, fmt.Errorf("%s must be at least 1, got %d", f.flag, f.v)
+		}
+	}
+	if cfg.Outage < 0 {
+		return nil, fmt.Errorf("-outage must not be negative, got %s", cfg.Outage)
+	}
 	if cfg.Fillfactor != 0 && (cfg.Fillfactor < 10 || cfg.Fillfactor > 100) {
 		return nil, fmt.Errorf("-fillfactor %d: PostgreSQL accepts 10 to 100", cfg.Fillfactor)
 	}
@@ -357,8 +370,8 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 				return nil, err
 			}
 			c.add("drain", d.name(), "msg/s", st.rate)
-			c.add("cpu", drainCPUName(d.name()), "µs/msg", st.cpuPerMs)
-			logf("  %-28s %10.0f msg/s %7.1f µs CPU/msg", d.name(), st.rate, st.cpuPerMs)
+			c.add("cpu", drainCPUName(d.name()), "µs/msg", st.cpuUSPerMsg)
+			logf("  %-28s %10.0f msg/s %7.1f µs CPU/msg", d.name(), st.rate, st.cpuUSPerMsg)
 		}
 		// 2b. Recovery after a downstream outage, and claim cost under
 		// blocked keys.

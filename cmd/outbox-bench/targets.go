@@ -158,6 +158,11 @@ func keyedTargets(cfg Config, c *collector, add func(name string, r, need float6
 	if r, ok := c.by[recoveryName(relayOurs, "undelivered")]; ok && slices.Max(r.Samples) > 0 {
 		recNote += fmt.Sprintf("; up to %.0f messages never arrived", slices.Max(r.Samples))
 	}
+	if ma, ok := c.by[recoveryName(relayOurs, "max-attempts")]; ok {
+		ex := c.by[recoveryName(relayOurs, "exhausted")]
+		recNote += fmt.Sprintf("; after the outage rows had spent up to %.0f attempts (retry clock running), %.0f EXHAUSTED",
+			slices.Max(ma.Samples), slices.Max(ex.Samples))
+	}
 	add(fmt.Sprintf("recovery after a %s outage: allowed / outbox", cfg.Outage), c.pairRatio(allowed, after), 1.0,
 		cmp.Or(missing(allowed, after), recNote))
 	for _, w := range cfg.Writers {
