@@ -36,12 +36,12 @@ func TestPreparedPublishNeedsNoSecondConnection(t *testing.T) {
 		require.NoError(t, tx.Commit())
 	}
 	require.Equal(t, 12, s.Count(t, "true"))
-	// Prepare put its 12 statements on the only connection; the publishes
-	// reused them (none prepared again) and closing each transaction's
-	// handle deallocated none.
+	// Prepare put its 16 statements (12, and the 4 with the ordering-key
+	// lock) on the only connection; the publishes reused them (none prepared
+	// again) and closing each transaction's handle deallocated none.
 	var n int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql`).Scan(&n))
-	require.Equal(t, 12, n)
+	require.Equal(t, 16, n)
 }
 
 // A duplicate id is refused with the same typed error whether the statement
