@@ -64,7 +64,8 @@ func TestSmoke(t *testing.T) {
 	rep, md := smokeRun(t, cfg)
 	require.Contains(t, rep.ExplainClaim, "messaging_outbox_unkeyed_claimable_idx", "the claim's unkeyed half must be an index scan on the unkeyed claimable index")
 	require.Len(t, rep.WAL, 6, "WAL per row of the six statements")
-	requireTargets(t, rep, "drain keyed: 10 keys / unkeyed", "drain keyed: 1 key (total order) / watermill tuned")
+	requireTargets(t, rep, "drain keyed: 10 keys / unkeyed", "drain keyed: 1 key (total order) / watermill tuned",
+		"write w2 b3: LockOrderingKeys / without, keyed")
 	require.Contains(t, md, "Relay CPU per relayed message")
 	require.Contains(t, md, "| "+drainKind{relayOurs, 1, 10}.name()+" |")
 }

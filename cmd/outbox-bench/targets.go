@@ -168,9 +168,6 @@ func keyedTargets(cfg Config, c *collector, add func(name string, r, need float6
 	for _, w := range cfg.Writers {
 		for _, b := range cfg.PerTx {
 			locked, plain := writeName(implPublisherLocked, w, b), writeName(implPublisherKeyed, w, b)
-			if !hasLockOrderingKeys() {
-				continue
-			}
 			add(fmt.Sprintf("write w%d b%d: LockOrderingKeys / without, keyed", w, b), c.pairRatio(locked, plain), 0.95,
 				cmp.Or(missing(locked, plain), fmt.Sprintf("%d keys; the default if it costs <= 5%%", cfg.WriteKeys)))
 		}

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"math/rand/v2"
-	"reflect"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -55,39 +54,21 @@ const (
 	// (the latency scenario's wake-up).
 	implPublisherNotify = "publisher-notify"
 	// implPublisherKeyed is the publisher (prepared) writing messages with
-	// ordering keys, and implPublisherLocked the same with
-	// publisher.Config.LockOrderingKeys (a transaction-scoped advisory lock
-	// per ordering key inside the INSERT, issue 14): the paired cells that
-	// give that option's cost. They run only when the option exists.
+	// ordering keys (every message one of Config.WriteKeys, at random, all
+	// of a transaction in one Publish), and implPublisherLocked the same
+	// with publisher.Config.LockOrderingKeys (a transaction-scoped advisory
+	// lock per ordering key inside the INSERT, issue 14): the paired cells
+	// that give that option's cost.
 	implPublisherKeyed  = "publisher-keyed"
 	implPublisherLocked = "publisher-keyed-locked"
 )
 
-// lockOrderingKeysField is the publisher option the keyed write cells
-// compare, found by name so that this program builds before it exists.
-const lockOrderingKeysField = "LockOrderingKeys"
-
-// hasLockOrderingKeys reports whether publisher.Config has the option.
-func hasLockOrderingKeys() bool {
-	f, ok := reflect.TypeFor[publisher.Config]().FieldByName(lockOrderingKeysField)
-	return ok && f.Type.Kind() == reflect.Bool
-}
-
-// keyedWriteImpls are the keyed write cells of this build (none without
-// the option).
-func keyedWriteImpls() []string {
-	if !hasLockOrderingKeys() {
-		return nil
-	}
-	return []string{implPublisherKeyed, implPublisherLocked}
-}
+// keyedWriteImpls are the keyed write cells, run after writeImpls.
+func keyedWriteImpls() []string { return []string{implPublisherKeyed, implPublisherLocked} }
 
 // notes are what the run could not measure in this build, and why.
 func notes(cfg Config) []string {
 	var out []string
-	if !hasLockOrderingKeys() && cfg.runs("write") {
-		out = append(out, "write: publisher.Config.LockOrderingKeys does not exist in this build; the keyed write cells (with and without it) were not run")
-	}
 	if cfg.runs("recovery") && breakerProbeInterval == 0 {
 		out = append(out, "recovery: forwarder.Config has no breaker probe interval in this build; the recovery target compares with the undisturbed drain time alone")
 	}
@@ -126,7 +107,6 @@ type writer struct {
 	impl string
 	pub  *publisher.Prepared // implPublisher, implPublisherNotify, the keyed ones
 	raw  *sql.Stmt           // implRawPrepared
-	keys int                 // ordering keys of writeCell's messages (keyed impls)
 }
 
 // newWriter prepares what impl needs on db; close releases it.
@@ -161,14 +141,7 @@ func (w *writer) writeTx(ctx context.Context, msgs []*message.Message) error {
 	defer func() { _ = tx.Rollback() }()
 	switch impl {
 	case implPublisher, implPublisherNotify, implPublisherPlain, implPublisherKeyed, implPublisherLocked:
-		cfg := publisher.Config{Notify: impl == implPublisherNotify, Prepared: w.pub}
-		if impl == implPublisherLocked {
-			f := reflect.ValueOf(&cfg).Elem().FieldByName(lockOrderingKeysField)
-			if !f.IsValid() || f.Kind() != reflect.Bool {
-				return fmt.Errorf("publisher.Config.%s does not exist in this build", lockOrderingKeysField)
-			}
-			f.SetBool(true)
-		}
+		cfg := publisher.Config{Notify: impl == implPublisherNotify, Prepared: w.pub, LockOrderingKeys: impl == implPublisherLocked}
 		p, err := publisher.New(tx, cfg, nil)
 		if err != nil {
 			return err
