@@ -53,33 +53,33 @@ func tinyConfig(t *testing.T) Config {
 // no timing: the machine is shared, the full run is `make bench`.
 //
 // It runs in two halves at once (a tiny run mostly waits for the database):
-// the groups of issues 14 and 19 that are not drain cells (recovery, claim
-// cost, steady load, beside the two drain cells they read) in
-// TestSmokeOutageAndClaims, the rest here. Each half expects exactly the
-// results of its groups, so together they cover the whole program.
+// the write side and every drain cell here, the rest (recovery, claim cost,
+// latency, steady load, idle, scale, retention, beside the two drain cells
+// they read) in TestSmokeRest. Each half expects exactly the results of its
+// groups, so together they cover the whole program.
 func TestSmoke(t *testing.T) {
 	t.Parallel()
 	cfg := tinyConfig(t)
-	cfg.Only = []string{"write", "drain", "latency", "idle", "scale", "retention"}
+	cfg.Only = []string{"write", "drain"}
 	rep, md := smokeRun(t, cfg)
-	require.Contains(t, rep.ExplainClaim, "messaging_outbox_unkeyed_claimable_idx", "the claim's unkeyed half must be an index scan on the unkeyed claimable index")
-	require.Len(t, rep.WAL, 6, "WAL per row of the six statements")
 	requireTargets(t, rep, "drain keyed: 10 keys / unkeyed", "drain keyed: 1 key (total order) / watermill tuned",
 		"write w2 b3: LockOrderingKeys / without, keyed")
 	require.Contains(t, md, "Relay CPU per relayed message")
 	require.Contains(t, md, "| "+drainKind{relayOurs, 1, 10}.name()+" |")
 }
 
-// TestSmokeOutageAndClaims is the other half of TestSmoke: recovery after
-// an outage (reusing the repetition's undisturbed drains), claim cost under
-// blocked keys with its plan, and latency at a steady load of half the
+// TestSmokeRest is the other half of TestSmoke: among others, recovery
+// after an outage (reusing the repetition's undisturbed drains), claim cost
+// under blocked keys with its plan, and latency at a steady load of half the
 // measured drain rate.
-func TestSmokeOutageAndClaims(t *testing.T) {
+func TestSmokeRest(t *testing.T) {
 	t.Parallel()
 	cfg := tinyConfig(t)
-	cfg.Only = []string{"drain", "recovery", "claimcost", "steady"}
+	cfg.Only = []string{"drain", "recovery", "claimcost", "latency", "steady", "idle", "scale", "retention"}
 	cfg.Drain = []string{"outbox/x1", "watermill-tuned/x1"}
 	rep, md := smokeRun(t, cfg)
+	require.Contains(t, rep.ExplainClaim, "messaging_outbox_unkeyed_claimable_idx", "the claim's unkeyed half must be an index scan on the unkeyed claimable index")
+	require.Len(t, rep.WAL, 6, "WAL per row of the six statements")
 	require.Contains(t, rep.ExplainParkedHead, "messaging_outbox_ordering_head_idx", "the parked-head claim walks the keys on the ordering index")
 	requireTargets(t, rep, "claim p99: clean / 100 rows behind a parked head", "steady load p99: watermill tuned / outbox",
 		"recovery after a 1s outage: allowed / outbox")
