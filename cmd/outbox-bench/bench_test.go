@@ -357,3 +357,42 @@ func TestLatencyProxy(t *testing.T) {
 	require.Equal(t, "cpu/outbox/x1", rep.Results[1].Name)
 	require.Positive(t, rep.Results[0].Median)
 }
+
+// The issue 14/19 targets from made-up cells: each compares what its name
+// says, in the direction where higher is better, and a missing cell is
+// reported as not measured rather than hidden.
+func TestKeyedTargets(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Keys = []int{1, 10}
+	c := newCollector()
+	for name, v := range map[string]float64{
+		drainName(relayOurs, 1): 30000, drainCPUName(drainName(relayOurs, 1)): 20,
+		drainKind{relayOurs, 1, 10}.name(): 12000, drainCPUName(drainKind{relayOurs, 1, 10}.name()): 45,
+		drainKind{relayOurs, 1, 1}.name(): 20000, drainName(relayWMTuned, 1): 18000,
+		claimCostName("parked-head", "p99"): 5, claimCostName("parked-head-clean", "p99"): 2,
+		steadyName(relayOurs, "p99"): 4, steadyName(relayWMTuned, "p99"): 12,
+		recoveryName(relayOurs, "allowed"): 2, recoveryName(relayOurs, "after-outage"): 30,
+		recoveryName(relayOurs, "max-attempts"): 7, recoveryName(relayOurs, "exhausted"): 0,
+	} {
+		c.add("g", name, "u", v)
+	}
+	got := map[string]Target{}
+	for _, tg := range targets(cfg, c) {
+		got[tg.Name] = tg
+	}
+	k10 := got["drain keyed: 10 keys / unkeyed, defaults"]
+	require.InDelta(t, 0.4, k10.Ratio, 1e-9)
+	require.False(t, k10.Met)
+	require.Contains(t, k10.Note, "relay CPU 45.0 vs 20.0 µs/msg")
+	require.True(t, got["drain keyed: 1 key (total order) / watermill tuned"].Met)
+	parked := got["claim p99: clean / 20000 rows behind a parked head"]
+	require.InDelta(t, 0.4, parked.Ratio, 1e-9, "parked p99 is 2.5x the clean one")
+	require.False(t, parked.Met)
+	require.True(t, got["steady load p99: watermill tuned / outbox (100 keys, LISTEN)"].Met)
+	rec := got["recovery after a 1m0s outage: allowed / outbox"]
+	require.False(t, rec.Met)
+	require.Contains(t, rec.Note, "up to 7 attempts")
+	unk := got["claim p99: unkeyed / 100 keys x 500 rows"]
+	require.False(t, unk.Met)
+	require.Contains(t, unk.Note, "not measured")
+}

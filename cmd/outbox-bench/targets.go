@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // Target is one of issue 7's targets, judged on medians of the same run.
@@ -54,14 +55,14 @@ func targets(cfg Config, c *collector) []Target {
 		}
 	}
 	ours1 := drainName(relayOurs, 1)
-	add("drain: outbox x1 / watermill tuned", c.pairRatio(ours1, drainName(relayWMTuned, 1)), 1.5, "defaults (batch 100)")
-	add("drain: outbox x1 / minimal SKIP LOCKED relay", c.pairRatio(ours1, drainName(relayMinimal, 1)), 0.8, "both batch 100")
-	add("drain: outbox x4 / outbox x1", c.pairRatio(drainName(relayOurs, 4), ours1), 1.0, "")
+	add("drain: outbox x1 / watermill tuned", c.pairRatio(ours1, drainName(relayWMTuned, 1)), 1.5, "defaults (batch 100)"+c.cpuNote(ours1, drainName(relayWMTuned, 1)))
+	add("drain: outbox x1 / minimal SKIP LOCKED relay", c.pairRatio(ours1, drainName(relayMinimal, 1)), 0.8, "both batch 100"+c.cpuNote(ours1, drainName(relayMinimal, 1)))
+	add("drain: outbox x4 / outbox x1", c.pairRatio(drainName(relayOurs, 4), ours1), 1.0, strings.TrimPrefix(c.cpuNote(drainName(relayOurs, 4), ours1), "; "))
 	add("drain: prefetch on (default) / DisablePrefetch, batch 100", c.pairRatio(ours1, drainName(relayOursNoPF, 1)), 1.0, "pipelining: not a target of issue 7, kept as evidence")
 	add("drain: prefetch on (default) / DisablePrefetch, batch 1000", c.pairRatio(drainName(relayOursTuned, 1), drainName(relayOursTunedNoPF, 1)), 1.0, "pipelining: not a target of issue 7, kept as evidence")
 	tuned := drainName(relayOursTuned, 1)
-	add("drain: outbox batch 1000 x1 / watermill tuned", c.pairRatio(tuned, drainName(relayWMTuned, 1)), 1.5, "both read 1000 rows per query")
-	add("drain: outbox batch 1000 x1 / minimal SKIP LOCKED relay batch 1000", c.pairRatio(tuned, drainName(relayMinimalTuned, 1)), 0.8, "both batch 1000")
+	add("drain: outbox batch 1000 x1 / watermill tuned", c.pairRatio(tuned, drainName(relayWMTuned, 1)), 1.5, "both read 1000 rows per query"+c.cpuNote(tuned, drainName(relayWMTuned, 1)))
+	add("drain: outbox batch 1000 x1 / minimal SKIP LOCKED relay batch 1000", c.pairRatio(tuned, drainName(relayMinimalTuned, 1)), 0.8, "both batch 1000"+c.cpuNote(tuned, drainName(relayMinimalTuned, 1)))
 	// Lower is better for latency and load: the ratio is theirs / ours.
 	add("latency p99: watermill tuned / outbox (LISTEN)", c.pairRatio(latencyName(relayWMTuned, "p99"), latencyName(relayOurs, "p99")), 1.0, "ours <= tuned")
 	add("idle load: watermill tuned / outbox", c.pairRatio(idleName(relayWMTuned), idleName(relayOurs)), 10, "xact/s, ours >= 10x lower")
@@ -108,14 +109,7 @@ func keyedTargets(cfg Config, c *collector, add func(name string, r, need float6
 		return ""
 	}
 	ours1 := drainName(relayOurs, 1)
-	cpuNote := func(a, b string) string {
-		ca, okA := c.by[drainCPUName(a)]
-		cb, okB := c.by[drainCPUName(b)]
-		if !okA || !okB {
-			return ""
-		}
-		return fmt.Sprintf("; relay CPU %.1f vs %.1f µs/msg", median(sortedCopy(ca.Samples)), median(sortedCopy(cb.Samples)))
-	}
+	cpuNote := c.cpuNote
 	for _, k := range cfg.Keys {
 		keyed := drainKind{relayOurs, 1, k}.name()
 		if k >= 10 {
@@ -172,6 +166,17 @@ func keyedTargets(cfg Config, c *collector, add func(name string, r, need float6
 				cmp.Or(missing(locked, plain), fmt.Sprintf("%d keys; the default if it costs <= 5%%", cfg.WriteKeys)))
 		}
 	}
+}
+
+// cpuNote is "; relay CPU a vs b µs/msg" for two drain cells (medians), or
+// "" when either has no CPU figure.
+func (c *collector) cpuNote(a, b string) string {
+	ca, okA := c.by[drainCPUName(a)]
+	cb, okB := c.by[drainCPUName(b)]
+	if !okA || !okB {
+		return ""
+	}
+	return fmt.Sprintf("; relay CPU %.1f vs %.1f µs/msg", median(sortedCopy(ca.Samples)), median(sortedCopy(cb.Samples)))
 }
 
 func sortedCopy(v []float64) []float64 {
