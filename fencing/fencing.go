@@ -117,6 +117,13 @@ type ClaimParams struct {
 	NoKeyWalk bool
 	// NoUnkeyed leaves out rows without an ordering key.
 	NoUnkeyed bool
+	// ExcludeDestinations are destinations whose rows are not claimed (a
+	// relay's open breakers): such a row is treated as not claimable, so it
+	// also holds back the later rows of its ordering key.
+	ExcludeDestinations []string
+	// OnlyDestination, when set, claims rows of this destination only (a
+	// breaker's probe).
+	OnlyDestination string
 }
 
 // Continuation asks a claim for the rows of Key right behind AfterSeq, a row
@@ -233,7 +240,8 @@ func (c Claimed) Held() bool { return c.Row.Status == envelope.StatusInFlight }
 
 // claimable is the predicate "a relay may take this row now" on alias a.
 func claimable(a string) string {
-	return strings.NewReplacer("a.", a+".").Replace(`(a.published_at IS NULL AND a.parked_at IS NULL AND (
+	return strings.NewReplacer("a.", a+".").Replace(`(a.published_at IS NULL AND a.parked_at IS NULL
+         AND a.destination <> ALL($14::text[]) AND ($15::text = '' OR a.destination = $15::text) AND (
             (a.status <> 'IN_FLIGHT' AND (a.attempts >= $4 OR a.next_attempt_at IS NULL
                                           OR a.next_attempt_at <= coalesce($1::timestamptz, now())))
          OR (a.status = 'IN_FLIGHT' AND a.lease_expires_at <= coalesce($1::timestamptz, now()))))`)
@@ -247,7 +255,7 @@ func parks(a string) string {
 }
 
 // walkCols are the columns the walks carry: enough to judge a row.
-const walkCols = `x.ctid AS row_ctid, x.ordering_key AS k, x.seq, x.status, x.attempts,
+const walkCols = `x.ctid AS row_ctid, x.ordering_key AS k, x.seq, x.status, x.attempts, x.destination,
                 x.next_attempt_at, x.lease_expires_at, x.published_at, x.parked_at`
 
 // rowAfter is the next row of key k after seq s: one index descent on
@@ -451,7 +459,8 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 		q = ClaimSkipParkedSQL
 	}
 	return q, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
-		p.KeyCursor, maxChain, pq.Array(keys), pq.Array(afters), pq.Array(ids), unkeyed, walk}, nil
+		p.KeyCursor, maxChain, pq.Array(keys), pq.Array(afters), pq.Array(ids), unkeyed, walk,
+		pq.Array(append([]string{}, p.ExcludeDestinations...)), p.OnlyDestination}, nil
 }
 
 // Claim takes up to p.Limit claimable rows for p.Owner in one statement and
@@ -522,9 +531,10 @@ func (r Result) String() string {
 //
 // To is the target state: PUBLISHED, AMBIGUOUS (retry at NextAttemptAt, or
 // else RetryAfter after the statement's clock; both zero means immediately), FAILED or EXHAUSTED (parked, Code required), or PENDING
-// meaning "release": the row was not attempted under this lease and goes back
-// unchanged (PENDING if it never had an attempt, AMBIGUOUS otherwise), its
-// attempts not counted. Every other transition counts one attempt.
+// meaning "release": the row was not attempted under this lease, or the
+// downstream as a whole was unavailable, and goes back (PENDING if it never
+// had an attempt, AMBIGUOUS otherwise) with its attempts not counted; a
+// release with a Code records why in the failure columns. Every other transition counts one attempt.
 type Outcome struct {
 	Lease         Lease
 	To            envelope.Status
@@ -556,9 +566,12 @@ UPDATE messaging_outbox o
                               ELSE NULL END,
        lease_expires_at = NULL,
        last_failure_code = CASE WHEN u.to_status IN ('AMBIGUOUS', 'FAILED', 'EXHAUSTED')
-                                THEN nullif(u.code, '') ELSE o.last_failure_code END,
+                                THEN nullif(u.code, '')
+                                ELSE coalesce(nullif(u.code, ''), o.last_failure_code) END,
        last_failure_detail = CASE WHEN u.to_status IN ('AMBIGUOUS', 'FAILED', 'EXHAUSTED')
-                                  THEN nullif(u.detail, '') ELSE o.last_failure_detail END,
+                                  THEN nullif(u.detail, '')
+                                  WHEN u.code <> '' THEN nullif(u.detail, '')
+                                  ELSE o.last_failure_detail END,
        parked_at = CASE WHEN u.to_status IN ('FAILED', 'EXHAUSTED') THEN c.t ELSE o.parked_at END
   FROM unnest($2::text[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int8[])
            AS u(id, owner, token, to_status, next_at, code, detail, retry_us),

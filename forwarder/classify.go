@@ -18,6 +18,11 @@ const (
 	// connection lost, broker busy). The row is retried under the same
 	// message id after a backoff, or parked EXHAUSTED when its budget is spent.
 	Ambiguous
+	// Unavailable: the downstream as a whole is unavailable and did not take
+	// the message (connection refused or lost before sending, no broker).
+	// The row is put back without spending an attempt, and the failure
+	// counts towards its destination's breaker.
+	Unavailable
 )
 
 func (o Outcome) String() string {
@@ -28,6 +33,8 @@ func (o Outcome) String() string {
 		return "rejected"
 	case Ambiguous:
 		return "ambiguous"
+	case Unavailable:
+		return "unavailable"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
@@ -88,9 +95,13 @@ func RejectionCode(err error) (string, bool) {
 	return "", false
 }
 
-// DefaultClassifier treats errors wrapped with Reject as rejections and
-// every other error as ambiguous: without knowledge of the transport, an
-// error after Publish was called may still mean the broker has the message.
+// DefaultClassifier treats errors wrapped with Reject as rejections, errors
+// wrapped with Unavailable as unavailable, and every other error as
+// ambiguous: without knowledge of the transport, an error after Publish was
+// called may still mean the broker has the message. (Under the default
+// classifier the forwarder also takes a pass in which every publish to a
+// destination failed with the same error, on two messages or more, as
+// evidence that the destination is unavailable: see Config.Classifier.)
 func DefaultClassifier(err error) Verdict {
 	if err == nil {
 		return Verdict{Outcome: Confirmed}
@@ -98,5 +109,38 @@ func DefaultClassifier(err error) Verdict {
 	if code, ok := RejectionCode(err); ok {
 		return Verdict{Outcome: Rejected, Code: code}
 	}
+	if IsUnavailable(err) {
+		return Verdict{Outcome: Unavailable, Code: FailureDownstreamUnavailable}
+	}
 	return Verdict{Outcome: Ambiguous, Code: FailurePublishError}
+}
+
+// FailureDownstreamUnavailable is written to last_failure_code of a row
+// released without an attempt because its downstream was unavailable as a
+// whole (an Unavailable verdict, or its destination's breaker open).
+const FailureDownstreamUnavailable = "DOWNSTREAM_UNAVAILABLE"
+
+type unavailable struct{ err error }
+
+func (u *unavailable) Error() string {
+	if u.err == nil {
+		return "downstream unavailable"
+	}
+	return u.err.Error()
+}
+
+func (u *unavailable) Unwrap() error { return u.err }
+
+// MarkUnavailable marks err as "the downstream as a whole is unavailable and
+// did not take the message" (connection refused or lost before sending, no
+// broker, no route), recognised by DefaultClassifier: the row is put back
+// without spending an attempt and the failure counts towards its
+// destination's breaker. Use it only when the message cannot have reached
+// the broker; when it may have, the error is ambiguous.
+func MarkUnavailable(err error) error { return &unavailable{err: err} }
+
+// IsUnavailable reports whether err was marked with MarkUnavailable.
+func IsUnavailable(err error) bool {
+	var u *unavailable
+	return errors.As(err, &u)
 }

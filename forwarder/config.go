@@ -24,11 +24,14 @@ const (
 	DefaultPublishTimeout    = 5 * time.Second
 	DefaultPollInterval      = 500 * time.Millisecond
 	DefaultMaxPollInterval   = 5 * time.Second
-	DefaultMaxAttempts       = 10
+	DefaultMaxAttempts       = 25
 	DefaultBackoffBase       = time.Second
-	DefaultBackoffMax        = time.Minute
+	DefaultBackoffMax        = 10 * time.Minute
 	DefaultConcurrency       = 8
 	DefaultHeartbeatInterval = 10 * time.Second
+	DefaultBreakerThreshold  = 5
+	DefaultBreakerProbeBase  = time.Second
+	DefaultBreakerProbeMax   = 30 * time.Second
 )
 
 // Config tunes a Forwarder. The zero value of every field means "use the
@@ -51,12 +54,28 @@ type Config struct {
 	// Default 5s; LISTEN/NOTIFY wakes the relay earlier.
 	MaxPollInterval time.Duration
 	// MaxAttempts is the attempt budget per row; a row whose attempt budget
-	// is spent is parked EXHAUSTED. Default 10.
+	// is spent is parked EXHAUSTED. Default 25. Only attempts whose outcome
+	// concerns the message spend it (ambiguous, timed out); a downstream that
+	// is unavailable as a whole spends none (see BreakerThreshold).
 	MaxAttempts int
 	// BackoffBase and BackoffMax shape the exponential retry delay of
-	// AMBIGUOUS rows (and of the loop after a failing pass). Defaults 1s, 1m.
+	// AMBIGUOUS rows (and of the loop after a failing pass). Defaults 1s,
+	// 10m: with MaxAttempts 25, a message that keeps failing on its own is
+	// parked EXHAUSTED between 1 h 18 min and 2 h 37 min after its first
+	// attempt (the delays are jittered between half and all of
+	// BackoffBase x 2^(n-1), capped at BackoffMax).
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
+	// BreakerThreshold is how many consecutive publishes to one destination
+	// may fail without an answer about the message (unavailable, ambiguous,
+	// timed out), over at least two messages, before the destination's
+	// breaker opens: the relay then claims nothing for it, puts back what it
+	// holds for it without spending attempts, and probes it with one row
+	// every BreakerProbeBase, doubling up to BreakerProbeMax (jittered per
+	// owner). A confirmed publish closes it. Defaults 5, 1s, 30s.
+	BreakerThreshold int
+	BreakerProbeBase time.Duration
+	BreakerProbeMax  time.Duration
 	// Concurrency is how many publishes run at once in a pass. A pass
 	// claims only the head of each key among the rows committed when its
 	// claim runs, so rows of one key committed in order are never in flight
@@ -72,8 +91,12 @@ type Config struct {
 	// Producer is restored as msg.producer on rows that carry none.
 	Producer string
 	// Classifier turns a publish error into an outcome. Default
-	// DefaultClassifier: errors wrapped with Reject are rejections, every
-	// other error is ambiguous.
+	// DefaultClassifier: errors wrapped with Reject are rejections, errors
+	// wrapped with MarkUnavailable are unavailable, every other error is
+	// ambiguous; and a pass in which every publish to a destination failed
+	// with the same error, on two messages or more, is taken as evidence
+	// that the destination is unavailable (those rows spend no attempt and
+	// its breaker opens). Timeouts and panics stay ambiguous.
 	Classifier Classifier
 	// ListenURL is a PostgreSQL DSN for LISTEN on NotifyChannel. Empty:
 	// polling only. Notifications only shorten the wait; polling continues,
@@ -118,6 +141,8 @@ type Config struct {
 	// a pooler in transaction mode that cannot carry prepared statements
 	// (PgBouncer before 1.21). See fencing.Prepared.
 	DisablePreparedStatements bool
+
+	defaultClassifier bool // Classifier was left to the default: the pass-wide evidence rule applies
 }
 
 // withDefaults fills every unset field. The one place defaults live.
@@ -132,11 +157,15 @@ func (c Config) withDefaults() Config {
 	c.BackoffMax = cmp.Or(c.BackoffMax, max(DefaultBackoffMax, c.BackoffBase))
 	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.BreakerThreshold = cmp.Or(c.BreakerThreshold, DefaultBreakerThreshold)
+	c.BreakerProbeBase = cmp.Or(c.BreakerProbeBase, DefaultBreakerProbeBase)
+	c.BreakerProbeMax = cmp.Or(c.BreakerProbeMax, max(DefaultBreakerProbeMax, c.BreakerProbeBase))
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, c.PublishTimeout)
 	c.Owner = cmp.Or(c.Owner, defaultOwner())
 	c.NotifyChannel = cmp.Or(c.NotifyChannel, publisher.DefaultNotifyChannel)
 	if c.Classifier == nil {
 		c.Classifier = DefaultClassifier
+		c.defaultClassifier = true
 	}
 	return c
 }
@@ -164,6 +193,8 @@ func (c Config) validated() (Config, error) {
 		{"PollInterval", int64(c.PollInterval)}, {"MaxPollInterval", int64(c.MaxPollInterval)},
 		{"BackoffBase", int64(c.BackoffBase)}, {"BackoffMax", int64(c.BackoffMax)},
 		{"HeartbeatInterval", int64(c.HeartbeatInterval)}, {"DrainTimeout", int64(c.DrainTimeout)},
+		{"BreakerThreshold", int64(c.BreakerThreshold)}, {"BreakerProbeBase", int64(c.BreakerProbeBase)},
+		{"BreakerProbeMax", int64(c.BreakerProbeMax)},
 	} {
 		if f.v < 0 {
 			return bad("%s must be positive (or zero for the default), got %d", f.name, f.v)
@@ -176,6 +207,9 @@ func (c Config) validated() (Config, error) {
 	}
 	if c.BackoffMax < c.BackoffBase {
 		return bad("BackoffMax %s is below BackoffBase %s; raise BackoffMax or lower BackoffBase", c.BackoffMax, c.BackoffBase)
+	}
+	if c.BreakerProbeMax < c.BreakerProbeBase {
+		return bad("BreakerProbeMax %s is below BreakerProbeBase %s; raise BreakerProbeMax", c.BreakerProbeMax, c.BreakerProbeBase)
 	}
 	if c.MaxPollInterval < c.PollInterval {
 		return bad("MaxPollInterval %s is below PollInterval %s; raise MaxPollInterval", c.MaxPollInterval, c.PollInterval)

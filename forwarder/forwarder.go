@@ -39,6 +39,9 @@ const (
 	// succeeded within the heartbeat's lifetime; the loop goes on and claims
 	// again after the next successful heartbeat.
 	CodeHeartbeatLapsed outbox.Code = "FORWARDER_HEARTBEAT_LAPSED"
+	// CodeDownstreamUnavailable: Ready's answer when the breaker of every
+	// destination the relay publishes to is open.
+	CodeDownstreamUnavailable outbox.Code = "FORWARDER_DOWNSTREAM_UNAVAILABLE"
 )
 
 // Sentinels for errors.Is.
@@ -47,6 +50,8 @@ var (
 	ErrAlreadyRunning  = &outbox.Error{Code: CodeAlreadyRunning}
 	ErrUnknownOutcome  = &outbox.Error{Code: CodeUnknownOutcome}
 	ErrHeartbeatLapsed = &outbox.Error{Code: CodeHeartbeatLapsed}
+	// ErrDownstreamUnavailable matches Ready's refusal.
+	ErrDownstreamUnavailable = &outbox.Error{Code: CodeDownstreamUnavailable}
 )
 
 const tracerName = "github.com/fencedoutbox/watermill-outbox/forwarder"
@@ -71,8 +76,19 @@ type Report struct {
 	// Chains is how many ordering keys the pass published a run of rows
 	// for (each in seq order, one publish at a time); unkeyed rows are not
 	// counted.
-	Chains   int
-	Duration time.Duration
+	Chains int
+	// Unavailable counts rows put back without an attempt because their
+	// downstream was unavailable as a whole (an unavailable verdict, the
+	// evidence of a pass, or an open breaker); they are not in Released.
+	Unavailable int
+	// PossibleDuplicates counts rows confirmed now after an earlier attempt
+	// whose outcome nobody knew (ambiguous, timed out, an expired lease):
+	// the broker may have had them already.
+	PossibleDuplicates int
+	// OpenBreakers are the destinations whose breaker is open after the
+	// pass.
+	OpenBreakers []BreakerState
+	Duration     time.Duration
 }
 
 // Forwarder is the fenced relay: it moves committed outbox rows to a
@@ -93,6 +109,7 @@ type Forwarder struct {
 	start      claimStart // where each claim starts in the claimable index, and the key walk
 	chains     chainLog   // which of this relay's chains were confirmed to their end
 	chainCap   int        // rows of one key a claim takes before it looks at other keys
+	breakers   breakers   // per destination: is the downstream down as a whole
 
 	// Claims of Run wait for a fresh heartbeat: once it has lapsed,
 	// debezium.Enable may switch the database to CDC, and a relay still
@@ -143,7 +160,7 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 	if !cfg.DisablePreparedStatements {
 		q = fencing.NewPrepared(db)
 	}
-	return &Forwarder{
+	f := &Forwarder{
 		db: db, q: q, out: out, cfg: cfg, metrics: m,
 		logger:     logger.With(watermill.LogFields{"owner": cfg.Owner}),
 		baseLogger: logger,
@@ -155,7 +172,13 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 		stop:       make(chan struct{}),
 		running:    make(chan struct{}),
 		done:       make(chan struct{}),
-	}, nil
+	}
+	f.breakers = breakers{
+		threshold: cfg.BreakerThreshold, base: cfg.BreakerProbeBase, max: cfg.BreakerProbeMax,
+		jitter: func(base, ceiling time.Duration, n int) time.Duration { return f.jittered(base, ceiling, n, 2) },
+		now:    f.localNow,
+	}
+	return f, nil
 }
 
 // Owner is the lease owner this forwarder writes.
@@ -348,6 +371,9 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			return err
 		default:
 		}
+		if next := f.breakers.nextProbe(); !next.IsZero() && delay > 0 {
+			delay = max(0, min(delay, next.Sub(f.localNow())))
+		}
 		if delay == 0 {
 			continue
 		}
@@ -507,6 +533,10 @@ type item struct {
 	outcome fencing.Outcome
 	err     error // the publish error, for the log
 	unknown bool  // classifier returned an unknown Outcome
+	probe   bool  // claimed as its destination's breaker probe
+	// unavailable: put back without an attempt because the downstream was
+	// unavailable as a whole.
+	unavailable bool
 }
 
 // verdict names what happened to the row, for logs and metrics: derived from
@@ -525,6 +555,9 @@ func (it *item) verdict() string {
 	case envelope.StatusExhausted:
 		return "exhausted"
 	case envelope.StatusPending:
+		if it.unavailable {
+			return "unavailable"
+		}
 		return "released"
 	}
 	return "unknown"
@@ -536,6 +569,7 @@ type claimedBatch struct {
 	claimed   []fencing.Claimed
 	claimedAt time.Time
 	after     map[string]int64 // continued keys: the seq their chain continues
+	probes    map[string]bool  // message ids claimed as breaker probes
 	err       error
 }
 
@@ -560,10 +594,12 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	defer cancel()
 	at := f.localNow()
 	from, cursor := f.start.from(), f.start.keyCursor()
+	exclude, probes := f.breakers.forClaim()
 	p := fencing.ClaimParams{
 		Owner: f.cfg.Owner, Limit: f.cfg.BatchSize, Lease: f.cfg.LeaseDuration,
 		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
 		FromSeq: from, KeyCursor: cursor, MaxChain: f.chainCap, Continue: cont,
+		ExcludeDestinations: exclude,
 	}
 	claimed, err := fencing.Claim(dbctx, f.q, p)
 	if err != nil {
@@ -601,6 +637,26 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 			claimed = mergeBySeq(claimed, rows)
 		}
 	}
+	// A probe per open breaker whose probe is due: one row of its
+	// destination, keyed or not.
+	var probed map[string]bool
+	for _, dest := range probes {
+		pr := p
+		pr.Limit, pr.MaxChain, pr.Continue, pr.FromSeq = 1, 1, nil, 0
+		pr.ExcludeDestinations, pr.OnlyDestination, pr.NoKeyWalk, pr.NoUnkeyed = nil, dest, false, false
+		rows, perr := fencing.Claim(dbctx, f.q, pr)
+		if perr != nil {
+			f.logger.Error("Outbox breaker probe claim failed", perr, watermill.LogFields{"destination": dest})
+			continue
+		}
+		for _, r := range rows {
+			if probed == nil {
+				probed = make(map[string]bool)
+			}
+			probed[r.Row.MessageID] = true
+		}
+		claimed = mergeBySeq(claimed, rows)
+	}
 	var after map[string]int64
 	for _, c := range cont {
 		if after == nil {
@@ -608,7 +664,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		}
 		after[c.Key] = c.AfterSeq
 	}
-	return claimedBatch{claimed: claimed, claimedAt: at, after: after}
+	return claimedBatch{claimed: claimed, claimedAt: at, after: after, probes: probed}
 }
 
 // capped are the continuations of the chains that stopped at the cap.
@@ -740,7 +796,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	var chainOf map[string]int // ordering key -> its unit
 	for i, c := range claimed {
 		it := &items[i]
-		it.claimed = c
+		it.claimed, it.probe = c, b.probes[c.Row.MessageID]
 		switch {
 		case !c.Held():
 			// Parked by the claim: an expired lease spent the budget
@@ -783,6 +839,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 
 	f.publishAll(units, startBy, stopping, drainExpired)
 	f.chains.endPass()
+	f.passEvidence(items)
 
 	behind.wait()
 	if next == nil {
@@ -861,6 +918,11 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []item) {
 			rep.Exhausted++
 		case "released":
 			rep.Released++
+		case "unavailable":
+			rep.Unavailable++
+		}
+		if verdict == "published" && row.Attempts > 0 {
+			rep.PossibleDuplicates++
 		}
 		f.metrics.message(verdict, row.Destination)
 		if it.unknown && unknown == nil {
@@ -875,6 +937,7 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []item) {
 			})
 		}
 	}
+	rep.OpenBreakers = f.breakers.open()
 	f.end(t, unknown)
 }
 
@@ -968,6 +1031,7 @@ func (f *Forwarder) publishUnit(r *runner, u *unit, startBy time.Time, stopping,
 	cut := u.after > 0 && !f.chains.confirmedThrough(u.key, u.after)
 	var through int64
 	for _, it := range u.items {
+		dest := it.claimed.Row.Destination
 		switch {
 		case cut:
 			if it.msg != nil {
@@ -975,11 +1039,28 @@ func (f *Forwarder) publishUnit(r *runner, u *unit, startBy time.Time, stopping,
 			}
 		case it.msg == nil:
 			cut = true // parked by the claim, or unreadable: the key stops here
+		case !it.probe && f.breakers.isOpen(dest):
+			// The breaker opened while this batch was out: give the row
+			// back untouched, it costs no attempt.
+			it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: FailureDownstreamUnavailable,
+				Detail: "the destination's breaker is open: the downstream is unavailable"}
+			it.unavailable, cut = true, true
 		default:
 			f.handle(r, it, startBy, stopping, drainExpired)
-			if it.outcome.To == envelope.StatusPublished {
+			switch {
+			case it.outcome.To == envelope.StatusPublished:
 				through = it.claimed.Row.Seq
-			} else {
+				if f.breakers.success(dest) {
+					f.breakerChanged(dest, false, "")
+				}
+			case it.unavailable, it.err != nil && it.outcome.To != envelope.StatusFailed:
+				// No answer about the message: unavailable, ambiguous, timed
+				// out. (A rejection is the broker answering.)
+				if f.breakers.failure(dest, it.claimed.Row.MessageID, errText(it.err)) {
+					f.breakerChanged(dest, true, errText(it.err))
+				}
+				cut = true
+			default:
 				cut = true
 			}
 		}
@@ -990,6 +1071,96 @@ func (f *Forwarder) publishUnit(r *runner, u *unit, startBy time.Time, stopping,
 		}
 		f.chains.record(u.key, through)
 	}
+}
+
+// passEvidence applies the default classifier's pass-wide rule: when every
+// publish of the pass to a destination failed ambiguously with the same
+// error, on two messages or more (or on a probe, with the error that opened
+// the breaker), the destination is taken to be unavailable: those rows are
+// put back without an attempt and its breaker opens. Timeouts and panics
+// are not evidence (the broker may have taken those messages), nor is a
+// single message otherwise (a poison message fails alone).
+func (f *Forwarder) passEvidence(items []item) {
+	if !f.cfg.defaultClassifier {
+		return
+	}
+	type tally struct {
+		failed []*item
+		text   string
+		mixed  bool
+	}
+	var by map[string]*tally
+	for i := range items {
+		it := &items[i]
+		if it.msg == nil || it.err == nil && it.outcome.To != envelope.StatusPublished {
+			continue // not attempted
+		}
+		if by == nil {
+			by = make(map[string]*tally)
+		}
+		dest := it.claimed.Row.Destination
+		t := by[dest]
+		if t == nil {
+			t = &tally{}
+			by[dest] = t
+		}
+		switch {
+		case t.mixed:
+		case it.outcome.Code != FailurePublishError || (it.outcome.To != envelope.StatusAmbiguous && it.outcome.To != envelope.StatusExhausted):
+			t.mixed = true
+		case len(t.failed) > 0 && errText(it.err) != t.text:
+			t.mixed = true
+		default:
+			t.failed, t.text = append(t.failed, it), errText(it.err)
+		}
+	}
+	for dest, t := range by {
+		if t.mixed || len(t.failed) == 0 {
+			continue
+		}
+		// One message alone is evidence only as a probe failing the way the
+		// outage that opened the breaker did (otherwise a long outage would
+		// spend its probes' budgets).
+		if len(t.failed) < 2 && !(t.failed[0].probe && f.breakers.openWith(dest, t.text)) {
+			continue
+		}
+		for _, it := range t.failed {
+			it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: FailureDownstreamUnavailable,
+				Detail: "every publish to this destination in the pass failed the same way: " + t.text}
+			it.unavailable = true
+		}
+		if f.breakers.trip(dest, t.text) {
+			f.breakerChanged(dest, true, t.text)
+		}
+	}
+}
+
+// breakerChanged reports a breaker's change of state: once per change, never
+// per message.
+func (f *Forwarder) breakerChanged(dest string, open bool, why string) {
+	f.metrics.breaker(dest, open)
+	if open {
+		f.logger.Error("Outbox destination unavailable: breaker open; its rows wait without spending attempts, probing with one row at a time", nil,
+			watermill.LogFields{"destination": dest, "error": why})
+		return
+	}
+	f.logger.Info("Outbox destination available again: breaker closed", watermill.LogFields{"destination": dest})
+}
+
+// Ready reports whether the relay can deliver anything: an error with code
+// FORWARDER_DOWNSTREAM_UNAVAILABLE naming the destinations when the breaker
+// of every destination it has published to is open. The relay is alive
+// meanwhile (it probes), but not ready.
+func (f *Forwarder) Ready() error {
+	if open, all := f.breakers.allOpen(); all {
+		names := make([]string, len(open))
+		for i, b := range open {
+			names[i] = b.Destination
+		}
+		return outbox.Errorf(CodeDownstreamUnavailable, "forwarder.Ready",
+			"every destination this relay publishes to is unavailable (breaker open: %v); it probes them and resumes on its own", names)
+	}
+	return nil
 }
 
 // continuations are the chains of a batch that a claim made while the batch
@@ -1163,6 +1334,12 @@ func (f *Forwarder) handle(r *runner, it *item, startBy time.Time, stopping, dra
 		return
 	case Rejected:
 		it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: cmpOr(v.Code, FailurePublishRejected), Detail: errText(err)}
+		return
+	case Unavailable:
+		// The downstream as a whole did not take it: back without an
+		// attempt; the breaker, not the budget, deals with the outage.
+		it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: cmpOr(v.Code, FailureDownstreamUnavailable), Detail: errText(err)}
+		it.unavailable = true
 		return
 	case Ambiguous:
 		v.Code = cmpOr(v.Code, FailurePublishError)

@@ -16,6 +16,7 @@ const (
 	MetricPasses          = "outbox_forwarder_passes_total"
 	MetricPublishDuration = "outbox_forwarder_publish_duration_seconds"
 	MetricClaimBatchSize  = "outbox_forwarder_claim_batch_size"
+	MetricBreakerOpen     = "outbox_forwarder_breaker_open"
 )
 
 type metrics struct {
@@ -24,6 +25,7 @@ type metrics struct {
 	passes          prometheus.Counter
 	publishDuration *prometheus.HistogramVec
 	claimBatch      prometheus.Histogram
+	breakerOpen     *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer, batchSize int) (*metrics, error) {
@@ -53,8 +55,13 @@ func newMetrics(reg prometheus.Registerer, batchSize int) (*metrics, error) {
 			Help:    "Rows returned by one claim.",
 			Buckets: prometheus.LinearBuckets(0, float64(max(batchSize/10, 1)), 11),
 		}),
+		breakerOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: MetricBreakerOpen,
+			Help: "1 while the destination's breaker is open (the downstream is unavailable as a whole), 0 once it closed.",
+		}, []string{"destination"}),
 	}
 	var err error
+	m.breakerOpen = register(reg, m.breakerOpen, &err)
 	m.messages = register(reg, m.messages, &err)
 	m.passFailures = register(reg, m.passFailures, &err)
 	m.passes = register(reg, m.passes, &err)
@@ -101,4 +108,15 @@ func (m *metrics) pass(claimed int, failed bool) {
 	if failed {
 		m.passFailures.Inc()
 	}
+}
+
+func (m *metrics) breaker(destination string, open bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if open {
+		v = 1
+	}
+	m.breakerOpen.WithLabelValues(destination).Set(v)
 }

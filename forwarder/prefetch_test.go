@@ -63,7 +63,9 @@ func TestCloseReleasesThePrefetchedBatch(t *testing.T) {
 	var mu sync.Mutex
 	var reports []forwarder.Report
 	f := newForwarder(t, s.DB, h, forwarder.Config{
-		Owner: "pf", BatchSize: 2, Concurrency: 1, PublishTimeout: 200 * time.Millisecond,
+		// PublishTimeout long enough that "a" is still hanging when Close
+		// comes, however slow the claim ahead is on a busy machine.
+		Owner: "pf", BatchSize: 2, Concurrency: 1, PublishTimeout: 3 * time.Second,
 		PollInterval: time.Hour, MaxPollInterval: time.Hour,
 		OnReport: func(r forwarder.Report) { mu.Lock(); reports = append(reports, r); mu.Unlock() },
 	})
