@@ -67,8 +67,10 @@ func TestIncompatibleExchangeIsPreconditionFailed(t *testing.T) {
 
 func TestClassifyAmbiguous(t *testing.T) {
 	require.Equal(t, forwarder.Confirmed, amqp.Classify(nil).Outcome)
+	require.Equal(t, forwarder.Verdict{Outcome: forwarder.Unavailable, Code: amqp.CodeClosed}, amqp.Classify(amqp091.ErrClosed),
+		"a closed connection or channel sent nothing: unavailable, no attempt spent")
 	for _, err := range []error{
-		amqp091.ErrClosed, errors.New("delivery not confirmed for message [m1]"), errors.New("not connected to AMQP"),
+		errors.New("delivery not confirmed for message [m1]"), errors.New("not connected to AMQP"),
 		&amqp091.Error{Code: amqp091.ConnectionForced, Reason: "shutdown"}, context.DeadlineExceeded,
 	} {
 		require.Equal(t, forwarder.Ambiguous, amqp.Classify(err).Outcome, "%v", err)

@@ -10,8 +10,14 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/transport/internal/outcome"
 )
 
-// CodeUnknown is stored for errors that carry no AMQP reply code.
-const CodeUnknown = "AMQP_UNKNOWN"
+// Codes stored in last_failure_code by Classify besides AMQP_<reply code>.
+const (
+	// CodeClosed: the connection or channel was closed before the publish
+	// was written (unavailable: no attempt spent).
+	CodeClosed = "AMQP_CONNECTION_CLOSED"
+	// CodeUnknown is stored for errors that carry no AMQP reply code.
+	CodeUnknown = "AMQP_UNKNOWN"
+)
 
 // Reply codes that refuse this publish for good, by their protocol names.
 var rejected = map[int]string{
@@ -26,6 +32,11 @@ var rejected = map[int]string{
 func classify(err error) outcome.Result {
 	if err == nil {
 		return outcome.Result{Kind: outcome.Confirmed}
+	}
+	if errors.Is(err, amqp091.ErrClosed) {
+		// The connection or channel was closed before the publish was
+		// written: nothing reached the broker.
+		return outcome.Result{Kind: outcome.Unavailable, Code: CodeClosed}
 	}
 	var aerr *amqp091.Error
 	if errors.As(err, &aerr) {

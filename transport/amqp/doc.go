@@ -17,8 +17,10 @@
 //
 // [Classify]: channel and connection exceptions 404 NOT_FOUND, 403
 // ACCESS_REFUSED, 406 PRECONDITION_FAILED, 311 CONTENT_TOO_LARGE, 530
-// NOT_ALLOWED and 540 NOT_IMPLEMENTED are rejections (FAILED). Everything else
-// is ambiguous: a closed connection or channel, a negative or missing
-// confirm (RabbitMQ nacks only on internal errors and gives no reason),
-// not being connected, timeouts, cancelled contexts.
+// NOT_ALLOWED and 540 NOT_IMPLEMENTED are rejections (FAILED). A connection or
+// channel closed before the publish was written is unavailable
+// (AMQP_CONNECTION_CLOSED: no attempt spent, the destination's breaker counts
+// it). Everything else is ambiguous: a negative or missing confirm (RabbitMQ
+// nacks only on internal errors and gives no reason), not being connected,
+// timeouts, cancelled contexts.
 package amqp

@@ -53,8 +53,13 @@ func classify(err error) outcome.Result {
 	// server-side deadline as codes.DeadlineExceeded, which is ambiguous too.
 	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
 		kind := outcome.Ambiguous
-		if rejectedCodes[st.Code()] {
+		switch {
+		case rejectedCodes[st.Code()]:
 			kind = outcome.Rejected
+		case st.Code() == codes.Unavailable:
+			// The service could not be reached: the downstream as a whole
+			// is down (its breaker, not the row's budget, deals with it).
+			kind = outcome.Unavailable
 		}
 		return outcome.Result{Kind: kind, Code: "PUBSUB_" + grpcName(st.Code())}
 	}
@@ -82,9 +87,10 @@ type (
 
 // The three kinds ClassifyResult returns.
 const (
-	Confirmed = outcome.Confirmed
-	Rejected  = outcome.Rejected
-	Ambiguous = outcome.Ambiguous
+	Confirmed   = outcome.Confirmed
+	Rejected    = outcome.Rejected
+	Ambiguous   = outcome.Ambiguous
+	Unavailable = outcome.Unavailable
 )
 
 // Classify is a forwarder.Classifier for Pub/Sub publish errors: pass it as

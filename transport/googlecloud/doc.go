@@ -26,9 +26,13 @@
 // retried under the same id). Rejections: gRPC NotFound, InvalidArgument,
 // PermissionDenied, FailedPrecondition, a missing topic found by the
 // existence check, a message over the client's 10 MB request limit, and a
-// message carrying the reserved UUID attribute. Everything else
-// (Unavailable, DeadlineExceeded, Internal, Unknown, ResourceExhausted,
-// Unauthenticated, cancelled contexts, paused ordering keys) is ambiguous.
+// message carrying the reserved UUID attribute. gRPC Unavailable (the
+// service could not be reached) is unavailable: no attempt spent, the
+// destination's breaker counts it. Everything else (DeadlineExceeded,
+// Internal, Unknown, ResourceExhausted, Unauthenticated, cancelled contexts,
+// paused ordering keys) is ambiguous. The client library retries
+// Unavailable itself until its publish deadline, so an outage usually
+// surfaces as DeadlineExceeded (ambiguous; the breaker opens on those too).
 //
 // Pub/Sub limits attributes (at most 100, names up to 256 bytes, values up
 // to 1024 bytes); the service answers InvalidArgument, which classifies as a

@@ -15,6 +15,7 @@ import (
 const (
 	CodeClientRefused = "KAFKA_CLIENT_REFUSED" // sarama refused the record before sending (e.g. over Producer.MaxMessageBytes)
 	CodeUnknown       = "KAFKA_UNKNOWN"
+	CodeNoBroker      = "KAFKA_NO_BROKER" // no broker reachable (out of brokers, not connected, client closed)
 )
 
 // rejected names the broker error codes that refuse a record for good, by
@@ -34,12 +35,32 @@ var rejected = map[sarama.KError]string{
 	sarama.ErrInvalidRequiredAcks:                "INVALID_REQUIRED_ACKS",
 }
 
+// Broker answers that say the cluster could not take the record at all: it
+// was not appended (NOT_ENOUGH_REPLICAS is refused before the append; the
+// _AFTER_APPEND form is ambiguous and stays so).
+var unavailable = map[sarama.KError]string{
+	sarama.ErrBrokerNotAvailable:  "BROKER_NOT_AVAILABLE",
+	sarama.ErrLeaderNotAvailable:  "LEADER_NOT_AVAILABLE",
+	sarama.ErrNotEnoughReplicas:   "NOT_ENOUGH_REPLICAS",
+	sarama.ErrNetworkException:    "NETWORK_EXCEPTION",
+	sarama.ErrKafkaStorageError:   "KAFKA_STORAGE_ERROR",
+	sarama.ErrReplicaNotAvailable: "REPLICA_NOT_AVAILABLE",
+}
+
 func classify(err error) outcome.Result {
 	if err == nil {
 		return outcome.Result{Kind: outcome.Confirmed}
 	}
+	switch {
+	case errors.Is(err, sarama.ErrOutOfBrokers), errors.Is(err, sarama.ErrNotConnected), errors.Is(err, sarama.ErrClosedClient):
+		// No broker to send to: the record never left the client.
+		return outcome.Result{Kind: outcome.Unavailable, Code: CodeNoBroker}
+	}
 	var kerr sarama.KError
 	if errors.As(err, &kerr) {
+		if name, ok := unavailable[kerr]; ok {
+			return outcome.Result{Kind: outcome.Unavailable, Code: "KAFKA_" + name}
+		}
 		if name, ok := rejected[kerr]; ok {
 			return outcome.Result{Kind: outcome.Rejected, Code: "KAFKA_" + name}
 		}
@@ -71,9 +92,10 @@ type (
 
 // The three kinds ClassifyResult returns.
 const (
-	Confirmed = outcome.Confirmed
-	Rejected  = outcome.Rejected
-	Ambiguous = outcome.Ambiguous
+	Confirmed   = outcome.Confirmed
+	Rejected    = outcome.Rejected
+	Ambiguous   = outcome.Ambiguous
+	Unavailable = outcome.Unavailable
 )
 
 // ClassifyResult is Classify before translation into the forwarder's verdict.

@@ -17,11 +17,23 @@ import (
 func TestClassifyAmbiguous(t *testing.T) {
 	require.Equal(t, forwarder.Confirmed, kafka.Classify(nil).Outcome)
 	for _, err := range []error{
-		sarama.ErrNotLeaderForPartition, sarama.ErrRequestTimedOut, sarama.ErrNotEnoughReplicas,
-		sarama.ErrOutOfBrokers, sarama.ErrClosedClient, context.DeadlineExceeded, fmt.Errorf("dial: %w", sarama.ErrNotConnected),
+		sarama.ErrNotLeaderForPartition, sarama.ErrRequestTimedOut, sarama.ErrNotEnoughReplicasAfterAppend, context.DeadlineExceeded,
 	} {
 		require.Equal(t, forwarder.Ambiguous, kafka.Classify(err).Outcome, "%v", err)
 		require.NotEmpty(t, kafka.Classify(err).Code)
+	}
+}
+
+// Errors that say no broker could take the record at all: unavailable (no
+// attempt spent; the destination's breaker opens).
+func TestClassifyUnavailable(t *testing.T) {
+	for _, err := range []error{
+		sarama.ErrOutOfBrokers, sarama.ErrClosedClient, fmt.Errorf("dial: %w", sarama.ErrNotConnected),
+		sarama.ErrBrokerNotAvailable, sarama.ErrLeaderNotAvailable, sarama.ErrNotEnoughReplicas,
+	} {
+		v := kafka.Classify(err)
+		require.Equal(t, forwarder.Unavailable, v.Outcome, "%v", err)
+		require.NotEmpty(t, v.Code)
 	}
 }
 

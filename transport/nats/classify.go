@@ -31,8 +31,11 @@ func classify(err error) outcome.Result {
 	}
 	switch {
 	case errors.Is(err, natsgo.ErrNoStreamResponse), errors.Is(err, natsgo.ErrNoResponders):
-		// Nothing captures the subject: JetStream never saw the message.
-		return outcome.Result{Kind: outcome.Rejected, Code: CodeNoStream}
+		// Nothing answered for the subject: JetStream never saw the
+		// message. That is a missing stream or JetStream being down; both
+		// are the destination as a whole, not this message, so no attempt
+		// is spent and the breaker holds the backlog until a stream answers.
+		return outcome.Result{Kind: outcome.Unavailable, Code: CodeNoStream}
 	case errors.Is(err, natsgo.ErrMaxPayload):
 		return outcome.Result{Kind: outcome.Rejected, Code: CodeMaxPayload}
 	}
@@ -47,9 +50,12 @@ func classify(err error) outcome.Result {
 	switch {
 	case errors.Is(err, natsgo.ErrTimeout):
 		return outcome.Result{Kind: outcome.Ambiguous, Code: CodeTimeout}
-	case errors.Is(err, natsgo.ErrDisconnected), errors.Is(err, natsgo.ErrConnectionClosed),
-		errors.Is(err, natsgo.ErrConnectionDraining), errors.Is(err, natsgo.ErrConnectionReconnecting),
+	case errors.Is(err, natsgo.ErrConnectionClosed), errors.Is(err, natsgo.ErrConnectionDraining),
 		errors.Is(err, natsgo.ErrInvalidConnection), errors.Is(err, natsgo.ErrNoServers):
+		// No connection to publish on: the message was not sent.
+		return outcome.Result{Kind: outcome.Unavailable, Code: CodeConnection}
+	case errors.Is(err, natsgo.ErrDisconnected), errors.Is(err, natsgo.ErrConnectionReconnecting):
+		// The client may have buffered or sent it before losing the server.
 		return outcome.Result{Kind: outcome.Ambiguous, Code: CodeConnection}
 	}
 	if r, ok := outcome.Context(err); ok {

@@ -11,13 +11,16 @@
 // stored once.
 //
 // Streams are not created on the fly unless Config.AutoProvision is set: a
-// subject no stream captures is a rejection the operator sees.
+// subject no stream captures holds its destination's backlog (breaker open,
+// relay not ready) until a stream answers.
 //
 // [Classify]: no stream for the subject ("no response from stream" / no
-// responders), a payload over the server's max_payload, and JetStream API
+// responders: a missing stream, or JetStream down) and a closed or absent
+// connection are unavailable (no attempt spent; the destination's breaker
+// counts them). A payload over the server's max_payload and JetStream API
 // errors with status 400, 404 or 409 (for example a message larger than the
-// stream's max_msg_size, a missing stream, a failed expectation) are
-// rejections (FAILED). Timeouts, a disconnected or closed connection,
-// JetStream API errors with other statuses (503: JetStream temporarily
-// unavailable) and cancelled contexts are ambiguous.
+// stream's max_msg_size, a failed expectation) are rejections (FAILED).
+// Timeouts, a disconnected or reconnecting connection (the client may have
+// sent the message), JetStream API errors with other statuses (503:
+// JetStream temporarily unavailable) and cancelled contexts are ambiguous.
 package nats

@@ -27,12 +27,15 @@ func newPublisher(t *testing.T, u string) *wn.Publisher {
 	return pub
 }
 
-func TestSubjectWithoutStreamIsRejected(t *testing.T) {
+// No stream answers for the subject: JetStream never saw the message, and
+// the cause (a missing stream, JetStream down) is the destination's, not the
+// message's: unavailable, no attempt spent.
+func TestSubjectWithoutStreamIsUnavailable(t *testing.T) {
 	u := brokertest.NATSURL(t)
 	pub := newPublisher(t, u)
 	err := pub.Publish(brokertest.Unique("nostream"), message.NewMessage("m1", []byte("x")))
 	require.Error(t, err)
-	require.Equal(t, forwarder.Verdict{Outcome: forwarder.Rejected, Code: nats.CodeNoStream}, nats.Classify(err), "error: %v", err)
+	require.Equal(t, forwarder.Verdict{Outcome: forwarder.Unavailable, Code: nats.CodeNoStream}, nats.Classify(err), "error: %v", err)
 }
 
 func TestMessageOverStreamMaxMsgSizeIsRejected(t *testing.T) {
@@ -63,13 +66,15 @@ func TestPayloadOverServerMaxPayloadIsRejected(t *testing.T) {
 
 func TestClassifyAmbiguous(t *testing.T) {
 	require.Equal(t, forwarder.Confirmed, nats.Classify(nil).Outcome)
-	for _, err := range []error{natsgo.ErrTimeout, natsgo.ErrDisconnected, natsgo.ErrConnectionClosed, context.DeadlineExceeded,
+	for _, err := range []error{natsgo.ErrTimeout, natsgo.ErrDisconnected, context.DeadlineExceeded,
 		&natsgo.APIError{Code: 503, ErrorCode: 10023, Description: "jetstream temporarily unavailable"}, errors.New("other")} {
 		require.Equal(t, forwarder.Ambiguous, nats.Classify(err).Outcome, "%v", err)
 	}
 }
 
-func TestClosedConnectionIsAmbiguous(t *testing.T) {
+// A closed connection sends nothing: the destination is unavailable, the
+// message spends no attempt.
+func TestClosedConnectionIsUnavailable(t *testing.T) {
 	u := brokertest.NATSURL(t)
 	subject := brokertest.Unique("closed")
 	brokertest.JetStream(t, u, subject, 0)
@@ -81,7 +86,7 @@ func TestClosedConnectionIsAmbiguous(t *testing.T) {
 	nc.Close()
 	err = pub.Publish(subject, message.NewMessage("m1", []byte("x")))
 	require.Error(t, err)
-	require.Equal(t, forwarder.Ambiguous, nats.Classify(err).Outcome, "error: %v", err)
+	require.Equal(t, forwarder.Unavailable, nats.Classify(err).Outcome, "error: %v", err)
 }
 
 func TestConfigValidation(t *testing.T) {

@@ -12,11 +12,12 @@ import (
 // Kind is a classifier's decision before it becomes a forwarder verdict.
 type Kind int
 
-// The three outcomes a publish can have.
+// The outcomes a publish can have.
 const (
-	Confirmed Kind = iota // the broker acknowledged the message
-	Rejected              // the broker refused it for good: retrying the same bytes cannot succeed
-	Ambiguous             // we do not know whether the broker has it
+	Confirmed   Kind = iota // the broker acknowledged the message
+	Rejected                // the broker refused it for good: retrying the same bytes cannot succeed
+	Ambiguous               // we do not know whether the broker has it
+	Unavailable             // the broker as a whole is unreachable and did not take it: no attempt is spent
 )
 
 // Result is a decision with the stable code stored in last_failure_code.
@@ -48,6 +49,8 @@ func (r Result) Verdict() forwarder.Verdict {
 		return forwarder.Verdict{Outcome: forwarder.Rejected, Code: r.Code}
 	case Ambiguous:
 		return forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: r.Code}
+	case Unavailable:
+		return forwarder.Verdict{Outcome: forwarder.Unavailable, Code: r.Code}
 	}
 	return forwarder.Verdict{Code: r.Code}
 }
