@@ -54,7 +54,9 @@ CREATE TABLE chaos_delivery (
 CREATE TABLE chaos_stale (owner text NOT NULL, message_id text NOT NULL, lease_token bigint NOT NULL);
 CREATE TABLE chaos_unwritten (owner text NOT NULL, message_id text NOT NULL, lease_token bigint NOT NULL);
 CREATE TABLE chaos_report (owner text NOT NULL, stale int NOT NULL, failed_pass boolean NOT NULL);
-CREATE TABLE chaos_fault (owner text NOT NULL, kind text NOT NULL);`
+CREATE TABLE chaos_fault (owner text NOT NULL, kind text NOT NULL);
+CREATE TABLE chaos_outage (until timestamptz);
+INSERT INTO chaos_outage VALUES (NULL);`
 
 const (
 	insertBusiness = `INSERT INTO chaos_business (tx_id) VALUES ($1)`
@@ -85,10 +87,10 @@ type soakConfig struct {
 
 func configFromEnv() (soakConfig, string) {
 	if os.Getenv("OUTBOX_SOAK") == "long" {
-		return soakConfig{relays: 4, producers: 3, messages: 6000, keys: 40, window: 4 * time.Minute,
+		return soakConfig{relays: 4, producers: 3, messages: 6000, keys: 400, window: 4 * time.Minute,
 			budget: map[string]int{"sigkill": 40, "sigstop": 20, "conn-cut": 20, "conn-latency": 20, "pg-terminate": 20}}, "long"
 	}
-	return soakConfig{relays: 3, producers: 2, messages: 500, keys: 15, window: 25 * time.Second,
+	return soakConfig{relays: 3, producers: 2, messages: 500, keys: 150, window: 25 * time.Second,
 		budget: map[string]int{"sigkill": 4, "sigstop": 2, "conn-cut": 2, "conn-latency": 2, "pg-terminate": 2}}, "short"
 }
 
@@ -137,6 +139,25 @@ func TestChaosSoak(t *testing.T) {
 		defer wg.Done()
 		inj.run(ctx, cfg.window)
 	}()
+	// A broker outage longer than the relays' whole retry horizon (their
+	// backoff sums to about 21.5 s over 25 attempts), in the middle of the
+	// fault window, with producers writing on: it must park nothing.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(cfg.window / 3):
+		}
+		_, err := s.DB.Exec(`UPDATE chaos_outage SET until = clock_timestamp() + $1 * interval '1 second'`, outageFor.Seconds())
+		if err == nil {
+			_, err = s.DB.Exec(`INSERT INTO chaos_fault (owner, kind) VALUES ('test', 'downstream-outage')`)
+		}
+		if err != nil {
+			t.Errorf("start the outage: %v", err)
+		}
+	}()
 	wg.Wait()
 	inj.heal()
 
@@ -163,7 +184,18 @@ func TestChaosSoak(t *testing.T) {
 	require.NoError(t, rows.Err())
 	fmt.Print(sum.String(form, seed))
 	require.Zero(t, sum.lost, "lost messages")
+	var parkedByOutage int
+	require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_outbox
+		WHERE parked_at IS NOT NULL AND last_failure_detail LIKE '%' || $1 || '%'`, outageError).Scan(&parkedByOutage))
+	require.Zero(t, parkedByOutage, "rows parked by the broker outage")
 }
+
+// The outage: how long, and what the downstream answers meanwhile
+// (relayproc's text; the check above looks for it in parked rows).
+const (
+	outageFor   = 25 * time.Second
+	outageError = "chaos outage: broker unavailable"
+)
 
 // ---- producers ----
 
@@ -196,9 +228,13 @@ func produce(ctx context.Context, t *testing.T, db *sql.DB, cfg soakConfig, p in
 			ids[i] = watermill.NewUUID()
 			payload, _ := json.Marshal(map[string]any{"id": ids[i], "producer": p})
 			msgs[i] = message.NewMessage(ids[i], payload)
+			// Keyed traffic as services have it: a few hot keys (long chains)
+			// and many small ones.
 			switch r := rng.Float64(); {
+			case r < 0.3:
+				envelope.SetOrderingKey(msgs[i], fmt.Sprintf("hot-%d", rng.IntN(3)))
 			case r < 0.7:
-				envelope.SetOrderingKey(msgs[i], fmt.Sprintf("key-%02d", rng.IntN(cfg.keys)))
+				envelope.SetOrderingKey(msgs[i], fmt.Sprintf("key-%03d", rng.IntN(cfg.keys)))
 			case r < 0.74:
 				msgs[i].Metadata.Set("chaos-fate", "reject")
 			}

@@ -45,6 +45,7 @@ VALUES ($1, $2, nullif($3, ''), $4, $5, $6)`
 	rejectedCode   = "CHAOS_REJECTED"
 	fateHeader     = "chaos-fate"
 	fateReject     = "reject"
+	outageError    = "chaos outage: broker unavailable"
 	outcomeOK      = "confirmed"
 	outcomeAmbig   = "accepted-then-timeout"
 	outcomeLate    = "accepted-after-hang"
@@ -102,6 +103,7 @@ func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAm
 		BackoffMax:        time.Second,
 		MaxAttempts:       25,
 		HeartbeatInterval: time.Second,
+		BreakerProbeMax:   2 * time.Second,
 		TracerProvider:    sdktrace.NewTracerProvider(),
 		OnReport: func(r forwarder.Report) {
 			if r.Stale > 0 {
@@ -124,6 +126,10 @@ type downstream struct {
 	mu                  sync.Mutex
 	rng                 *rand.Rand
 	pErr, pAmbig, pHang float64
+
+	omu     sync.Mutex
+	down    bool      // the outage is on
+	checked time.Time // when chaos_outage was last read
 }
 
 func (d *downstream) roll() float64 {
@@ -152,7 +158,28 @@ func (d *downstream) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
+// outage reports whether the soak's broker outage is on (chaos_outage), asking
+// the database at most every 50 ms.
+func (d *downstream) outage() bool {
+	d.omu.Lock()
+	defer d.omu.Unlock()
+	if time.Since(d.checked) < 50*time.Millisecond {
+		return d.down
+	}
+	var left float64
+	if err := d.db.QueryRow(`SELECT coalesce(extract(epoch FROM until - clock_timestamp()), 0) FROM chaos_outage`).Scan(&left); err == nil {
+		d.down, d.checked = left > 0, time.Now()
+	}
+	return d.down
+}
+
 func (d *downstream) publishOne(m *message.Message) error {
+	if d.outage() {
+		// The broker is gone for everyone: what a client says when it cannot
+		// connect (a plain error: the default classifier and the breaker
+		// must tell it from a message's own failure).
+		return errors.New(outageError)
+	}
 	if m.Metadata.Get(fateHeader) == fateReject {
 		d.exec(insertFault, d.owner, "downstream-reject")
 		return forwarder.Reject(errors.New("downstream refuses this message for good"), rejectedCode)
