@@ -34,17 +34,20 @@
 //     code BUDGET_SPENT (the detail keeps its previous code), whatever its
 //     next_attempt_at, under the same ordering rule as any claim, and
 //     returns it not held, like an expired lease that spent the budget.
-//   - Per-key ordering: a row with an ordering_key is not claimable while an
-//     earlier (lower seq) row with the same key is unpublished, so at most one
-//     row per key is ever in flight, across any number of relays. The
+//   - Per-key ordering: a row with an ordering_key is claimable only as part
+//     of its key's chain: the key's head (its earliest unpublished row), and
+//     rows right behind a claimable head, in seq order, without a gap, up to
+//     MaxChain. A row is never claimed while an earlier row of its key is
+//     unpublished and not in the same chain, unless it continues a chain the
+//     same owner holds ([Continuation]), so one key's rows are in flight with
+//     one relay at a time, across any number of relays. The
 //     [OrderingPolicy] says what a parked (FAILED/EXHAUSTED) earlier row does:
 //     [BlockKey] (the default) holds the key until an operator redrives or
 //     purges it; [SkipParked] lets later rows go past it. Order is seq order
 //     among committed rows: seq is taken at insert, so two transactions
 //     writing the same key concurrently may commit out of seq order, and a
-//     later row can be published before an earlier one becomes visible.
-//     Producers of one key normally serialize anyway (they update the same
-//     aggregate row); those that do not should.
+//     later row can be published before an earlier one becomes visible
+//     (publisher.Config.LockOrderingKeys makes seq order commit order).
 //   - The attempt budget is judged on attempts after the attempt being
 //     recorded (attempts + 1), so the last attempt is not spent twice; the
 //     caller picks [MarkExhausted] instead of [MarkAmbiguous] when
@@ -59,18 +62,16 @@
 // claim's planning would otherwise cost more than claiming 100 rows.
 // BENCHMARKS.md has the measurements.
 //
-// Cost of a blocked key under [BlockKey]: the rows behind a parked head are
-// unclaimable but still PENDING, so every claim that has not filled its Limit
-// before passing them reads each one from messaging_outbox_claimable_idx and
-// probes its key for an earlier unpublished row, only to drop it. Measured
-// with EXPLAIN ANALYZE on PostgreSQL 15 (one EXHAUSTED head and 20,000 PENDING
-// rows of the same key, nothing claimable; 2 shared cores): 280-450 ms per
-// claim when the probe uses messaging_outbox_ordering_head_idx (the plan
-// before the table is analyzed), 20-50 ms with fresh statistics, where the
-// planner probes with a sequential scan that stops at the head. An idle relay
-// pays it on every poll. The remedy is to redrive or purge the parked head;
-// outboxctl status shows the parked rows (EXHAUSTED/FAILED counts, backlog,
-// stuck correlations).
+// Cost of a blocked key: the claim walks keys, not rows (one index descent
+// per key on messaging_outbox_ordering_head_idx), so a key whose head is
+// parked, in flight or waiting for its retry costs one descent and one heap
+// read, however many rows wait behind it (a test counts the buffers: the
+// same with 10,000 and 20,000 rows behind a parked head). The walk is lazy:
+// it stops once it has the rows it needs, and it starts after the key where
+// the previous walk stopped (ClaimParams.KeyCursor). It still visits every
+// key with unpublished rows when there is not enough claimable work: with
+// many thousands of keys all blocked at once, an idle relay's claim grows
+// with the number of keys (not of rows).
 //
 // Times: every statement takes an optional now (zero time = the server's
 // now()), so lease expiry and retry schedules are tested without sleeping.

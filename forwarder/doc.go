@@ -33,11 +33,34 @@
 // # Ordering
 //
 // Rows sharing an ordering key reach the publisher in seq order across any
-// number of relays and retries: the claim only returns the head of each key
-// (the earliest unpublished row), so at most one row per key is in flight at
-// a time. A parked head blocks its key (fencing.BlockKey, the default) or is
-// skipped (fencing.SkipParked). Rows without a key are published
-// concurrently.
+// number of relays and retries. A claim returns, per key, a chain: the key's
+// head (its earliest unpublished row) and the claimable rows right behind it,
+// at most ceil(BatchSize / Concurrency) of them, extended to fill the batch
+// when few keys have work. A chain is published in seq order, one publish at
+// a time, each waiting for the previous one's outcome; the first row that is
+// not confirmed cuts it and the rows behind it are released without an
+// attempt, in the same outcome statement. While a chain is in flight no other
+// relay can claim any row of its key (the head is IN_FLIGHT); the claim made
+// ahead may continue this relay's own chain (fencing.Continuation), and that
+// continuation goes out only if the chain before it was confirmed to its end.
+// Chains of different keys and unkeyed rows are published concurrently, up
+// to Concurrency. A parked head blocks its key (fencing.BlockKey, the
+// default) or is skipped (fencing.SkipParked). A pass that found chains
+// re-polls at once: the keys may have more behind them.
+//
+// # Outages
+//
+// A publish the classifier calls Unavailable (the downstream as a whole did
+// not take it) puts the row back without an attempt. Under DefaultClassifier
+// a pass in which every publish to a destination failed with the same error,
+// on two messages or more, counts as Unavailable too. BreakerThreshold
+// consecutive unanswered publishes to a destination (over at least two
+// messages) open its breaker: its rows are no longer claimed, those held are
+// given back without attempts, and one row is claimed as a probe every
+// BreakerProbeBase, doubling to BreakerProbeMax, jittered per owner; the first
+// confirmed publish closes it. Report.OpenBreakers, the
+// outbox_forwarder_breaker_open gauge, one log line per change and Ready()
+// show it.
 //
 // Duplicates are possible (at least once), and a duplicate can arrive late.
 // A publish that runs past PublishTimeout (or the drain deadline) is recorded
@@ -114,7 +137,8 @@
 // With Config.Metrics set: outbox_forwarder_messages_total{outcome,destination},
 // outbox_forwarder_passes_total, outbox_forwarder_pass_failures_total,
 // outbox_forwarder_publish_duration_seconds{destination},
-// outbox_forwarder_claim_batch_size. Each publish runs in a span
+// outbox_forwarder_claim_batch_size, outbox_forwarder_breaker_open{destination}.
+// Each publish runs in a span
 // "outbox.publish <destination>" that continues the trace stored in the row;
 // the message handed to the publisher carries that span in its context.
 package forwarder
