@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -52,47 +53,77 @@ func tinyConfig(t *testing.T) Config {
 // result file names every scenario with a non-zero measurement. It asserts
 // no timing: the machine is shared, the full run is `make bench`.
 //
-// It runs in two halves at once (a tiny run mostly waits for the database):
-// the write side and every drain cell here, the rest (recovery, claim cost,
-// latency, steady load, idle, scale, retention, beside the two drain cells
-// they read) in TestSmokeRest. Each half expects exactly the results of its
-// groups, so together they cover the whole program.
+// The program runs in three parts at once (a tiny run mostly waits for the
+// database; go test would run at most GOMAXPROCS parallel tests, so the
+// parts are goroutines, not parallel tests): every drain cell; the write
+// side, latency and idle load; the rest (recovery, claim cost, steady load,
+// scale, retention, beside the two drain cells they read). Each part
+// expects exactly the results of its groups, so together they cover the
+// whole program.
 func TestSmoke(t *testing.T) {
-	t.Parallel()
-	cfg := tinyConfig(t)
-	cfg.Only = []string{"write", "drain"}
-	rep, md := smokeRun(t, cfg)
-	requireTargets(t, rep, "drain keyed: 10 keys / unkeyed", "drain keyed: 1 key (total order) / watermill tuned",
-		"write w2 b3: LockOrderingKeys / without, keyed")
-	require.Contains(t, md, "Relay CPU per relayed message")
-	require.Contains(t, md, "| "+drainKind{relayOurs, 1, 10}.name()+" |")
-}
-
-// TestSmokeRest is the other half of TestSmoke: among others, recovery
-// after an outage (reusing the repetition's undisturbed drains), claim cost
-// under blocked keys with its plan, and latency at a steady load of half the
-// measured drain rate.
-func TestSmokeRest(t *testing.T) {
-	t.Parallel()
-	cfg := tinyConfig(t)
-	cfg.Only = []string{"drain", "recovery", "claimcost", "latency", "steady", "idle", "scale", "retention"}
-	cfg.Drain = []string{"outbox/x1", "watermill-tuned/x1"}
-	rep, md := smokeRun(t, cfg)
-	require.Contains(t, rep.ExplainClaim, "messaging_outbox_unkeyed_claimable_idx", "the claim's unkeyed half must be an index scan on the unkeyed claimable index")
-	require.Len(t, rep.WAL, 6, "WAL per row of the six statements")
-	require.Contains(t, rep.ExplainParkedHead, "messaging_outbox_ordering_head_idx", "the parked-head claim walks the keys on the ordering index")
-	requireTargets(t, rep, "claim p99: clean / 100 rows behind a parked head", "steady load p99: watermill tuned / outbox",
-		"recovery after a 1s outage: allowed / outbox")
-	require.Contains(t, md, "Recovery after a 1s downstream outage")
-	require.Contains(t, md, "rows behind a parked head")
-	got := map[string]float64{}
-	for _, r := range rep.Results {
-		got[r.Name] = r.Median
+	parts := map[string]Config{}
+	drains := tinyConfig(t)
+	drains.Only = []string{"drain"}
+	parts["drain"] = drains
+	writes := tinyConfig(t)
+	writes.Only = []string{"write", "latency", "idle"}
+	parts["write-latency-idle"] = writes
+	rest := tinyConfig(t)
+	rest.Only = []string{"drain", "recovery", "claimcost", "steady", "scale", "retention"}
+	rest.Drain = []string{"outbox/x1", "watermill-tuned/x1"}
+	parts["rest"] = rest
+	for name := range parts {
+		cfg := parts[name]
+		cfg.Out = filepath.Join(t.TempDir(), "results.json")
+		parts[name] = cfg
 	}
-	require.Zero(t, got[recoveryName(relayOurs, "undelivered")], "every message arrives after the outage")
-	require.Zero(t, got[recoveryName(relayWMTuned, "undelivered")], "every message arrives after the outage")
-	require.Positive(t, got[recoveryName(relayOurs, "refused-publishes")], "the outage refused publishes")
-	require.InDelta(t, got[drainName(relayOurs, 1)]/2, got[steadyName(relayOurs, "offered")], 1, "the steady load is half the drain rate")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	errs := make(map[string]error, len(parts))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for name, cfg := range parts {
+		wg.Go(func() {
+			_, err := run(ctx, cfg, nil)
+			mu.Lock()
+			errs[name] = err
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	for name, err := range errs {
+		require.NoError(t, err, name)
+	}
+
+	t.Run("drain", func(t *testing.T) {
+		rep, md := smokeCheck(t, parts["drain"])
+		requireTargets(t, rep, "drain keyed: 10 keys / unkeyed", "drain keyed: 1 key (total order) / watermill tuned")
+		require.Contains(t, md, "Relay CPU per relayed message")
+		require.Contains(t, md, "| "+drainKind{relayOurs, 1, 10}.name()+" |")
+	})
+	t.Run("write-latency-idle", func(t *testing.T) {
+		rep, _ := smokeCheck(t, parts["write-latency-idle"])
+		requireTargets(t, rep, "write w2 b3: LockOrderingKeys / without, keyed")
+	})
+	t.Run("rest", func(t *testing.T) {
+		rep, md := smokeCheck(t, parts["rest"])
+		require.Contains(t, rep.ExplainClaim, "messaging_outbox_unkeyed_claimable_idx", "the claim's unkeyed half must be an index scan on the unkeyed claimable index")
+		require.Len(t, rep.WAL, 6, "WAL per row of the six statements")
+		require.Contains(t, rep.ExplainParkedHead, "messaging_outbox_ordering_head_idx", "the parked-head claim walks the keys on the ordering index")
+		requireTargets(t, rep, "claim p99: clean / 100 rows behind a parked head", "steady load p99: watermill tuned / outbox",
+			"recovery after a 1s outage: allowed / outbox")
+		require.Contains(t, md, "Recovery after a 1s downstream outage")
+		require.Contains(t, md, "rows behind a parked head")
+		got := map[string]float64{}
+		for _, r := range rep.Results {
+			got[r.Name] = r.Median
+		}
+		require.Zero(t, got[recoveryName(relayOurs, "undelivered")], "every message arrives after the outage")
+		require.Zero(t, got[recoveryName(relayWMTuned, "undelivered")], "every message arrives after the outage")
+		require.Positive(t, got[recoveryName(relayOurs, "refused-publishes")], "the outage refused publishes")
+		require.InDelta(t, got[drainName(relayOurs, 1)]/2, got[steadyName(relayOurs, "offered")], 1, "the steady load is half the drain rate")
+	})
 }
 
 // expectedResults are the result names a run of cfg must produce.
@@ -161,15 +192,11 @@ func expectedResults(cfg Config) []string {
 	return want
 }
 
-// smokeRun runs cfg and checks its result file and markdown hold exactly
-// the expected results, each measured; it returns the report and markdown.
-func smokeRun(t *testing.T, cfg Config) (Report, string) {
+// smokeCheck checks that the result file and markdown of a run of cfg hold
+// exactly the expected results, each measured; it returns the report and
+// the markdown.
+func smokeCheck(t *testing.T, cfg Config) (Report, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	_, err := run(ctx, cfg, nil)
-	require.NoError(t, err)
-
 	b, err := os.ReadFile(cfg.Out)
 	require.NoError(t, err)
 	var rep Report

@@ -120,8 +120,6 @@ type Report struct {
 	// parked head (claim cost under blocked keys).
 	ExplainParkedHead string    `json:"explain_claim_parked_head,omitempty"`
 	WAL               []WALCost `json:"wal_per_row"`
-	// Notes say what the run could not measure, and why.
-	Notes []string `json:"notes,omitempty"`
 }
 
 // Machine describes where the numbers come from.
@@ -468,7 +466,6 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	}
 	rep.Results = c.results()
 	rep.Targets = targets(cfg, c)
-	rep.Notes = append(rep.Notes, notes(cfg)...)
 	rep.Finished = time.Now().UTC()
 	rep.Machine.LoadAfter = loadavg()
 	if err := writeReport(cfg.Out, rep); err != nil {
@@ -553,12 +550,6 @@ func printTable(w io.Writer, rep *Report) {
 	}
 	if rep.ExplainParkedHead != "" {
 		fmt.Fprintf(w, "\nclaim with %d rows behind a parked head:\n%s", rep.Config.ParkedBehind, rep.ExplainParkedHead)
-	}
-	for _, n := range rep.Notes {
-		fmt.Fprintf(w, "\nnot measured: %s", n)
-	}
-	if len(rep.Notes) > 0 {
-		fmt.Fprintln(w)
 	}
 }
 

@@ -37,12 +37,6 @@ func markdown(rep *Report) string {
 		fmt.Fprintf(&b, "\nThe claim with %d rows behind a parked head (BlockKey; EXPLAIN (ANALYZE, BUFFERS), rolled back):\n\n```\n%s```\n",
 			rep.Config.ParkedBehind, rep.ExplainParkedHead)
 	}
-	if len(rep.Notes) > 0 {
-		b.WriteString("\nNot measured in this run:\n\n")
-		for _, n := range rep.Notes {
-			fmt.Fprintf(&b, "- %s\n", n)
-		}
-	}
 	return b.String()
 }
 

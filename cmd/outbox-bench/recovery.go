@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
 )
 
 // Recovery after a downstream outage (issue 19): a backlog, the downstream
@@ -19,22 +21,16 @@ import (
 // an undisturbed drain of the same backlog by each.
 
 // unavailable marks a publish error as "the downstream as a whole is
-// unavailable". It stands for forwarder.Unavailable (issue 19), which does
-// not exist yet: until it does, the error is a plain one, which the default
-// classifier treats as AMBIGUOUS (an attempt spent, the retry clock
-// started). Switch to `var unavailable = forwarder.Unavailable` when it
-// lands.
-func unavailable(err error) error { return err }
+// unavailable" (issue 19): the default classifier puts the row back without
+// an attempt and counts the failure towards the destination's breaker.
+var unavailable = forwarder.MarkUnavailable
 
-// unavailableIsForwarders says whether unavailable is forwarder.Unavailable
-// (set it to true with the switch).
-const unavailableIsForwarders = false
-
-// breakerProbeInterval is the forwarder's breaker probe interval at its
-// defaults, the slack the recovery target allows beyond an undisturbed
-// drain. Zero until forwarder.Config exposes one (issue 19): the target then
-// compares with the undisturbed drain alone.
-const breakerProbeInterval time.Duration = 0
+// breakerProbeInterval is the slack the recovery target allows beyond an
+// undisturbed drain: one breaker probe interval at the forwarder's defaults.
+// The interval starts at BreakerProbeBase and doubles up to BreakerProbeMax
+// (1 s to 30 s: after the default 60 s outage it has reached the maximum),
+// so the maximum is the interval in effect when the downstream comes back.
+const breakerProbeInterval = forwarder.DefaultBreakerProbeMax
 
 // recoveryKinds are the relays taken through the outage.
 var recoveryKinds = []string{relayOurs, relayWMTuned}

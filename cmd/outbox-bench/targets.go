@@ -145,10 +145,7 @@ func keyedTargets(cfg Config, c *collector, add func(name string, r, need float6
 	add(fmt.Sprintf("steady load p99: watermill tuned / outbox (%d keys, LISTEN)", cfg.SteadyKeys), c.pairRatio(sWM, sOurs), 1.0,
 		cmp.Or(missing(sOurs, sWM), steadyNote))
 	allowed, after := recoveryName(relayOurs, "allowed"), recoveryName(relayOurs, "after-outage")
-	recNote := "recovery-to-empty <= undisturbed drain + one breaker probe interval"
-	if breakerProbeInterval == 0 {
-		recNote = "recovery-to-empty <= undisturbed drain (forwarder.Config has no breaker probe interval yet, so no slack)"
-	}
+	recNote := fmt.Sprintf("recovery-to-empty <= undisturbed drain + one breaker probe interval (DefaultBreakerProbeMax %s)", breakerProbeInterval)
 	if r, ok := c.by[recoveryName(relayOurs, "undelivered")]; ok && slices.Max(r.Samples) > 0 {
 		recNote += fmt.Sprintf("; up to %.0f messages never arrived", slices.Max(r.Samples))
 	}

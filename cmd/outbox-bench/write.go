@@ -66,18 +66,6 @@ const (
 // keyedWriteImpls are the keyed write cells, run after writeImpls.
 func keyedWriteImpls() []string { return []string{implPublisherKeyed, implPublisherLocked} }
 
-// notes are what the run could not measure in this build, and why.
-func notes(cfg Config) []string {
-	var out []string
-	if cfg.runs("recovery") && breakerProbeInterval == 0 {
-		out = append(out, "recovery: forwarder.Config has no breaker probe interval in this build; the recovery target compares with the undisturbed drain time alone")
-	}
-	if cfg.runs("recovery") && !unavailableIsForwarders {
-		out = append(out, "recovery: forwarder.Unavailable does not exist in this build; the outage's publish errors are plain errors (the default classifier: AMBIGUOUS, an attempt spent each)")
-	}
-	return out
-}
-
 // initWatermillTables creates watermill-sql's message and offsets tables
 // for the forwarder topic in the schema (what AutoInitializeSchema would do,
 // which watermill-sql forbids inside a transaction).
