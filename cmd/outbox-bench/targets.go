@@ -149,6 +149,11 @@ func keyedTargets(cfg Config, c *collector, add func(name string, r, need float6
 	if r, ok := c.by[recoveryName(relayOurs, "undelivered")]; ok && slices.Max(r.Samples) > 0 {
 		recNote += fmt.Sprintf("; up to %.0f messages never arrived", slices.Max(r.Samples))
 	}
+	if wm, ok := c.by[recoveryName(relayWMTuned, "after-outage")]; ok {
+		if o, ok := c.by[after]; ok {
+			recNote += fmt.Sprintf("; recovery to empty %.1f s, watermill tuned %.1f s (medians)", median(sortedCopy(o.Samples)), median(sortedCopy(wm.Samples)))
+		}
+	}
 	if ma, ok := c.by[recoveryName(relayOurs, "max-attempts")]; ok {
 		ex := c.by[recoveryName(relayOurs, "exhausted")]
 		recNote += fmt.Sprintf("; after the outage rows had spent up to %.0f attempts (retry clock running), %.0f EXHAUSTED",
