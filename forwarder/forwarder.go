@@ -248,6 +248,9 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		if err := debezium.Leave(lctx, f.db, f.cfg.Owner); err != nil {
 			f.logger.Error("Relay heartbeat not removed", err, nil)
 		}
+		if _, err := f.db.ExecContext(lctx, `DELETE FROM messaging_relay_breaker WHERE owner = $1`, f.cfg.Owner); err != nil {
+			f.logger.Error("Relay breakers not removed", err, nil)
+		}
 	}()
 
 	// Background goroutines stop before the heartbeat is removed (the defer
@@ -1139,12 +1142,36 @@ func (f *Forwarder) passEvidence(items []item) {
 // per message.
 func (f *Forwarder) breakerChanged(dest string, open bool, why string) {
 	f.metrics.breaker(dest, open)
+	f.recordBreaker(dest, open, why)
 	if open {
 		f.logger.Error("Outbox destination unavailable: breaker open; its rows wait without spending attempts, probing with one row at a time", nil,
 			watermill.LogFields{"destination": dest, "error": why})
 		return
 	}
 	f.logger.Info("Outbox destination available again: breaker closed", watermill.LogFields{"destination": dest})
+}
+
+// recordBreaker writes the change to messaging_relay_breaker for operators
+// (outboxctl status), under Run only (a relay with a heartbeat); best effort,
+// a failure is logged.
+func (f *Forwarder) recordBreaker(dest string, open bool, why string) {
+	if f.beatTTL.Load() == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), f.dbTimeout)
+	defer cancel()
+	var err error
+	if open {
+		_, err = f.db.ExecContext(ctx, `INSERT INTO messaging_relay_breaker (owner, destination, last_error)
+VALUES ($1, $2, nullif($3, ''))
+ON CONFLICT (owner, destination) DO UPDATE SET opened_at = now(), last_error = excluded.last_error`,
+			f.cfg.Owner, dest, fencing.CleanText(why, fencing.MaxFailureDetail))
+	} else {
+		_, err = f.db.ExecContext(ctx, `DELETE FROM messaging_relay_breaker WHERE owner = $1 AND destination = $2`, f.cfg.Owner, dest)
+	}
+	if err != nil {
+		f.logger.Error("Outbox breaker state not recorded for operators", err, watermill.LogFields{"destination": dest, "open": open})
+	}
 }
 
 // Ready reports whether the relay can deliver anything: an error with code

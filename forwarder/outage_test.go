@@ -10,10 +10,12 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/status"
 )
 
 // outage is a downstream that fails every publish to the destinations in
@@ -341,4 +343,60 @@ func assertEventually(t *testing.T, cond func() bool, within time.Duration) bool
 		time.Sleep(10 * time.Millisecond)
 	}
 	return cond()
+}
+
+// Operators see an open breaker: status (what outboxctl status prints) lists
+// it with its destination, owner and last error while the destination is
+// down, and no longer once a probe was confirmed; the gauge follows.
+func TestOpenBreakerIsVisibleToOperators(t *testing.T) {
+	s := newDB(t)
+	fill(t, s, "orders", "m", 50)
+	down := newOutage("orders")
+	reg := prometheus.NewRegistry()
+	cfg := outageConfig()
+	cfg.Owner, cfg.Metrics = "relay-visible", reg
+	rs := startRelays(t, s, down, 1, cfg)
+	require.Eventually(t, func() bool {
+		snap, err := status.Collect(context.Background(), s.DB)
+		require.NoError(t, err)
+		return len(snap.Breakers) == 1
+	}, time.Minute, 10*time.Millisecond, "status shows the open breaker")
+	snap, err := status.Collect(context.Background(), s.DB)
+	require.NoError(t, err)
+	b := snap.Breakers[0]
+	require.Equal(t, "orders", b.Destination)
+	require.Equal(t, "relay-visible", b.Owner)
+	require.Contains(t, b.LastError, "connection refused")
+	require.Equal(t, 1.0, gauge(t, reg, "orders"))
+
+	down.set("orders", false)
+	require.Eventually(t, func() bool { return statusCounts(t, s)["PUBLISHED"] == 50 }, time.Minute, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		snap, err := status.Collect(context.Background(), s.DB)
+		require.NoError(t, err)
+		return len(snap.Breakers) == 0
+	}, time.Minute, 10*time.Millisecond, "the closed breaker leaves status")
+	require.Equal(t, 0.0, gauge(t, reg, "orders"))
+	rs.stop(t)
+}
+
+// gauge is the breaker_open value of dest in reg.
+func gauge(t *testing.T, reg *prometheus.Registry, dest string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != forwarder.MetricBreakerOpen {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "destination" && l.GetValue() == dest {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{destination=%q}", forwarder.MetricBreakerOpen, dest)
+	return 0
 }

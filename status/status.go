@@ -131,6 +131,18 @@ type Snapshot struct {
 	StuckAfterSeconds float64            `json:"stuck_after_seconds"`
 	StuckCorrelations []StuckCorrelation `json:"stuck_correlations"`
 	Relays            []Relay            `json:"live_relays"`
+	// Breakers are the open breakers of live relays: destinations a relay
+	// found unavailable as a whole (their rows wait without spending
+	// attempts while it probes).
+	Breakers []Breaker `json:"open_breakers"`
+}
+
+// Breaker is a live relay's open breaker.
+type Breaker struct {
+	Owner       string    `json:"owner"`
+	Destination string    `json:"destination"`
+	OpenedAt    time.Time `json:"opened_at"`
+	LastError   string    `json:"last_error"`
 }
 
 // Collect reads a [Snapshot] with default [Options].
@@ -175,6 +187,9 @@ func CollectWith(ctx context.Context, db *sql.DB, opts Options) (Snapshot, error
 		return Snapshot{}, err
 	}
 	if err := readStuck(ctx, tx, opts, &s); err != nil {
+		return Snapshot{}, err
+	}
+	if err := readBreakers(ctx, tx, &s); err != nil {
 		return Snapshot{}, err
 	}
 	if err := readRelays(ctx, tx, &s); err != nil {
@@ -306,4 +321,25 @@ func Message(ctx context.Context, db *sql.DB, messageID string) (envelope.Row, e
 		return envelope.Row{}, outbox.Errorf(CodeMessageNotFound, "status.Message", "no outbox row has message_id %q (it may have been published and removed by retention)", messageID)
 	}
 	return row, err
+}
+
+// readBreakers reads the open breakers of relays whose heartbeat is live.
+func readBreakers(ctx context.Context, tx *sql.Tx, s *Snapshot) error {
+	rows, err := tx.QueryContext(ctx, `SELECT b.owner, b.destination, b.opened_at, coalesce(b.last_error, '')
+  FROM messaging_relay_breaker b
+  JOIN messaging_relay_heartbeat h ON h.owner = b.owner AND h.expires_at > $1
+ ORDER BY b.destination, b.owner
+ LIMIT 1000`, s.At)
+	if err != nil {
+		return fmt.Errorf("status: open breakers: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var b Breaker
+		if err := rows.Scan(&b.Owner, &b.Destination, &b.OpenedAt, &b.LastError); err != nil {
+			return fmt.Errorf("status: open breakers: %w", err)
+		}
+		s.Breakers = append(s.Breakers, b)
+	}
+	return rows.Err()
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"testing"
+	"time"
 
 	wn "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	natsgo "github.com/nats-io/nats.go"
@@ -30,9 +31,13 @@ VALUES ('n-1', $1, 'one', '{"app":"shop"}'), ('n-2', $1, 'two', '{}'), ('n-missi
 	waitStatus(t, s, stderr, "n-1", "PUBLISHED")
 	waitStatus(t, s, stderr, "n-2", "PUBLISHED")
 	// nats.Classify is the relay's classifier: a subject no stream captures
-	// is a rejection (the default would retry it).
-	waitStatus(t, s, stderr, "n-missing", "FAILED")
-	require.Equal(t, nats.CodeNoStream, failureCode(t, s, "n-missing"))
+	// is the destination unavailable as a whole (a missing stream, or
+	// JetStream down), not the message: the row waits PENDING without
+	// spending attempts, and its destination's breaker opens.
+	require.Eventually(t, func() bool {
+		return s.Count(t, "message_id = 'n-missing' AND status = 'PENDING' AND last_failure_code = $1", nats.CodeNoStream) == 1
+	}, 45*time.Second, 50*time.Millisecond, "row n-missing never put back as unavailable: %s\nstderr:\n%s", rowState(t, s, "n-missing"), stderr.String())
+	require.Zero(t, s.Count(t, "message_id = 'n-missing' AND attempts > 0"), "an unavailable destination spends no attempt")
 
 	info, err := js.StreamInfo(subject)
 	require.NoError(t, err)

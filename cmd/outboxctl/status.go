@@ -100,6 +100,16 @@ func (a *app) printStatus(s status.Snapshot) error {
 		return err
 	}
 
+	section(out, "OPEN BREAKERS (destinations a relay found unavailable; their rows wait without spending attempts)")
+	t = newTable(out)
+	t.row("DESTINATION", "OWNER", "OPENED", "LAST_ERROR")
+	for _, b := range s.Breakers {
+		t.row(b.Destination, b.Owner, b.OpenedAt, b.LastError)
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+
 	section(out, "LIVE RELAYS")
 	t = newTable(out)
 	t.row("OWNER", "STARTED", "HEARTBEAT", "EXPIRES")
