@@ -17,12 +17,24 @@ import (
 // load is a latency cell's steady write load: rate messages per second in
 // total for dur, by writers concurrent writers, each message of ours with
 // one of keys ordering keys (0: unkeyed).
+//
+// Without catchUp a writer that misses ticks (its transactions take longer
+// than the interval) writes less than the rate. With catchUp every writer
+// follows a fixed schedule of messages (rate/writers per second from the
+// start) and each transaction writes every message due by then, so two
+// relays compared at one load get the same messages per second, in larger
+// transactions where the writers are slowed down (by the relay's CPU, or by
+// NOTIFY's commit-time lock).
 type load struct {
 	rate    int
 	dur     time.Duration
 	writers int
 	keys    int
+	catchUp bool
 }
+
+// maxCatchUp bounds the messages one catch-up transaction writes.
+const maxCatchUp = 1000
 
 // maxTxPerWriter bounds one writer's transactions per second: above it, a
 // transaction carries several messages (all committed at once) instead.
@@ -99,17 +111,27 @@ func latencyCell(ctx context.Context, e *env, kind string, l load, payload []byt
 	var once sync.Once
 	start := time.Now()
 	deadline := start.Add(l.dur)
+	share := float64(l.rate) / float64(max(1, l.writers)) // msg/s per writer
 	for w := range max(1, l.writers) {
 		wg.Go(func() {
 			tick := time.NewTicker(every)
 			defer tick.Stop()
 			rnd := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
+			written := 0
 			for {
 				<-tick.C
-				if time.Now().After(deadline) {
+				now := time.Now()
+				if now.After(deadline) {
 					return
 				}
-				msgs := newMessages(perTx, payload)
+				n := perTx
+				if l.catchUp {
+					if n = min(maxCatchUp, int(share*now.Sub(start).Seconds())-written); n <= 0 {
+						continue
+					}
+				}
+				written += n
+				msgs := newMessages(n, payload)
 				if l.keys > 0 && kind == relayOurs {
 					for _, m := range msgs {
 						envelope.SetOrderingKey(m, "k"+strconv.Itoa(rnd.IntN(l.keys)))
@@ -119,10 +141,10 @@ func latencyCell(ctx context.Context, e *env, kind string, l load, payload []byt
 					once.Do(func() { firstErr = err })
 					return
 				}
-				now := time.Now()
+				at := time.Now()
 				mu.Lock()
 				for _, m := range msgs {
-					committed[m.UUID] = now
+					committed[m.UUID] = at
 				}
 				mu.Unlock()
 			}
@@ -180,7 +202,7 @@ func runSteady(ctx context.Context, e *env, cfg Config, c *collector, payload []
 	if r, ok := c.by[drainName(relayOurs, 1)]; ok && len(r.Samples) > 0 {
 		rate = max(1, int(r.Samples[len(r.Samples)-1]/2))
 	}
-	l := load{rate: rate, dur: cfg.LatencyDur, writers: cfg.SteadyWriters, keys: cfg.SteadyKeys}
+	l := load{rate: rate, dur: cfg.LatencyDur, writers: cfg.SteadyWriters, keys: cfg.SteadyKeys, catchUp: true}
 	for _, k := range steadyKinds {
 		res, err := latencyCell(ctx, e, k, l, payload)
 		if err != nil {
