@@ -116,6 +116,10 @@ func keyedTargets(cfg Config, c *collector, add func(name string, r, need float6
 			add(fmt.Sprintf("drain keyed: %d keys / unkeyed, defaults", k), c.pairRatio(keyed, ours1), 0.5,
 				cmp.Or(missing(keyed, ours1), "both batch 100, same backlog"+cpuNote(keyed, ours1)))
 		}
+		if kt, ut := (drainKind{relayOursTuned, 1, k}).name(), drainName(relayOursTuned, 1); k >= 10 {
+			add(fmt.Sprintf("drain keyed: %d keys / unkeyed, batch 1000", k), c.pairRatio(kt, ut), 0.5,
+				cmp.Or(missing(kt, ut), "evidence (the target is at defaults): both batch 1000"+cpuNote(kt, ut)))
+		}
 		if k == 1 {
 			wm := drainName(relayWMTuned, 1)
 			add("drain keyed: 1 key (total order) / watermill tuned", c.pairRatio(keyed, wm), 1.0,
