@@ -3,6 +3,7 @@ package envelope
 import (
 	"cmp"
 	"database/sql"
+	"fmt"
 	"time"
 )
 
@@ -103,10 +104,10 @@ func ScanRow(s Scanner) (Row, error) {
 // RowScanner allocates them once instead of once per row. The zero value is
 // ready to use; it is not safe for concurrent use.
 type RowScanner struct {
-	r                                                       Row
-	headers                                                 []byte
-	status                                                  string
-	occurred, published, nextAt, leaseExp, lastAt, parkedAt sql.NullTime
+	r                                                                Row
+	headers                                                          []byte
+	status                                                           string
+	created, occurred, published, nextAt, leaseExp, lastAt, parkedAt stamp
 	owner, failCode, failDetail, producer, corr, caus       sql.NullString
 	tenant, pkey, okey, tp, ts, bg, ssub, sver, ct, mt      sql.NullString
 	aggT, aggID                                             sql.NullString
@@ -117,7 +118,7 @@ type RowScanner struct {
 // Scan reads the current row of s. It returns the same as [ScanRow].
 func (rs *RowScanner) Scan(s Scanner) (Row, error) {
 	if rs.dest == nil {
-		rs.dest = []any{&rs.r.MessageID, &rs.r.Destination, &rs.r.Payload, &rs.headers, &rs.status, &rs.r.Seq, &rs.r.CreatedAt,
+		rs.dest = []any{&rs.r.MessageID, &rs.r.Destination, &rs.r.Payload, &rs.headers, &rs.status, &rs.r.Seq, &rs.created,
 			&rs.occurred, &rs.published, &rs.r.Attempts, &rs.nextAt, &rs.owner, &rs.r.LeaseToken,
 			&rs.leaseExp, &rs.failCode, &rs.failDetail, &rs.lastAt, &rs.producer,
 			&rs.corr, &rs.caus, &rs.tenant, &rs.pkey, &rs.okey, &rs.tp,
@@ -132,8 +133,8 @@ func (rs *RowScanner) Scan(s Scanner) (Row, error) {
 	}
 	r := rs.r
 	r.Status = Status(rs.status)
-	r.OccurredAt, r.PublishedAt, r.NextAttemptAt = rs.occurred.Time, rs.published.Time, rs.nextAt.Time
-	r.LeaseExpiresAt, r.LastAttemptAt, r.ParkedAt = rs.leaseExp.Time, rs.lastAt.Time, rs.parkedAt.Time
+	r.CreatedAt, r.OccurredAt, r.PublishedAt, r.NextAttemptAt = rs.created.t, rs.occurred.t, rs.published.t, rs.nextAt.t
+	r.LeaseExpiresAt, r.LastAttemptAt, r.ParkedAt = rs.leaseExp.t, rs.lastAt.t, rs.parkedAt.t
 	r.LeaseOwner, r.LastFailureCode, r.LastFailureDetail = rs.owner.String, rs.failCode.String, rs.failDetail.String
 	r.Producer, r.CorrelationID, r.CausationID, r.Tenant = rs.producer.String, rs.corr.String, rs.caus.String, rs.tenant.String
 	r.PartitionKey, r.OrderingKey = rs.pkey.String, rs.okey.String
@@ -149,5 +150,52 @@ func (rs *RowScanner) Scan(s Scanner) (Row, error) {
 	if err == nil && !r.Status.Valid() {
 		err = corrupt("status %q is not a known state", rs.status)
 	}
+	for _, c := range []struct {
+		name string
+		st   *stamp
+	}{{"created_at", &rs.created}, {"occurred_at", &rs.occurred}, {"published_at", &rs.published},
+		{"next_attempt_at", &rs.nextAt}, {"lease_expires_at", &rs.leaseExp}, {"last_attempt_at", &rs.lastAt}, {"parked_at", &rs.parkedAt}} {
+		if err == nil && c.st.bad != "" {
+			err = corrupt("column %s holds %q, which is not a timestamp a message can carry", c.name, c.st.bad)
+		}
+	}
 	return r, err
+}
+
+// stamp scans a timestamptz column without failing the row: a value the
+// driver cannot turn into a time.Time (PostgreSQL's 'infinity' and
+// '-infinity', which lib/pq hands over as text) is kept as text in bad, so
+// that one unreadable timestamp becomes an OUTBOX_CORRUPT_ROW error for its
+// row, with every other column read, instead of a scan error that loses the
+// whole result set. NULL leaves the zero time.
+type stamp struct {
+	t   time.Time
+	bad string
+}
+
+func (s *stamp) Scan(v any) error {
+	s.t, s.bad = time.Time{}, ""
+	switch x := v.(type) {
+	case nil:
+	case time.Time:
+		s.t = x
+	case []byte:
+		return s.text(string(x))
+	case string:
+		return s.text(x)
+	default:
+		s.bad = fmt.Sprintf("%v", v)
+	}
+	return nil
+}
+
+func (s *stamp) text(x string) error {
+	for _, layout := range []string{"2006-01-02 15:04:05.999999999Z07:00:00", "2006-01-02 15:04:05.999999999Z07:00", "2006-01-02 15:04:05.999999999Z07", time.RFC3339Nano} {
+		if t, err := time.Parse(layout, x); err == nil {
+			s.t = t
+			return nil
+		}
+	}
+	s.bad = x
+	return nil
 }
