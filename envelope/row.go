@@ -108,11 +108,11 @@ type RowScanner struct {
 	headers                                                          []byte
 	status                                                           string
 	created, occurred, published, nextAt, leaseExp, lastAt, parkedAt stamp
-	owner, failCode, failDetail, producer, corr, caus       sql.NullString
-	tenant, pkey, okey, tp, ts, bg, ssub, sver, ct, mt      sql.NullString
-	aggT, aggID                                             sql.NullString
-	aggV                                                    sql.NullInt64
-	dest                                                    []any
+	owner, failCode, failDetail, producer, corr, caus                sql.NullString
+	tenant, pkey, okey, tp, ts, bg, ssub, sver, ct, mt               sql.NullString
+	aggT, aggID                                                      sql.NullString
+	aggV                                                             sql.NullInt64
+	dest                                                             []any
 }
 
 // Scan reads the current row of s. It returns the same as [ScanRow].
