@@ -56,8 +56,8 @@ func tinyConfig(t *testing.T) Config {
 // The program runs in three parts at once (a tiny run mostly waits for the
 // database; go test would run at most GOMAXPROCS parallel tests, so the
 // parts are goroutines, not parallel tests): every drain cell; the write
-// side, latency and idle load; the rest (recovery, claim cost, steady load,
-// scale, retention, beside the two drain cells they read). Each part
+// side, latency, idle load, scale and retention; the rest (recovery, claim
+// cost, steady load, beside the two drain cells they read). Each part
 // expects exactly the results of its groups, so together they cover the
 // whole program.
 func TestSmoke(t *testing.T) {
@@ -66,10 +66,10 @@ func TestSmoke(t *testing.T) {
 	drains.Only = []string{"drain"}
 	parts["drain"] = drains
 	writes := tinyConfig(t)
-	writes.Only = []string{"write", "latency", "idle"}
-	parts["write-latency-idle"] = writes
+	writes.Only = []string{"write", "latency", "idle", "scale", "retention"}
+	parts["write-latency-scale"] = writes
 	rest := tinyConfig(t)
-	rest.Only = []string{"drain", "recovery", "claimcost", "steady", "scale", "retention"}
+	rest.Only = []string{"drain", "recovery", "claimcost", "steady"}
 	rest.Drain = []string{"outbox/x1", "watermill-tuned/x1"}
 	parts["rest"] = rest
 	for name := range parts {
@@ -85,7 +85,9 @@ func TestSmoke(t *testing.T) {
 	var wg sync.WaitGroup
 	for name, cfg := range parts {
 		wg.Go(func() {
+			start := time.Now()
 			_, err := run(ctx, cfg, nil)
+			t.Logf("part %s: %s", name, time.Since(start).Round(time.Second))
 			mu.Lock()
 			errs[name] = err
 			mu.Unlock()
@@ -102,14 +104,14 @@ func TestSmoke(t *testing.T) {
 		require.Contains(t, md, "Relay CPU per relayed message")
 		require.Contains(t, md, "| "+drainKind{relayOurs, 1, 10}.name()+" |")
 	})
-	t.Run("write-latency-idle", func(t *testing.T) {
-		rep, _ := smokeCheck(t, parts["write-latency-idle"])
+	t.Run("write-latency-scale", func(t *testing.T) {
+		rep, _ := smokeCheck(t, parts["write-latency-scale"])
 		requireTargets(t, rep, "write w2 b3: LockOrderingKeys / without, keyed")
+		require.Contains(t, rep.ExplainClaim, "messaging_outbox_unkeyed_claimable_idx", "the claim's unkeyed half must be an index scan on the unkeyed claimable index")
+		require.Len(t, rep.WAL, 6, "WAL per row of the six statements")
 	})
 	t.Run("rest", func(t *testing.T) {
 		rep, md := smokeCheck(t, parts["rest"])
-		require.Contains(t, rep.ExplainClaim, "messaging_outbox_unkeyed_claimable_idx", "the claim's unkeyed half must be an index scan on the unkeyed claimable index")
-		require.Len(t, rep.WAL, 6, "WAL per row of the six statements")
 		require.Contains(t, rep.ExplainParkedHead, "messaging_outbox_ordering_head_idx", "the parked-head claim walks the keys on the ordering index")
 		requireTargets(t, rep, "claim p99: clean / 100 rows behind a parked head", "steady load p99: watermill tuned / outbox",
 			"recovery after a 1s outage: allowed / outbox")
