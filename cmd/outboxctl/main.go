@@ -11,11 +11,13 @@ import (
 	"strings"
 	"time"
 
-	_ "github.com/lib/pq" // database/sql driver "postgres"
+	"github.com/lib/pq"
 	"github.com/spf13/cobra"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/internal/redact"
+	"github.com/fencedoutbox/watermill-outbox/migrations"
 )
 
 // Exit codes. They are part of the CLI's contract (see doc.go and --help).
@@ -30,6 +32,7 @@ const (
 // Codes of the refusals the CLI itself makes.
 const (
 	CodeDatabaseURLRequired outbox.Code = "OUTBOXCTL_DATABASE_URL_REQUIRED"
+	CodeInvalidDatabaseURL  outbox.Code = "OUTBOXCTL_INVALID_DATABASE_URL"
 	CodeDatabaseUnreachable outbox.Code = "OUTBOXCTL_DATABASE_UNREACHABLE"
 	CodeUsage               outbox.Code = "OUTBOXCTL_USAGE"
 	CodeRetentionMode       outbox.Code = "OUTBOXCTL_RETENTION_MODE_MISMATCH"
@@ -49,7 +52,11 @@ var usageCodes = map[outbox.Code]bool{
 	outbox.CodeMessageIDRequired:  true,
 	debezium.CodeOperatorRequired: true,
 	CodeDatabaseURLRequired:       true,
+	CodeInvalidDatabaseURL:        true,
 	CodeUsage:                     true,
+	// The search_path reaches no migrated schema: the configuration (the
+	// URL's search_path) or the deployment (migrate not run) must change.
+	migrations.CodeSchemaNotMigrated: true,
 }
 
 func main() {
@@ -65,6 +72,12 @@ type app struct {
 	databaseURL string
 	json        bool
 	timeout     time.Duration
+
+	// secretSources are connection strings whose secrets must never be
+	// printed: the database URL and, for the relay, the broker URLs. Every
+	// error and log line goes through redactError / the log handler, which
+	// mask what these contain (see internal/redact).
+	secretSources []string
 }
 
 // runError marks an error returned by a command's own code, as opposed to
@@ -109,8 +122,29 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	return code
 }
 
+// redactError masks, in err's text, every secret of the database URL and of
+// the other connection strings the command was given, and anything
+// URL-shaped or key=value-shaped that looks like a password. It is the one
+// redaction every error the CLI prints goes through.
+func (a *app) redactError(err error) error {
+	if err == nil {
+		return nil
+	}
+	err = redact.Error(err, a.resolvedURL())
+	for _, src := range a.secretSources {
+		err = redact.Error(err, src)
+	}
+	return err
+}
+
+// redactString is redactError for a text.
+func (a *app) redactString(s string) string {
+	return a.redactError(errors.New(s)).Error()
+}
+
 func (a *app) printError(err error, exit int) {
 	code := outbox.CodeOf(err)
+	err = a.redactError(err)
 	if a.json {
 		_ = json.NewEncoder(a.stderr).Encode(map[string]any{"error": err.Error(), "code": code, "exit_code": exit})
 		return
@@ -165,6 +199,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.cleanupCommand(),
 		a.relayCommand(),
 		a.debeziumCommand(),
+		a.versionCommand(),
 	)
 	return root
 }
@@ -197,17 +232,20 @@ func (a *app) resolvedURL() string {
 	return strings.TrimSpace(a.getenv("OUTBOX_DATABASE_URL"))
 }
 
-// openDB opens and pings the database. A missing URL is a usage error; a
+// openDB opens and pings the database. A missing URL is a usage error, and
+// so is one that does not parse (OUTBOXCTL_INVALID_DATABASE_URL, whose
+// message never quotes the URL: a parse error would print the password); a
 // ping that fails is "unreachable" (exit 4) so scripts can retry on it alone.
 func (a *app) openDB(ctx context.Context) (*sql.DB, error) {
 	url := a.resolvedURL()
 	if url == "" {
 		return nil, outbox.Errorf(CodeDatabaseURLRequired, "outboxctl", "set --database-url or OUTBOX_DATABASE_URL")
 	}
-	db, err := sql.Open("postgres", url)
+	connector, err := pq.NewConnector(url)
 	if err != nil {
-		return nil, outbox.Wrap(CodeDatabaseURLRequired, "outboxctl", err, "the database URL does not parse")
+		return nil, invalidDatabaseURL(url)
 	}
+	db := sql.OpenDB(connector)
 	// An operator tool needs few connections; keep the shared server's
 	// connection budget for the applications.
 	db.SetMaxOpenConns(4)
@@ -215,21 +253,49 @@ func (a *app) openDB(ctx context.Context) (*sql.DB, error) {
 	defer cancel()
 	if err := db.PingContext(pingCtx); err != nil {
 		_ = db.Close()
-		return nil, outbox.Wrap(CodeDatabaseUnreachable, "outboxctl", err, "cannot reach the database")
+		return nil, outbox.Wrap(CodeDatabaseUnreachable, "outboxctl", a.redactError(err), "cannot reach the database")
 	}
 	return db, nil
 }
 
-// withDB runs fn with an open database, closing it afterwards.
+// invalidDatabaseURL describes why url does not parse without quoting any
+// of it: the parsers' own errors quote the input, password included.
+func invalidDatabaseURL(url string) error {
+	form := "a key=value connection string"
+	hint := "check quoting (values with spaces in single quotes) and that every key has '='"
+	if strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://") {
+		form = "a postgres:// URL"
+		hint = "percent-encode reserved characters of the user and password (% as %25, @ as %40, : as %3A, / as %2F), and close an IPv6 host's brackets"
+	} else if strings.Contains(url, "://") {
+		form = "a URL"
+		hint = "the scheme must be postgres:// or postgresql://"
+	}
+	return outbox.Errorf(CodeInvalidDatabaseURL, "outboxctl",
+		"the database URL (--database-url or OUTBOX_DATABASE_URL) is not valid as %s; it is not shown because it may hold a password: %s", form, hint)
+}
+
+// withDB runs fn with an open database whose search_path reaches a migrated
+// schema (OUTBOX_SCHEMA_NOT_MIGRATED otherwise), closing it afterwards.
 func (a *app) withDB(fn func(ctx context.Context, db *sql.DB, cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
-	return a.runE(func(ctx context.Context, cmd *cobra.Command, args []string) error {
+	return a.runE(a.withDBCtx(true, fn))
+}
+
+// withDBCtx is withDB's body without --timeout: journal executions apply
+// their own. checkSchema is false only for migrate.
+func (a *app) withDBCtx(checkSchema bool, fn func(ctx context.Context, db *sql.DB, cmd *cobra.Command, args []string) error) func(ctx context.Context, cmd *cobra.Command, args []string) error {
+	return func(ctx context.Context, cmd *cobra.Command, args []string) error {
 		db, err := a.openDB(ctx)
 		if err != nil {
 			return err
 		}
 		defer db.Close()
+		if checkSchema {
+			if err := migrations.Check(ctx, db); err != nil {
+				return err
+			}
+		}
 		return fn(ctx, db, cmd, args)
-	})
+	}
 }
 
 // printJSON writes v as indented JSON on stdout.
