@@ -1,0 +1,323 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+)
+
+// secret is the password of every DSN below; it must never be printed.
+const secret = "S3cretPW"
+
+// Every command, fed a DSN that carries a password (malformed, or
+// well-formed but unreachable), through the flag or the environment, in
+// human and JSON output, never prints the password; a malformed URL is
+// OUTBOXCTL_INVALID_DATABASE_URL, exit 2, whose message quotes no input.
+func TestSecretsNeverPrinted(t *testing.T) {
+	t.Parallel()
+	commands := [][]string{
+		{"migrate"},
+		{"status"},
+		{"inspect", "m-1"},
+		{"redrive", "--dry-run"},
+		{"purge", "--dry-run"},
+		{"redrive", "--ticket", "CHG-1", "--expect-digest", "abc"},
+		{"purge", "--ticket", "CHG-1", "--expect-digest", "abc"},
+		{"cleanup"},
+		{"relay", "--to", "log"},
+		{"relay", "--to", "log", "--listen", "--log-format", "json"},
+		{"debezium", "status"},
+		{"debezium", "enable", "--by", "ops"},
+		{"debezium", "disable", "--by", "ops"},
+	}
+	malformed := []string{
+		"postgres://postgres:" + secret + "%Z@127.0.0.1:5432/test",      // a raw '%' in a generated password
+		"postgres://postgres:" + secret + "@[::1/test",                  // an IPv6 host without ']'
+		"postgresql://postgres:" + secret + "@127.0.0.1:port/test",      // a port that is not a number
+		"host=127.0.0.1 password='" + secret + " user=postgres",         // an unterminated quote
+		"host=127.0.0.1 password=" + secret + " port=notaport dbname=x", // a bad port, key=value
+	}
+	for _, dsn := range malformed {
+		for _, args := range commands {
+			for _, viaEnv := range []bool{false, true} {
+				for _, asJSON := range []bool{false, true} {
+					var env []string
+					full := args
+					if asJSON {
+						full = append([]string{"--json"}, full...)
+					}
+					if viaEnv {
+						env = []string{"OUTBOX_DATABASE_URL=" + dsn}
+					} else {
+						full = append([]string{"--database-url", dsn}, full...)
+					}
+					r := cli(t, env, full...)
+					where := fmt.Sprintf("dsn %q, args %q, env %v", dsn, full, viaEnv)
+					require.NotContains(t, r.stdout+r.stderr, secret, where)
+					require.Equal(t, 2, r.code, "%s\nstdout:\n%s\nstderr:\n%s", where, r.stdout, r.stderr)
+					require.Contains(t, r.stderr, "OUTBOXCTL_INVALID_DATABASE_URL", where)
+					require.NotContains(t, r.stderr, "127.0.0.1", where) // no part of the input is quoted
+				}
+			}
+		}
+	}
+
+	// Well-formed but unreachable: exit 4, the password masked.
+	for _, dsn := range []string{
+		"postgres://postgres:" + secret + "@127.0.0.1:1/test?sslmode=disable&connect_timeout=2",
+		"host=127.0.0.1 port=1 user=postgres password=" + secret + " sslmode=disable connect_timeout=2",
+	} {
+		for _, args := range commands {
+			r := cli(t, nil, append([]string{"--database-url", dsn}, args...)...)
+			require.NotContains(t, r.stdout+r.stderr, secret, "dsn %q args %q", dsn, args)
+			require.Equal(t, 4, r.code, "dsn %q args %q\nstderr:\n%s", dsn, args, r.stderr)
+			require.Contains(t, r.stderr, "OUTBOXCTL_DATABASE_UNREACHABLE")
+		}
+	}
+
+	// A broker URL that does not parse: a usage error, its password masked.
+	s := newSchema(t)
+	for _, asJSON := range []bool{false, true} {
+		args := []string{"--database-url", s.URL, "relay", "--to", "amqp", "--amqp-url", "amqp://guest:" + secret + "%Z@127.0.0.1:5672/"}
+		if asJSON {
+			args = append([]string{"--json"}, args...)
+		}
+		r := cli(t, nil, args...)
+		require.NotContains(t, r.stdout+r.stderr, secret, r.stderr)
+		requireCode(t, r, 2)
+	}
+	// The same through the environment.
+	r := cli(t, []string{"OUTBOX_AMQP_URL=amqp://guest:" + secret + "%Z@127.0.0.1:5672/"}, "--database-url", s.URL, "relay", "--to", "amqp")
+	require.NotContains(t, r.stdout+r.stderr, secret, r.stderr)
+	requireCode(t, r, 2)
+}
+
+// emptySchemaURL is a URL whose search_path names a schema with no tables.
+func emptySchemaURL(t *testing.T) (string, string) {
+	t.Helper()
+	admin, err := sql.Open("postgres", testdb.URL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close() })
+	name := fmt.Sprintf("outbox_test_%d_empty%d", time.Now().Unix(), time.Now().UnixNano()%1000000)
+	exec1(t, admin, "CREATE SCHEMA "+name)
+	t.Cleanup(func() { _, _ = admin.Exec("DROP SCHEMA IF EXISTS " + name + " CASCADE") })
+	return name, testdb.WithSearchPath(testdb.URL(), name)
+}
+
+// Every command but migrate, on a search_path with no outbox, names the
+// schema and the remedy with OUTBOX_SCHEMA_NOT_MIGRATED (exit 2) instead of
+// a raw "relation does not exist".
+func TestEveryCommandNamesUnmigratedSchema(t *testing.T) {
+	t.Parallel()
+	name, url := emptySchemaURL(t)
+	for _, args := range [][]string{
+		{"status"},
+		{"inspect", "m-1"},
+		{"redrive", "--dry-run"},
+		{"purge", "--dry-run"},
+		{"redrive", "--ticket", "CHG-1", "--expect-digest", "abc"},
+		{"cleanup"},
+		{"relay", "--to", "log"},
+		{"debezium", "status"},
+		{"debezium", "enable", "--by", "ops"},
+		{"debezium", "disable", "--by", "ops"},
+	} {
+		for _, asJSON := range []bool{false, true} {
+			full := append([]string{"--database-url", url}, args...)
+			if asJSON {
+				full = append([]string{"--json"}, full...)
+			}
+			r := cli(t, nil, full...)
+			require.Equal(t, 2, r.code, "%q\nstdout:\n%s\nstderr:\n%s", full, r.stdout, r.stderr)
+			require.Contains(t, r.stderr, "OUTBOX_SCHEMA_NOT_MIGRATED", "%q", full)
+			require.Contains(t, r.stderr, "messaging_outbox not found in search_path", "%q", full)
+			require.Contains(t, r.stderr, name, "%q", full)
+			require.Contains(t, r.stderr, "run outboxctl migrate", "%q", full)
+			require.NotContains(t, r.stderr, "does not exist", "%q", full)
+		}
+	}
+	// migrate itself works there, and then status does.
+	requireCode(t, cli(t, nil, "--database-url", url, "migrate"), 0)
+	requireCode(t, cli(t, nil, "--database-url", url, "status"), 0)
+}
+
+// relayProc is a running `outboxctl relay` whose stderr is read line by
+// line.
+type relayProc struct {
+	cmd    *exec.Cmd
+	log    *syncBuffer
+	lines  chan string
+	errEnd chan struct{}
+}
+
+func startRelayProc(t *testing.T, env []string, args ...string) *relayProc {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, env...)
+	cmd.Stdout = io.Discard
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	p := &relayProc{cmd: cmd, log: &syncBuffer{}, lines: make(chan string, 1000), errEnd: make(chan struct{})}
+	go func() {
+		defer close(p.errEnd)
+		defer close(p.lines)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			p.log.WriteString(sc.Text() + "\n")
+			select {
+			case p.lines <- sc.Text():
+			default:
+			}
+		}
+	}()
+	return p
+}
+
+// waitLine returns the first stderr line for which match is true.
+func (p *relayProc) waitLine(t *testing.T, match func(string) bool) string {
+	t.Helper()
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case l, ok := <-p.lines:
+			require.True(t, ok, "relay exited; stderr:\n%s", p.log.String())
+			if match(l) {
+				return l
+			}
+		case <-deadline:
+			t.Fatalf("no such line; stderr:\n%s", p.log.String())
+		}
+	}
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, resp.Body.Close())
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
+}
+
+// The relay deploys like a service: every flag from OUTBOX_* (a flag on the
+// command line wins), JSON logs, /healthz and /readyz on the metrics
+// listener, /readyz failing with the check that fails.
+func TestRelayServiceEnvHealthReadyAndJSONLogs(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	env := []string{
+		"OUTBOX_DATABASE_URL=" + s.URL,
+		"OUTBOX_TO=log",
+		"OUTBOX_METRICS_ADDR=127.0.0.1:0",
+		"OUTBOX_LOG_FORMAT=json",
+		"OUTBOX_LOG_LEVEL=info",
+		"OUTBOX_OWNER=owner-from-env",
+		"OUTBOX_POLL_INTERVAL=50ms",
+		"OUTBOX_MAX_POLL_INTERVAL=200ms",
+		"OUTBOX_HEARTBEAT_INTERVAL=1h", // one beat at start: the test removes it below
+	}
+	p := startRelayProc(t, env, "relay", "--owner", "owner-from-flag")
+
+	// Every stderr line is a JSON object; the start lines carry the owner
+	// the flag gave, not the environment's.
+	var metrics string
+	started := p.waitLine(t, func(l string) bool { return strings.Contains(l, "publishing to log") })
+	var rec map[string]any
+	require.NoError(t, json.Unmarshal([]byte(started), &rec), started)
+	require.Equal(t, "owner-from-flag", rec["owner"])
+	require.Equal(t, "INFO", rec["level"])
+	for _, l := range strings.Split(strings.TrimSpace(p.log.String()), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &m), "not a JSON log line: %q", l)
+		if msg, _ := m["msg"].(string); strings.HasPrefix(msg, "metrics on ") {
+			metrics = strings.TrimSuffix(strings.TrimPrefix(msg, "metrics on "), "/metrics")
+		}
+	}
+	require.NotEmpty(t, metrics, p.log.String())
+
+	code, body := get(t, metrics+"/healthz")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "ok\n", body)
+
+	// Ready once the first heartbeat is in (Run beats before its first pass,
+	// and the start line above is logged before Run).
+	require.Eventually(t, func() bool { c, _ := get(t, metrics+"/readyz"); return c == http.StatusOK },
+		30*time.Second, 20*time.Millisecond, p.log.String())
+	_, body = get(t, metrics+"/readyz")
+	require.Contains(t, body, `"ready":true`)
+	require.Contains(t, body, `"owner":"owner-from-flag"`)
+
+	// Without its heartbeat the relay is not ready, and says why.
+	require.NoError(t, debezium.Leave(context.Background(), s.DB, "owner-from-flag"))
+	code, body = get(t, metrics+"/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code, body)
+	require.Contains(t, body, `"name":"heartbeat","ok":false`)
+	require.Contains(t, body, "no live heartbeat of relay owner-from-flag")
+
+	code, body = get(t, metrics+"/metrics")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "outbox_oldest_pending_age_seconds")
+
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	<-p.errEnd
+	require.NoError(t, p.cmd.Wait(), p.log.String())
+	require.Contains(t, p.log.String(), `"msg":"relay owner-from-flag stopped"`)
+}
+
+// A value from the environment that does not parse is a usage error naming
+// the variable and not quoting the value; an unknown log format or level is
+// refused the same way.
+func TestRelayEnvAndLogFlagErrors(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	r := cli(t, []string{"OUTBOX_BATCH_SIZE=many" + secret}, "--database-url", s.URL, "relay", "--to", "log")
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "OUTBOX_BATCH_SIZE is not a valid value for --batch-size")
+	require.NotContains(t, r.stderr, secret)
+
+	r = cli(t, nil, "--database-url", s.URL, "relay", "--to", "log", "--log-format", "xml")
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "--log-format")
+	r = cli(t, []string{"OUTBOX_LOG_LEVEL=loud"}, "--database-url", s.URL, "relay", "--to", "log")
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "--log-level")
+
+	// The help names each flag's variable.
+	r = cli(t, nil, "relay", "--help")
+	requireCode(t, r, 0)
+	require.Contains(t, r.stdout, "[$OUTBOX_MAX_ATTEMPTS]")
+	require.Contains(t, r.stdout, "/readyz")
+	require.Contains(t, r.stdout, "terminationGracePeriodSeconds")
+}
+
+func TestVersionFromBuildInfo(t *testing.T) {
+	t.Parallel()
+	r := cli(t, nil, "--json", "version")
+	requireCode(t, r, 0)
+	var v buildInfo
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v), r.stdout)
+	require.Equal(t, "github.com/fencedoutbox/watermill-outbox", v.Module)
+	require.True(t, strings.HasPrefix(v.GoVersion, "go"), v.GoVersion)
+	require.NotEmpty(t, v.Version)
+	r = cli(t, nil, "version")
+	requireCode(t, r, 0)
+	require.Regexp(t, `(?m)^go\s+go1\.`, r.stdout)
+}
