@@ -146,7 +146,12 @@ func (a *app) printError(err error, exit int) {
 	code := outbox.CodeOf(err)
 	err = a.redactError(err)
 	if a.json {
-		_ = json.NewEncoder(a.stderr).Encode(map[string]any{"error": err.Error(), "code": code, "exit_code": exit})
+		doc := map[string]any{"error": err.Error(), "code": code, "exit_code": exit}
+		var re *resumeError
+		if errors.As(err, &re) {
+			doc["resume"] = a.redactString(re.resume)
+		}
+		_ = json.NewEncoder(a.stderr).Encode(doc)
 		return
 	}
 	fmt.Fprintf(a.stderr, "error: %v\n", err)
