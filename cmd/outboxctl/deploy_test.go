@@ -95,8 +95,12 @@ func TestDeployKubernetesMatchesFlags(t *testing.T) {
 							Name          string
 							ContainerPort int `yaml:"containerPort"`
 						}
-						LivenessProbe  struct{ HTTPGet struct{ Path, Port string } `yaml:"httpGet"` } `yaml:"livenessProbe"`
-						ReadinessProbe struct{ HTTPGet struct{ Path, Port string } `yaml:"httpGet"` } `yaml:"readinessProbe"`
+						LivenessProbe struct {
+							HTTPGet struct{ Path, Port string } `yaml:"httpGet"`
+						} `yaml:"livenessProbe"`
+						ReadinessProbe struct {
+							HTTPGet struct{ Path, Port string } `yaml:"httpGet"`
+						} `yaml:"readinessProbe"`
 					}
 				}
 			}
