@@ -280,8 +280,8 @@ func (a *app) journalError(ctx context.Context, j *journal.Journal, op string, f
 		ends := rec.LeaseExpiresAt.UTC().Format(time.RFC3339)
 		cmd := f.command(op, digest, f.ticket, rec.Owner)
 		return &resumeError{cause: err, resume: cmd, err: outbox.Errorf(journal.CodeInFlight, "outboxctl "+op,
-			"owner %s holds ticket %s (%d items done) until %s. If that process is still running, let it finish; if it is gone, run this command again after %s, or resume it now as that owner: %s",
-			rec.Owner, f.ticket, rec.ItemsCompleted, ends, ends, cmd)}
+			"owner %s holds ticket %s (%s done) until %s. If that process is still running, let it finish; if it is gone, run this command again after %s, or resume it now as that owner: %s",
+			rec.Owner, f.ticket, items(rec.ItemsCompleted), ends, ends, cmd)}
 	case out.Run == nil, code == journal.CodeLeaseLost:
 		// Refused before it began, or another owner took it over: nothing
 		// of ours to resume.
@@ -289,8 +289,16 @@ func (a *app) journalError(ctx context.Context, j *journal.Journal, op string, f
 	}
 	cmd := f.command(op, digest, f.ticket, owner)
 	return &resumeError{cause: err, resume: cmd, err: outbox.Errorf(CodeInterrupted, "outboxctl "+op,
-		"%s under ticket %s stopped after %d items (%v); its checkpoint is kept, so nothing is lost or done twice; resume it from there with: %s",
-		op, f.ticket, out.Items, err, cmd)}
+		"%s under ticket %s stopped after %s (%v); its checkpoint is kept, so nothing is lost or done twice; resume it from there with: %s",
+		op, f.ticket, items(out.Items), err, cmd)}
+}
+
+// items is "1 item" or "n items".
+func items(n int64) string {
+	if n == 1 {
+		return "1 item"
+	}
+	return fmt.Sprintf("%d items", n)
 }
 
 // resumeError carries the command that resumes an operation (printed as

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sort"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -50,12 +51,43 @@ func (a *app) newLogger(w io.Writer, lf logFlags) (*slog.Logger, error) {
 	return slog.New(&redactHandler{inner: h, redact: a.redactString}), nil
 }
 
-// watermillLogger adapts l for the forwarder and the transports. Watermill's
-// Trace level maps below Debug, so --log-level debug does not include it.
-func watermillLogger(l *slog.Logger) watermill.LoggerAdapter {
-	return watermill.NewSlogLoggerWithLevelMapping(l, map[slog.Level]slog.Level{
-		watermill.LevelTrace: slog.LevelDebug - 4,
-	})
+// watermillLogger adapts l for the forwarder and the transports. Fields are
+// written sorted by name (watermill passes a map), so the same event logs
+// the same line. Watermill's Trace level is written below Debug, so
+// --log-level debug does not include it.
+func watermillLogger(l *slog.Logger) watermill.LoggerAdapter { return slogAdapter{l: l} }
+
+const levelTrace = slog.LevelDebug - 4
+
+type slogAdapter struct{ l *slog.Logger }
+
+func sortedAttrs(fields watermill.LogFields, extra ...any) []any {
+	keys := make([]string, 0, len(fields))
+	for k := range fields {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]any, 0, 2*len(keys)+len(extra))
+	for _, k := range keys {
+		out = append(out, slog.Any(k, fields[k]))
+	}
+	return append(out, extra...)
+}
+
+func (a slogAdapter) Error(msg string, err error, fields watermill.LogFields) {
+	a.l.Error(msg, sortedAttrs(fields, slog.Any("error", err))...)
+}
+func (a slogAdapter) Info(msg string, fields watermill.LogFields) {
+	a.l.Info(msg, sortedAttrs(fields)...)
+}
+func (a slogAdapter) Debug(msg string, fields watermill.LogFields) {
+	a.l.Debug(msg, sortedAttrs(fields)...)
+}
+func (a slogAdapter) Trace(msg string, fields watermill.LogFields) {
+	a.l.Log(context.Background(), levelTrace, msg, sortedAttrs(fields)...)
+}
+func (a slogAdapter) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return slogAdapter{l: a.l.With(sortedAttrs(fields)...)}
 }
 
 // redactHandler masks secrets in a record's message and in every string,

@@ -158,7 +158,9 @@ func (a *app) printError(err error, exit int) {
 	if code != "" {
 		fmt.Fprintf(a.stderr, "code: %s\n", code)
 	}
-	if exit == ExitUsage {
+	if exit == ExitUsage && (code == "" || code == CodeUsage) {
+		// A command line that did not parse; typed refusals say themselves
+		// what to change.
 		fmt.Fprintln(a.stderr, "Run 'outboxctl --help' for usage.")
 	}
 }
