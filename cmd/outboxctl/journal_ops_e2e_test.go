@@ -77,10 +77,15 @@ func TestJournalExecutionCutIsResumable(t *testing.T) {
 	require.Equal(t, 10, s.Count(t, "status = 'PENDING' AND message_id LIKE 'ex-%'"))
 
 	// The same operator, same command, no --owner: resumes at once (the
-	// lease of the cut run is still live), and is cut again at 20.
-	code, _, stderr = runCut(t, "20 of 30 items", args...)
+	// lease of the cut run is still live), and is cut again at 20; with
+	// --json the error carries the resume command.
+	code, _, stderr = runCut(t, "20 of 30 items", append([]string{"--json"}, args...)...)
 	require.Equal(t, ExitFailed, code, stderr)
 	require.Contains(t, stderr, "stopped after 20 items")
+	var jerr map[string]any
+	require.NoError(t, json.Unmarshal([]byte(stderr[strings.Index(stderr, "{"):]), &jerr), stderr)
+	require.Equal(t, "OUTBOXCTL_OPERATION_INTERRUPTED", jerr["code"])
+	require.Equal(t, m[1], jerr["resume"])
 
 	// Another owner is refused while the lease lives, and told how to go on.
 	r := db(t, s, append([]string{"redrive", "--ticket", "CHG-CUT", "--expect-digest", digest, "--owner", "someone-else"}, filter...)...)
@@ -92,9 +97,7 @@ func TestJournalExecutionCutIsResumable(t *testing.T) {
 
 	// The printed resume command, as printed (plus the database URL),
 	// finishes the ticket: 30 rows redriven in all, none twice.
-	m = resumeRe.FindStringSubmatch(stderr)
-	require.NotNil(t, m, stderr)
-	fields := strings.Fields(m[1])
+	fields := strings.Fields(jerr["resume"].(string))
 	require.Equal(t, "outboxctl", fields[0])
 	r = db(t, s, fields[1:]...)
 	requireCode(t, r, 0)

@@ -170,15 +170,18 @@ the backlog, inspect a message, redrive or purge parked rows exactly once,
 run retention, run a standalone relay, and manage the Debezium CDC mode.
 
 The database comes from --database-url or OUTBOX_DATABASE_URL (a lib/pq URL or
-key=value string; set search_path in it to select a schema).
+key=value string; set search_path in it to select a schema). Prefer the
+variable: flags show in ps. No output ever prints its password.
 
 Output is an aligned table by default; --json prints one JSON document on
 stdout (and errors as JSON on stderr).
 
 Exit codes:
   0  ok
-  1  the operation failed (database error, message not found, ...)
-  2  usage error: bad flags or arguments, invalid configuration, missing database URL
+  1  the operation failed (database error, message not found, an interrupted
+     redrive/purge: the error ends with the command that resumes it)
+  2  usage error: bad flags or arguments, invalid configuration, missing or
+     malformed database URL, schema not migrated (run outboxctl migrate)
   3  refused by a guard: journal already executed or in flight, plan mismatch,
      relay mode conflict, retention mode that does not match the relay mode
   4  the database is unreachable
@@ -194,7 +197,7 @@ func (a *app) rootCommand() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL (default $OUTBOX_DATABASE_URL)")
 	root.PersistentFlags().BoolVar(&a.json, "json", false, "print JSON instead of tables")
-	root.PersistentFlags().DurationVar(&a.timeout, "timeout", 5*time.Minute, "bound for the whole command (0 = none; relay ignores it and runs until SIGINT/SIGTERM)")
+	root.PersistentFlags().DurationVar(&a.timeout, "timeout", 5*time.Minute, "bound for the whole command (0 = none); not applied to relay (runs until SIGINT/SIGTERM) nor to redrive/purge executions (run to completion; a cut prints how to resume)")
 	root.CompletionOptions.DisableDefaultCmd = true
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
 	root.AddCommand(

@@ -105,6 +105,35 @@ func TestSecretsNeverPrinted(t *testing.T) {
 	r := cli(t, []string{"OUTBOX_AMQP_URL=amqp://guest:" + secret + "%Z@127.0.0.1:5672/"}, "--database-url", s.URL, "relay", "--to", "amqp")
 	require.NotContains(t, r.stdout+r.stderr, secret, r.stderr)
 	requireCode(t, r, 2)
+	// A NATS URL with a password that cannot be reached or parsed.
+	for _, u := range []string{"nats://u:" + secret + "@127.0.0.1:1", "nats://u:" + secret + "%Z@127.0.0.1:1"} {
+		r = cli(t, nil, "--database-url", s.URL, "--json", "relay", "--to", "nats", "--nats-url", u)
+		require.NotContains(t, r.stdout+r.stderr, secret, r.stderr)
+		require.NotEqual(t, 0, r.code)
+	}
+}
+
+// A relay that runs (the test server trusts any password) with a password
+// in its URL, LISTENing on it, logging at debug in both formats, never
+// prints it.
+func TestRelayRunningWithPasswordNeverLogsIt(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	exec1(t, s.DB, `INSERT INTO messaging_outbox (message_id, destination, payload) VALUES ('m-1', 'orders', 'x')`)
+	withPW := strings.Replace(s.URL, "postgres://postgres@", "postgres://postgres:"+secret+"@", 1)
+	require.NotEqual(t, s.URL, withPW)
+	for _, format := range []string{"text", "json"} {
+		p := startRelayProc(t, []string{"OUTBOX_DATABASE_URL=" + withPW}, "relay", "--to", "log", "--listen",
+			"--log-level", "debug", "--log-format", format, "--poll-interval", "50ms", "--max-poll-interval", "200ms")
+		p.waitLine(t, func(l string) bool { return strings.Contains(l, "Outbox forwarder running") })
+		waitStatus(t, s, &syncWriter{}, "m-1", "PUBLISHED")
+		require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+		<-p.errEnd
+		require.NoError(t, p.cmd.Wait(), p.log.String())
+		require.Contains(t, p.log.String(), "stopped")
+		require.NotContains(t, p.log.String(), secret)
+		exec1(t, s.DB, `UPDATE messaging_outbox SET status = 'PENDING', published_at = NULL WHERE message_id = 'm-1'`)
+	}
 }
 
 // emptySchemaURL is a URL whose search_path names a schema with no tables.
