@@ -116,6 +116,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
 	code := exitCode(err)
+	var re runError
+	if err != nil && !errors.As(err, &re) {
+		// cobra's own refusal (unknown command or flag, bad argument count
+		// or value): a usage error with its code, like the CLI's own.
+		err = outbox.Wrap(CodeUsage, "outboxctl", err, "")
+	}
 	if err != nil {
 		a.printError(err, code)
 	}

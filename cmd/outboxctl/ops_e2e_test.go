@@ -350,3 +350,19 @@ func TestVersionFromBuildInfo(t *testing.T) {
 	requireCode(t, r, 0)
 	require.Regexp(t, `(?m)^go\s+go1\.`, r.stdout)
 }
+
+// cobra's own refusals carry OUTBOXCTL_USAGE like the CLI's, in JSON too.
+func TestCommandLineErrorsHaveUsageCode(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"--json", "status", "--no-such-flag"}, {"--json", "migrate", "extra-arg"}, {"--json", "status", "--max-stuck", "many"}} {
+		r := cli(t, nil, args...)
+		requireCode(t, r, ExitUsage)
+		var e map[string]any
+		require.NoError(t, json.Unmarshal([]byte(r.stderr), &e), r.stderr)
+		require.Equal(t, "OUTBOXCTL_USAGE", e["code"], "%q", args)
+	}
+	r := cli(t, nil, "status", "--no-such-flag")
+	requireCode(t, r, ExitUsage)
+	require.Contains(t, r.stderr, "code: OUTBOXCTL_USAGE")
+	require.Contains(t, r.stderr, "Run 'outboxctl --help' for usage.")
+}
