@@ -158,3 +158,30 @@ func TestJournalExecutionNeedsApprovedDigest(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stderr), &e))
 	require.Equal(t, "JOURNAL_ALREADY_EXECUTED", e["code"])
 }
+
+// A run killed with SIGKILL (no report, its lease still live) is resumed by
+// the same command at once: the default owner is the same for the same
+// operator and ticket. Every row is redriven once.
+func TestJournalResumesAfterKill9(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	exec1(t, s.DB, `
+INSERT INTO messaging_outbox (message_id, destination, payload, status, attempts, last_failure_code, parked_at)
+SELECT 'k-' || g, 'orders', 'x', 'EXHAUSTED', 10, 'PUBLISH_TIMEOUT', now() FROM generate_series(1, 1000) g`)
+	digest := dryRunDigest(t, s, "redrive", "--status", "exhausted")
+	args := []string{"--database-url", s.URL, "redrive", "--status", "exhausted", "--batch-size", "1", "--ticket", "CHG-KILL", "--expect-digest", digest}
+
+	p := startRelayProc(t, nil, args...) // any long-running outboxctl with its stderr read line by line
+	p.waitLine(t, func(l string) bool { return strings.Contains(l, "batch 1 committed") })
+	require.NoError(t, p.cmd.Process.Kill())
+	_ = p.cmd.Wait()
+	<-p.errEnd
+	require.NotContains(t, p.log.String(), "complete under ticket", "the run finished before the kill; the test needs more rows")
+	done := s.Count(t, "status = 'PENDING'")
+	require.Less(t, done, 1000)
+
+	r := db(t, s, args[2:]...)
+	requireCode(t, r, 0)
+	require.Contains(t, r.stdout, "redrive complete under ticket CHG-KILL: 1000 of 1000 items")
+	require.Equal(t, 1000, s.Count(t, "status = 'PENDING' AND attempts = 0"))
+}
