@@ -245,12 +245,12 @@ func (a *app) journalRun(ctx context.Context, db *sql.DB, op string, f *journalF
 	if err != nil {
 		return a.journalError(ctx, j, op, f, digest, owner, out, err)
 	}
-	consumed := out.Items == 0 && out.Plan.Matching == 0
+	matchedNone := out.Items == 0 && out.Plan.Matching == 0
 	if a.json {
 		return a.printJSON(map[string]any{"dry_run": false, "plan": planJSON(out.Plan), "ticket": f.ticket,
-			"batches": out.Batches, "items": out.Items, "owner": out.Run.Owner, "matched_none": consumed, "ticket_consumed": true})
+			"batches": out.Batches, "items": out.Items, "owner": out.Run.Owner, "matched_none": matchedNone, "ticket_consumed": true})
 	}
-	if consumed {
+	if matchedNone {
 		fmt.Fprintf(a.stdout, "\n%s matched no rows: ticket %s is consumed (recorded COMPLETED with 0 items) and cannot run again; a later %s needs a new approval\n", op, f.ticket, op)
 		return nil
 	}
