@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -253,13 +254,13 @@ func (a *app) resolvedURL() string {
 // message never quotes the URL: a parse error would print the password); a
 // ping that fails is "unreachable" (exit 4) so scripts can retry on it alone.
 func (a *app) openDB(ctx context.Context) (*sql.DB, error) {
-	url := a.resolvedURL()
-	if url == "" {
+	dsn := a.resolvedURL()
+	if dsn == "" {
 		return nil, outbox.Errorf(CodeDatabaseURLRequired, "outboxctl", "set --database-url or OUTBOX_DATABASE_URL")
 	}
-	connector, err := pq.NewConnector(url)
+	connector, err := pq.NewConnector(dsn)
 	if err != nil {
-		return nil, invalidDatabaseURL(url)
+		return nil, invalidDatabaseURL(dsn, err)
 	}
 	db := sql.OpenDB(connector)
 	// An operator tool needs few connections; keep the shared server's
@@ -274,20 +275,26 @@ func (a *app) openDB(ctx context.Context) (*sql.DB, error) {
 	return db, nil
 }
 
-// invalidDatabaseURL describes why url does not parse without quoting any
-// of it: the parsers' own errors quote the input, password included.
-func invalidDatabaseURL(url string) error {
-	form := "a key=value connection string"
-	hint := "check quoting (values with spaces in single quotes) and that every key has '='"
-	if strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://") {
-		form = "a postgres:// URL"
-		hint = "percent-encode reserved characters of the user and password (% as %25, @ as %40, : as %3A, / as %2F), and close an IPv6 host's brackets"
-	} else if strings.Contains(url, "://") {
-		form = "a URL"
-		hint = "the scheme must be postgres:// or postgresql://"
+// invalidDatabaseURL describes why dsn does not make a connection
+// configuration without quoting any of it or of the parser's error: both
+// may carry the password (net/url quotes the whole input; lib/pq quotes the
+// keys and values it stumbles on).
+func invalidDatabaseURL(dsn string, err error) error {
+	var uerr *url.Error
+	isURL := strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+	var what string
+	switch {
+	case errors.As(err, &uerr) || (isURL && strings.Contains(err.Error(), "parse")):
+		what = "it does not parse as a postgres:// URL: percent-encode reserved characters of the user and password (% as %25, @ as %40, : as %3A, / as %2F, # as %23), close an IPv6 host's brackets, and check that the port is a number"
+	case isURL:
+		what = "lib/pq refuses the URL or one of its parameters (or a PG* environment variable or service file it reads)"
+	case strings.Contains(dsn, "://"):
+		what = "the scheme must be postgres:// or postgresql://"
+	default:
+		what = "lib/pq refuses the key=value string or one of its values (or a PG* environment variable or service file it reads): quote values with spaces in single quotes, give every key a '='"
 	}
 	return outbox.Errorf(CodeInvalidDatabaseURL, "outboxctl",
-		"the database URL (--database-url or OUTBOX_DATABASE_URL) is not valid as %s; it is not shown because it may hold a password: %s", form, hint)
+		"the database URL (--database-url or OUTBOX_DATABASE_URL) is not usable: %s; neither it nor the parser's message is shown, as either may hold the password", what)
 }
 
 // withDB runs fn with an open database whose search_path reaches a migrated

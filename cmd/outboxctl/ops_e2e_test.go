@@ -46,11 +46,13 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		{"debezium", "disable", "--by", "ops"},
 	}
 	malformed := []string{
-		"postgres://postgres:" + secret + "%Z@127.0.0.1:5432/test",      // a raw '%' in a generated password
-		"postgres://postgres:" + secret + "@[::1/test",                  // an IPv6 host without ']'
-		"postgresql://postgres:" + secret + "@127.0.0.1:port/test",      // a port that is not a number
-		"host=127.0.0.1 password='" + secret + " user=postgres",         // an unterminated quote
-		"host=127.0.0.1 password=" + secret + " port=notaport dbname=x", // a bad port, key=value
+		"postgres://postgres:" + secret + "%Z@127.0.0.1:5432/test",        // a raw '%' in a generated password
+		"postgres://postgres:" + secret + "@[::1/test",                    // an IPv6 host without ']'
+		"postgresql://postgres:" + secret + "@127.0.0.1:port/test",        // a port that is not a number
+		"host=127.0.0.1 password='" + secret + " user=postgres",           // an unterminated quote
+		"host=127.0.0.1 password=" + secret + " port=notaport dbname=x",   // a bad port, key=value
+		"postgres://u:" + secret + "@127.0.0.1/db?client_encoding=LATIN1", // a parameter lib/pq refuses
+		"mysql://u:" + secret + "@127.0.0.1/db",                           // another scheme
 	}
 	for _, dsn := range malformed {
 		for _, args := range commands {
