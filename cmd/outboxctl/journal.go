@@ -108,8 +108,7 @@ func (a *app) redriveCommand() *cobra.Command {
 next_attempt_at now), through the admin journal: an approval ticket runs once
 across all replicas, resumes from its checkpoint after a crash, and cannot run
 a different plan. --dry-run prints the plan, the matching count and the plan
-digest and changes nothing; --ticket is required to execute. Progress is
-printed per batch on stderr.`)
+digest and changes nothing. Progress is printed per batch on stderr.`)
 }
 
 func (a *app) purgeCommand() *cobra.Command {
@@ -125,7 +124,7 @@ func (a *app) journalCommand(op, short, long string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   op,
 		Short: short,
-		Long:  long + journalLong,
+		Long:  long + strings.ReplaceAll(journalLong, "<op>", op),
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			body := a.withDBCtx(true, func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
@@ -153,9 +152,9 @@ func (a *app) journalCommand(op, short, long string) *cobra.Command {
 const journalLong = `
 
 Runbook: plan, approve, execute.
-  1. outboxctl ` + "<op>" + ` <filter> --dry-run      prints the plan, the matching count and its digest
+  1. outboxctl <op> <filter> --dry-run      prints the plan, the matching count and its digest
   2. the approver reviews that output and approves the digest under a ticket
-  3. outboxctl ` + "<op>" + ` <filter> --ticket T --expect-digest D
+  3. outboxctl <op> <filter> --ticket T --expect-digest D
 Execution requires both --ticket and --expect-digest; flags that describe a
 different plan are refused (exit 3) with the digest they describe.
 
