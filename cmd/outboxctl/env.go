@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -29,7 +31,8 @@ func envFlags(cmd *cobra.Command) {
 
 // bindEnv sets every flag of cmd's own flag set that was not given on the
 // command line from its environment variable (envName), when that is set:
-// flags win over the environment, the environment over the defaults. A
+// flags win over the environment, the environment over the defaults. Each
+// variable may instead name a file holding the value: OUTBOX_X_FILE. A
 // value that does not parse is a usage error naming the variable, never
 // quoting the value (it may be a secret, e.g. OUTBOX_AMQP_URL).
 func bindEnv(cmd *cobra.Command, getenv func(string) string) error {
@@ -38,7 +41,11 @@ func bindEnv(cmd *cobra.Command, getenv func(string) string) error {
 		if err != nil || f.Changed || f.Name == "help" {
 			return
 		}
-		v, ok := lookup(getenv, envName(f.Name))
+		v, ok, ferr := lookupFile(getenv, envName(f.Name))
+		if ferr != nil {
+			err = ferr
+			return
+		}
 		if !ok {
 			return
 		}
@@ -49,9 +56,23 @@ func bindEnv(cmd *cobra.Command, getenv func(string) string) error {
 	return err
 }
 
-// lookup reads an environment variable through getenv; an empty value
-// counts as unset, as for OUTBOX_DATABASE_URL.
-func lookup(getenv func(string) string, name string) (string, bool) {
-	v := getenv(name)
-	return v, v != ""
+// lookupFile reads the variable name through getenv or, when it is unset
+// or empty, the file that name+"_FILE" names (a mounted Kubernetes secret, a
+// systemd credential), without its final line break. An empty value counts
+// as unset. A file that cannot be read is a usage error naming the variable
+// and the path, never the content.
+func lookupFile(getenv func(string) string, name string) (string, bool, error) {
+	if v := getenv(name); v != "" {
+		return v, true, nil
+	}
+	path := getenv(name + "_FILE")
+	if path == "" {
+		return "", false, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", false, outbox.Errorf(CodeUsage, "outboxctl", "%s_FILE names %s, which cannot be read: %v", name, path, errors.Unwrap(err))
+	}
+	v := strings.TrimRight(string(b), "\r\n")
+	return v, v != "", nil
 }

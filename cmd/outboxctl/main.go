@@ -176,9 +176,10 @@ const rootLong = `outboxctl operates a watermill-outbox database: migrate the sc
 the backlog, inspect a message, redrive or purge parked rows exactly once,
 run retention, run a standalone relay, and manage the Debezium CDC mode.
 
-The database comes from --database-url or OUTBOX_DATABASE_URL (a lib/pq URL or
-key=value string; set search_path in it to select a schema). Prefer the
-variable: flags show in ps. No output ever prints its password.
+The database comes from --database-url, OUTBOX_DATABASE_URL or the file
+OUTBOX_DATABASE_URL_FILE names (a lib/pq URL or key=value string; set
+search_path in it to select a schema). Prefer the variable or the file: flags
+show in ps. No output ever prints its password.
 
 Output is an aligned table by default; --json prints one JSON document on
 stdout (and errors as JSON on stderr).
@@ -239,14 +240,17 @@ func (a *app) runE(fn func(ctx context.Context, cmd *cobra.Command, args []strin
 }
 
 // resolvedURL is the database URL the command connects with: --database-url,
-// else OUTBOX_DATABASE_URL, blanks trimmed ("" when neither is set). openDB
+// else OUTBOX_DATABASE_URL, else the content of the file
+// OUTBOX_DATABASE_URL_FILE names (a mounted secret), blanks trimmed (""
+// when none is set or the file cannot be read: openDB reports why). openDB
 // and the relay's LISTEN connection both use it, so they reach the same
 // database.
 func (a *app) resolvedURL() string {
 	if url := strings.TrimSpace(a.databaseURL); url != "" {
 		return url
 	}
-	return strings.TrimSpace(a.getenv("OUTBOX_DATABASE_URL"))
+	v, _, _ := lookupFile(a.getenv, "OUTBOX_DATABASE_URL")
+	return strings.TrimSpace(v)
 }
 
 // openDB opens and pings the database. A missing URL is a usage error, and
@@ -256,7 +260,10 @@ func (a *app) resolvedURL() string {
 func (a *app) openDB(ctx context.Context) (*sql.DB, error) {
 	dsn := a.resolvedURL()
 	if dsn == "" {
-		return nil, outbox.Errorf(CodeDatabaseURLRequired, "outboxctl", "set --database-url or OUTBOX_DATABASE_URL")
+		if _, _, err := lookupFile(a.getenv, "OUTBOX_DATABASE_URL"); err != nil {
+			return nil, err
+		}
+		return nil, outbox.Errorf(CodeDatabaseURLRequired, "outboxctl", "set --database-url, OUTBOX_DATABASE_URL or OUTBOX_DATABASE_URL_FILE")
 	}
 	connector, err := pq.NewConnector(dsn)
 	if err != nil {

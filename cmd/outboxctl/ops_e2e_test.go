@@ -368,3 +368,34 @@ func TestCommandLineErrorsHaveUsageCode(t *testing.T) {
 	require.Contains(t, r.stderr, "code: OUTBOXCTL_USAGE")
 	require.Contains(t, r.stderr, "Run 'outboxctl --help' for usage.")
 }
+
+// The database URL, and every relay setting, can come from a file named by
+// the variable + _FILE (a mounted secret); an unreadable file is a usage
+// error naming the variable and the path.
+func TestSettingsFromFiles(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	dir := t.TempDir()
+	urlFile := dir + "/database-url"
+	require.NoError(t, os.WriteFile(urlFile, []byte(s.URL+"\n"), 0o600))
+	r := cli(t, []string{"OUTBOX_DATABASE_URL_FILE=" + urlFile}, "status")
+	requireCode(t, r, 0)
+	require.Contains(t, r.stdout, "relay mode:")
+
+	r = cli(t, []string{"OUTBOX_DATABASE_URL_FILE=" + dir + "/missing"}, "status")
+	requireCode(t, r, ExitUsage)
+	require.Contains(t, r.stderr, "OUTBOX_DATABASE_URL_FILE names "+dir+"/missing, which cannot be read")
+
+	// The variable wins over its file; a relay flag from a file.
+	ownerFile := dir + "/owner"
+	require.NoError(t, os.WriteFile(ownerFile, []byte("owner-from-file\n"), 0o600))
+	cmd := relayFlagSet(t)
+	env := map[string]string{"OUTBOX_OWNER_FILE": ownerFile, "OUTBOX_TO": "log", "OUTBOX_TO_FILE": dir + "/missing"}
+	require.NoError(t, bindEnv(cmd, func(k string) string { return env[k] }))
+	owner, err := cmd.Flags().GetString("owner")
+	require.NoError(t, err)
+	require.Equal(t, "owner-from-file", owner)
+	to, err := cmd.Flags().GetString("to")
+	require.NoError(t, err)
+	require.Equal(t, "log", to)
+}

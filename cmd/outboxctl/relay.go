@@ -132,8 +132,10 @@ exit 2.
 
 Every flag can also be set from the environment: OUTBOX_ and the flag's name
 upper-cased with '-' as '_' (--max-attempts is OUTBOX_MAX_ATTEMPTS, --to is
-OUTBOX_TO); a flag on the command line wins. Secrets (--amqp-url,
---nats-url, the database URL) are best given this way: flags show in ps.
+OUTBOX_TO), or from the file OUTBOX_<NAME>_FILE names (a mounted secret); a
+flag on the command line wins, then the variable, then its file. Secrets
+(--amqp-url, --nats-url, the database URL) are best given this way: flags
+show in ps.
 
 --metrics-addr serves, on one listener (bind it to a pod or loopback
 address, e.g. 127.0.0.1:9464):
