@@ -55,9 +55,15 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		"mysql://u:" + secret + "@127.0.0.1/db",                           // another scheme
 	}
 	for _, dsn := range malformed {
-		for _, args := range commands {
+		for i, args := range commands {
 			for _, viaEnv := range []bool{false, true} {
 				for _, asJSON := range []bool{false, true} {
+					// Every command through the flag in text; the
+					// environment and --json with status and the relays
+					// (the error path is the same for every command).
+					if (viaEnv || asJSON) && i != 1 && args[0] != "relay" {
+						continue
+					}
 					var env []string
 					full := args
 					if asJSON {
