@@ -12,6 +12,16 @@
 //   - journal: exactly-once admin operations (redrive, purge)
 //   - inbox: consumer-side de-duplication middleware
 //   - debezium: CDC connector configuration and relay-mode exclusivity
+//   - cdcrelay: a built-in CDC relay that streams inserts from a logical
+//     replication slot instead of polling
+//   - status: the operator queries behind `outboxctl status` and a
+//     Prometheus backlog collector
+//   - transport: publishers and error classifiers per broker (amqp,
+//     googlecloud, kafka, nats)
+//
+// Commands: cmd/outboxctl (operate a database, run a standalone relay) and
+// cmd/outbox-bench (the benchmark). Deployment examples, alert rules and a
+// dashboard are in deploy/.
 //
 // Guarantees: a row commits with the business change or not at all; delivery
 // is at least once under one message id; a relay that lost its lease cannot

@@ -26,6 +26,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
+	"github.com/fencedoutbox/watermill-outbox/migrations"
 )
 
 // Codes returned by the forwarder (configuration refusals use
@@ -233,6 +234,11 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	f.started = true
 	f.mu.Unlock()
 	defer close(f.done)
+
+	// An unmigrated search_path is named with its remedy, not a raw 42P01.
+	if err := migrations.Check(ctx, f.db); err != nil {
+		return err
+	}
 
 	ttl := 3 * f.cfg.HeartbeatInterval
 	sent := time.Since(f.beatEpoch)

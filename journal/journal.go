@@ -308,7 +308,8 @@ func (j *Journal) begin(ctx context.Context, ticket, op, digest string, canonica
 				"ticket %q already ran %s to completion (%d items) at %s", ticket, op, rec.ItemsCompleted, rec.CompletedAt.Format(time.RFC3339))
 		case rec.State == StateStarted && live && rec.Owner != j.cfg.Owner:
 			return nil, outbox.Errorf(CodeInFlight, opName,
-				"ticket %q is running on %s until %s", ticket, rec.Owner, rec.LeaseExpiresAt.Format(time.RFC3339Nano))
+				"ticket %q is running on %s until %s; that owner resumes it at once (from its checkpoint), any other owner once the lease ends",
+				ticket, rec.Owner, rec.LeaseExpiresAt.Format(time.RFC3339Nano))
 		}
 		if j.afterRead != nil {
 			j.afterRead()

@@ -64,11 +64,14 @@ SELECT status, coalesce(last_failure_code, ''), count(*)
 // after the stuck threshold. Each arm of the OR is the predicate of one
 // partial index (parked, claimable), so the plan is a BitmapOr of the two.
 // $1 = now (NULL: the database clock), $2 = threshold in seconds, $3 = limit.
+// The last column counts every stuck correlation id before the LIMIT, so a
+// cut list can say how many more there are.
 const stuckCorrelationsQuery = `
 SELECT correlation_id,
        count(*) FILTER (WHERE parked_at IS NOT NULL),
        count(*) FILTER (WHERE parked_at IS NULL),
-       min(created_at)
+       min(created_at),
+       count(*) OVER ()
   FROM messaging_outbox
  WHERE correlation_id IS NOT NULL
    AND (parked_at IS NOT NULL

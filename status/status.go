@@ -130,7 +130,10 @@ type Snapshot struct {
 	FailureCodes      []FailureCode      `json:"failure_codes"`
 	StuckAfterSeconds float64            `json:"stuck_after_seconds"`
 	StuckCorrelations []StuckCorrelation `json:"stuck_correlations"`
-	Relays            []Relay            `json:"live_relays"`
+	// StuckTotal counts every stuck correlation id; more than
+	// len(StuckCorrelations) when Options.MaxStuck cut the list.
+	StuckTotal int64   `json:"stuck_total"`
+	Relays     []Relay `json:"live_relays"`
 	// Breakers are the open breakers of live relays: destinations a relay
 	// found unavailable as a whole (their rows wait without spending
 	// attempts while it probes).
@@ -288,7 +291,7 @@ func readStuck(ctx context.Context, tx *sql.Tx, opts Options, s *Snapshot) error
 	defer rows.Close()
 	for rows.Next() {
 		var c StuckCorrelation
-		if err := rows.Scan(&c.CorrelationID, &c.Parked, &c.LongPending, &c.Oldest); err != nil {
+		if err := rows.Scan(&c.CorrelationID, &c.Parked, &c.LongPending, &c.Oldest, &s.StuckTotal); err != nil {
 			return fmt.Errorf("status: stuck correlations: %w", err)
 		}
 		s.StuckCorrelations = append(s.StuckCorrelations, c)

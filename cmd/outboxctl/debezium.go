@@ -58,8 +58,8 @@ the default options). --format json is the Kafka Connect REST form,
 				_, err = a.stdout.Write(buf.Bytes())
 				return err
 			}
-			if err := os.WriteFile(output, buf.Bytes(), 0o644); err != nil {
-				return fmt.Errorf("write %s: %w", output, err)
+			if err := writeFileAtomic(output, buf.Bytes()); err != nil { // 0600, temp + rename, no symlink follow
+				return err
 			}
 			a.progress("wrote %s (%d bytes)", output, buf.Len())
 			return nil

@@ -6,8 +6,14 @@
 // that need it refuse clearly (OUTBOXCTL_DATABASE_URL_REQUIRED, exit 2) when
 // neither is set. Output is an aligned table by default; --json prints one
 // JSON document on stdout and errors as {"error","code","exit_code"} on
-// stderr. Progress of long operations goes to stderr, so stdout stays
-// parseable.
+// stderr (with "resume" when an interrupted operation can be resumed).
+// Progress of long operations goes to stderr, so stdout stays parseable. No
+// output ever carries a password (internal/redact masks every error and log
+// line); a database URL that does not parse is OUTBOXCTL_INVALID_DATABASE_URL
+// (exit 2) with a message that quotes none of it. Every command but migrate
+// and version refuses a search_path without a migrated schema
+// (OUTBOX_SCHEMA_NOT_MIGRATED, exit 2). Text from rows is printed with
+// control characters escaped.
 //
 // Commands:
 //
@@ -15,16 +21,20 @@
 //	status                      backlog by status, destination and tenant; oldest pending age;
 //	                            ambiguous/failed/exhausted counts and top failure codes;
 //	                            stuck correlations; live relays; relay mode (package status)
-//	inspect <message-id>        every column of one row, headers, lease, failure
+//	inspect <message-id>        every column of one row, headers, lease, failure, and a bounded
+//	                            payload preview (--payload-bytes); --payload-to FILE|- for the raw bytes
 //	redrive | purge             parked rows (EXHAUSTED/FAILED) matching --status, --destination,
 //	                            --tenant, --failure-code, --message-id, --since/--until (RFC 3339),
 //	                            through the admin journal: --dry-run prints plan, count and digest;
-//	                            --ticket is required to execute; --expect-digest pins the approved plan;
-//	                            progress per batch on stderr (package journal)
+//	                            executing requires --ticket and the approved --expect-digest;
+//	                            not bounded by --timeout; a cut run prints the command that
+//	                            resumes it; progress per batch on stderr (package journal)
 //	cleanup                     one retention run (package retention): --horizon, --batch-size,
 //	                            --max-batches, --archive, --inbox-horizon, --by-created-at (CDC only)
 //	relay --to <sink>           a standalone forwarder until SIGINT/SIGTERM (drains the pass);
-//	                            --metrics-addr serves /metrics (forwarder metrics + backlog gauges);
+//	                            --metrics-addr serves /metrics (forwarder metrics + backlog gauges),
+//	                            /healthz and /readyz; every flag also from OUTBOX_<FLAG> (flags win);
+//	                            --log-format json|text, --log-level; examples in deploy/;
 //	                            each sink classifies publish errors with its transport's Classify:
 //	                              log     one JSON line per message on stdout
 //	                              pubsub  --pubsub-project (PUBSUB_EMULATOR_HOST honoured),
@@ -43,14 +53,17 @@
 //	                            --topic-prefix, -o file); needs no database
 //	debezium enable|disable     switch the relay mode (enable refused while polling relays are live)
 //	debezium status             relay mode and live polling relays
+//	version                     module version, VCS revision, Go version (build information)
 //
 // # Exit codes
 //
 //	0  ok
-//	1  the operation failed (a database error, STATUS_MESSAGE_NOT_FOUND, ...)
+//	1  the operation failed (a database error, STATUS_MESSAGE_NOT_FOUND,
+//	   OUTBOXCTL_OPERATION_INTERRUPTED, ...)
 //	2  usage error: unknown command or flag, bad argument count or value, a configuration the
 //	   package refuses (OUTBOX_INVALID_CONFIG), JOURNAL_INVALID_FILTER, JOURNAL_TICKET_REQUIRED,
-//	   OUTBOXCTL_DATABASE_URL_REQUIRED
+//	   OUTBOXCTL_DIGEST_REQUIRED, OUTBOXCTL_DATABASE_URL_REQUIRED, OUTBOXCTL_INVALID_DATABASE_URL,
+//	   OUTBOX_SCHEMA_NOT_MIGRATED
 //	3  refused by a guard: JOURNAL_ALREADY_EXECUTED, JOURNAL_IN_FLIGHT, JOURNAL_LEASE_LOST,
 //	   JOURNAL_PLAN_MISMATCH, OUTBOXCTL_DIGEST_MISMATCH, RELAY_MODE_CONFLICT,
 //	   OUTBOXCTL_RETENTION_MODE_MISMATCH

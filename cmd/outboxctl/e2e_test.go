@@ -226,7 +226,7 @@ func TestInspect(t *testing.T) {
 		`(?m)^message_id\s+f1$`, `(?m)^status\s+FAILED$`, `(?m)^lease_owner\s+relay-a$`, `(?m)^lease_token\s+4$`,
 		`(?m)^attempts\s+2$`, `(?m)^last_failure_code\s+REJECTED$`, `(?m)^last_failure_detail\s+broker said no$`,
 		`(?m)^routing_key\s+k-1$`, `(?m)^tenant\s+acme$`, `(?m)^occurred_at\s+-$`, `(?m)^parked_at\s+\d{4}-`,
-		`(?m)^payload\s+1 bytes: x$`,
+		`(?m)^payload\s+1 bytes, text: x$`,
 	} {
 		require.Regexp(t, re, r.stdout)
 	}

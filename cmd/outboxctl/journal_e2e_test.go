@@ -77,13 +77,16 @@ func TestRedriveDryRunThenExactlyOnce(t *testing.T) {
 
 	// The same approval never runs twice: park a matching row again and retry.
 	exec1(t, s.DB, `UPDATE messaging_outbox SET status = 'EXHAUSTED', parked_at = now() WHERE message_id = 'ex-1'`)
-	r = db(t, s, append([]string{"redrive", "--ticket", "CHG-1"}, filter...)...)
+	r = db(t, s, append([]string{"redrive", "--ticket", "CHG-1", "--expect-digest", digest}, filter...)...)
 	requireCode(t, r, 3)
 	require.Contains(t, r.stderr, "code: JOURNAL_ALREADY_EXECUTED")
 	require.Equal(t, 1, s.Count(t, "message_id = 'ex-1' AND status = 'EXHAUSTED'"))
 
-	// Nor can the ticket run a different plan.
-	r = db(t, s, "--json", "redrive", "--ticket", "CHG-1", "--status", "failed")
+	// Nor can the ticket run a different plan, even one approved itself.
+	r = db(t, s, "--json", "redrive", "--dry-run", "--status", "failed")
+	requireCode(t, r, 0)
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &dry))
+	r = db(t, s, "--json", "redrive", "--ticket", "CHG-1", "--status", "failed", "--expect-digest", dry.Plan.Digest)
 	requireCode(t, r, 3)
 	var e map[string]any
 	require.NoError(t, json.Unmarshal([]byte(r.stderr), &e), r.stderr)
@@ -96,7 +99,9 @@ func TestPurgeDeletesOnlyParkedMatchingRows(t *testing.T) {
 	s := newSchema(t)
 	seedParked(t, s)
 
-	r := db(t, s, "--json", "purge", "--ticket", "CHG-9", "--message-id", "fa-1", "--message-id", "ex-30", "--message-id", "pending-1")
+	ids := []string{"--message-id", "fa-1", "--message-id", "ex-30", "--message-id", "pending-1"}
+	digest := dryRunDigest(t, s, "purge", ids...)
+	r := db(t, s, append([]string{"--json", "purge", "--ticket", "CHG-9", "--expect-digest", digest}, ids...)...)
 	requireCode(t, r, 0)
 	var out struct {
 		Items   int64 `json:"items"`
@@ -112,7 +117,7 @@ func TestPurgeDeletesOnlyParkedMatchingRows(t *testing.T) {
 	require.Equal(t, 1, s.Count(t, "message_id = 'pending-1'"))
 	require.Contains(t, r.stderr, "purge CHG-9: batch 1 committed, 2 of 2 items")
 
-	requireCode(t, db(t, s, "purge", "--ticket", "CHG-9", "--message-id", "fa-1", "--message-id", "ex-30", "--message-id", "pending-1"), 3)
+	requireCode(t, db(t, s, append([]string{"purge", "--ticket", "CHG-9", "--expect-digest", digest}, ids...)...), 3)
 
 	// Bad filters are usage errors, and change nothing.
 	r = db(t, s, "purge", "--ticket", "CHG-10", "--status", "pending")
@@ -129,4 +134,20 @@ func TestPurgeDeletesOnlyParkedMatchingRows(t *testing.T) {
 	requireCode(t, r, 0)
 	require.Regexp(t, `(?m)^matching\s+30$`, r.stdout)
 	require.Equal(t, 31, s.Count(t, ""))
+}
+
+// dryRunDigest runs `op --dry-run --json` with filter and returns the plan
+// digest it prints.
+func dryRunDigest(t *testing.T, s *testdb.Schema, op string, filter ...string) string {
+	t.Helper()
+	r := db(t, s, append([]string{"--json", op, "--dry-run"}, filter...)...)
+	requireCode(t, r, 0)
+	var dry struct {
+		Plan struct {
+			Digest string `json:"digest"`
+		} `json:"plan"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &dry), r.stdout)
+	require.NotEmpty(t, dry.Plan.Digest)
+	return dry.Plan.Digest
 }

@@ -7,15 +7,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"strings"
 	"time"
 
-	_ "github.com/lib/pq" // database/sql driver "postgres"
+	"github.com/lib/pq"
 	"github.com/spf13/cobra"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/internal/redact"
+	"github.com/fencedoutbox/watermill-outbox/migrations"
 )
 
 // Exit codes. They are part of the CLI's contract (see doc.go and --help).
@@ -30,6 +33,7 @@ const (
 // Codes of the refusals the CLI itself makes.
 const (
 	CodeDatabaseURLRequired outbox.Code = "OUTBOXCTL_DATABASE_URL_REQUIRED"
+	CodeInvalidDatabaseURL  outbox.Code = "OUTBOXCTL_INVALID_DATABASE_URL"
 	CodeDatabaseUnreachable outbox.Code = "OUTBOXCTL_DATABASE_UNREACHABLE"
 	CodeUsage               outbox.Code = "OUTBOXCTL_USAGE"
 	CodeRetentionMode       outbox.Code = "OUTBOXCTL_RETENTION_MODE_MISMATCH"
@@ -49,7 +53,11 @@ var usageCodes = map[outbox.Code]bool{
 	outbox.CodeMessageIDRequired:  true,
 	debezium.CodeOperatorRequired: true,
 	CodeDatabaseURLRequired:       true,
+	CodeInvalidDatabaseURL:        true,
 	CodeUsage:                     true,
+	// The search_path reaches no migrated schema: the configuration (the
+	// URL's search_path) or the deployment (migrate not run) must change.
+	migrations.CodeSchemaNotMigrated: true,
 }
 
 func main() {
@@ -65,6 +73,12 @@ type app struct {
 	databaseURL string
 	json        bool
 	timeout     time.Duration
+
+	// secretSources are connection strings whose secrets must never be
+	// printed: the database URL and, for the relay, the broker URLs. Every
+	// error and log line goes through redactError / the log handler, which
+	// mask what these contain (see internal/redact).
+	secretSources []string
 }
 
 // runError marks an error returned by a command's own code, as opposed to
@@ -103,23 +117,57 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
 	code := exitCode(err)
+	var re runError
+	if err != nil && !errors.As(err, &re) {
+		// cobra's own refusal (unknown command or flag, bad argument count
+		// or value): a usage error with its code, like the CLI's own.
+		err = outbox.Wrap(CodeUsage, "outboxctl", err, "")
+	}
 	if err != nil {
 		a.printError(err, code)
 	}
 	return code
 }
 
+// redactError masks, in err's text, every secret of the database URL and of
+// the other connection strings the command was given, and anything
+// URL-shaped or key=value-shaped that looks like a password. It is the one
+// redaction every error the CLI prints goes through.
+func (a *app) redactError(err error) error {
+	if err == nil {
+		return nil
+	}
+	err = redact.Error(err, a.resolvedURL())
+	for _, src := range a.secretSources {
+		err = redact.Error(err, src)
+	}
+	return err
+}
+
+// redactString is redactError for a text.
+func (a *app) redactString(s string) string {
+	return a.redactError(errors.New(s)).Error()
+}
+
 func (a *app) printError(err error, exit int) {
 	code := outbox.CodeOf(err)
+	err = a.redactError(err)
 	if a.json {
-		_ = json.NewEncoder(a.stderr).Encode(map[string]any{"error": err.Error(), "code": code, "exit_code": exit})
+		doc := map[string]any{"error": err.Error(), "code": code, "exit_code": exit}
+		var re *resumeError
+		if errors.As(err, &re) {
+			doc["resume"] = a.redactString(re.resume)
+		}
+		_ = json.NewEncoder(a.stderr).Encode(doc)
 		return
 	}
 	fmt.Fprintf(a.stderr, "error: %v\n", err)
 	if code != "" {
 		fmt.Fprintf(a.stderr, "code: %s\n", code)
 	}
-	if exit == ExitUsage {
+	if exit == ExitUsage && (code == "" || code == CodeUsage) {
+		// A command line that did not parse; typed refusals say themselves
+		// what to change.
 		fmt.Fprintln(a.stderr, "Run 'outboxctl --help' for usage.")
 	}
 }
@@ -128,16 +176,20 @@ const rootLong = `outboxctl operates a watermill-outbox database: migrate the sc
 the backlog, inspect a message, redrive or purge parked rows exactly once,
 run retention, run a standalone relay, and manage the Debezium CDC mode.
 
-The database comes from --database-url or OUTBOX_DATABASE_URL (a lib/pq URL or
-key=value string; set search_path in it to select a schema).
+The database comes from --database-url, OUTBOX_DATABASE_URL or the file
+OUTBOX_DATABASE_URL_FILE names (a lib/pq URL or key=value string; set
+search_path in it to select a schema). Prefer the variable or the file: flags
+show in ps. No output ever prints its password.
 
 Output is an aligned table by default; --json prints one JSON document on
 stdout (and errors as JSON on stderr).
 
 Exit codes:
   0  ok
-  1  the operation failed (database error, message not found, ...)
-  2  usage error: bad flags or arguments, invalid configuration, missing database URL
+  1  the operation failed (database error, message not found, an interrupted
+     redrive/purge: the error ends with the command that resumes it)
+  2  usage error: bad flags or arguments, invalid configuration, missing or
+     malformed database URL, schema not migrated (run outboxctl migrate)
   3  refused by a guard: journal already executed or in flight, plan mismatch,
      relay mode conflict, retention mode that does not match the relay mode
   4  the database is unreachable
@@ -153,7 +205,7 @@ func (a *app) rootCommand() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL (default $OUTBOX_DATABASE_URL)")
 	root.PersistentFlags().BoolVar(&a.json, "json", false, "print JSON instead of tables")
-	root.PersistentFlags().DurationVar(&a.timeout, "timeout", 5*time.Minute, "bound for the whole command (0 = none; relay ignores it and runs until SIGINT/SIGTERM)")
+	root.PersistentFlags().DurationVar(&a.timeout, "timeout", 5*time.Minute, "bound for the whole command (0 = none); not applied to relay (runs until SIGINT/SIGTERM) nor to redrive/purge executions (run to completion; a cut prints how to resume)")
 	root.CompletionOptions.DisableDefaultCmd = true
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
 	root.AddCommand(
@@ -165,6 +217,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.cleanupCommand(),
 		a.relayCommand(),
 		a.debeziumCommand(),
+		a.versionCommand(),
 	)
 	return root
 }
@@ -187,27 +240,36 @@ func (a *app) runE(fn func(ctx context.Context, cmd *cobra.Command, args []strin
 }
 
 // resolvedURL is the database URL the command connects with: --database-url,
-// else OUTBOX_DATABASE_URL, blanks trimmed ("" when neither is set). openDB
+// else OUTBOX_DATABASE_URL, else the content of the file
+// OUTBOX_DATABASE_URL_FILE names (a mounted secret), blanks trimmed (""
+// when none is set or the file cannot be read: openDB reports why). openDB
 // and the relay's LISTEN connection both use it, so they reach the same
 // database.
 func (a *app) resolvedURL() string {
 	if url := strings.TrimSpace(a.databaseURL); url != "" {
 		return url
 	}
-	return strings.TrimSpace(a.getenv("OUTBOX_DATABASE_URL"))
+	v, _, _ := lookupFile(a.getenv, "OUTBOX_DATABASE_URL")
+	return strings.TrimSpace(v)
 }
 
-// openDB opens and pings the database. A missing URL is a usage error; a
+// openDB opens and pings the database. A missing URL is a usage error, and
+// so is one that does not parse (OUTBOXCTL_INVALID_DATABASE_URL, whose
+// message never quotes the URL: a parse error would print the password); a
 // ping that fails is "unreachable" (exit 4) so scripts can retry on it alone.
 func (a *app) openDB(ctx context.Context) (*sql.DB, error) {
-	url := a.resolvedURL()
-	if url == "" {
-		return nil, outbox.Errorf(CodeDatabaseURLRequired, "outboxctl", "set --database-url or OUTBOX_DATABASE_URL")
+	dsn := a.resolvedURL()
+	if dsn == "" {
+		if _, _, err := lookupFile(a.getenv, "OUTBOX_DATABASE_URL"); err != nil {
+			return nil, err
+		}
+		return nil, outbox.Errorf(CodeDatabaseURLRequired, "outboxctl", "set --database-url, OUTBOX_DATABASE_URL or OUTBOX_DATABASE_URL_FILE")
 	}
-	db, err := sql.Open("postgres", url)
+	connector, err := pq.NewConnector(dsn)
 	if err != nil {
-		return nil, outbox.Wrap(CodeDatabaseURLRequired, "outboxctl", err, "the database URL does not parse")
+		return nil, invalidDatabaseURL(dsn, err)
 	}
+	db := sql.OpenDB(connector)
 	// An operator tool needs few connections; keep the shared server's
 	// connection budget for the applications.
 	db.SetMaxOpenConns(4)
@@ -215,21 +277,55 @@ func (a *app) openDB(ctx context.Context) (*sql.DB, error) {
 	defer cancel()
 	if err := db.PingContext(pingCtx); err != nil {
 		_ = db.Close()
-		return nil, outbox.Wrap(CodeDatabaseUnreachable, "outboxctl", err, "cannot reach the database")
+		return nil, outbox.Wrap(CodeDatabaseUnreachable, "outboxctl", a.redactError(err), "cannot reach the database")
 	}
 	return db, nil
 }
 
-// withDB runs fn with an open database, closing it afterwards.
+// invalidDatabaseURL describes why dsn does not make a connection
+// configuration without quoting any of it or of the parser's error: both
+// may carry the password (net/url quotes the whole input; lib/pq quotes the
+// keys and values it stumbles on).
+func invalidDatabaseURL(dsn string, err error) error {
+	var uerr *url.Error
+	isURL := strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+	var what string
+	switch {
+	case errors.As(err, &uerr) || (isURL && strings.Contains(err.Error(), "parse")):
+		what = "it does not parse as a postgres:// URL: percent-encode reserved characters of the user and password (% as %25, @ as %40, : as %3A, / as %2F, # as %23), close an IPv6 host's brackets, and check that the port is a number"
+	case isURL:
+		what = "lib/pq refuses the URL or one of its parameters (or a PG* environment variable or service file it reads)"
+	case strings.Contains(dsn, "://"):
+		what = "the scheme must be postgres:// or postgresql://"
+	default:
+		what = "lib/pq refuses the key=value string or one of its values (or a PG* environment variable or service file it reads): quote values with spaces in single quotes, give every key a '='"
+	}
+	return outbox.Errorf(CodeInvalidDatabaseURL, "outboxctl",
+		"the database URL (--database-url or OUTBOX_DATABASE_URL) is not usable: %s; neither it nor the parser's message is shown, as either may hold the password", what)
+}
+
+// withDB runs fn with an open database whose search_path reaches a migrated
+// schema (OUTBOX_SCHEMA_NOT_MIGRATED otherwise), closing it afterwards.
 func (a *app) withDB(fn func(ctx context.Context, db *sql.DB, cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
-	return a.runE(func(ctx context.Context, cmd *cobra.Command, args []string) error {
+	return a.runE(a.withDBCtx(true, fn))
+}
+
+// withDBCtx is withDB's body without --timeout: journal executions apply
+// their own. checkSchema is false only for migrate.
+func (a *app) withDBCtx(checkSchema bool, fn func(ctx context.Context, db *sql.DB, cmd *cobra.Command, args []string) error) func(ctx context.Context, cmd *cobra.Command, args []string) error {
+	return func(ctx context.Context, cmd *cobra.Command, args []string) error {
 		db, err := a.openDB(ctx)
 		if err != nil {
 			return err
 		}
 		defer db.Close()
+		if checkSchema {
+			if err := migrations.Check(ctx, db); err != nil {
+				return err
+			}
+		}
 		return fn(ctx, db, cmd, args)
-	})
+	}
 }
 
 // printJSON writes v as indented JSON on stdout.

@@ -18,7 +18,7 @@ func (a *app) migrateCommand() *cobra.Command {
 (two concurrent runs serialise; the second applies nothing). Objects are
 created in the first schema of the connection's search_path.`,
 		Args: cobra.NoArgs,
-		RunE: a.withDB(func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
+		RunE: a.runE(a.withDBCtx(false, func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
 			res, err := migrations.Up(ctx, db)
 			if err != nil {
 				return err
@@ -38,6 +38,6 @@ created in the first schema of the connection's search_path.`,
 			}
 			fmt.Fprintf(a.stdout, "schema at version %d\n", res.Current)
 			return nil
-		}),
+		})),
 	}
 }

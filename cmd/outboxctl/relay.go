@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"net/http"
 	"os/signal"
 	"strings"
 	"sync"
@@ -19,12 +18,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/migrations"
 	"github.com/fencedoutbox/watermill-outbox/status"
 	"github.com/fencedoutbox/watermill-outbox/transport/amqp"
 	"github.com/fencedoutbox/watermill-outbox/transport/googlecloud"
@@ -98,6 +97,7 @@ func (a *app) relayCommand() *cobra.Command {
 		to          string
 		metricsAddr string
 		listen      bool
+		lf          logFlags
 		cfg         forwarder.Config
 		sf          sinkFlags
 	)
@@ -130,16 +130,42 @@ redrive) unless --pubsub-create-topics, --kafka-auto-create-topics,
 setting (e.g. --kafka-brokers "") is a usage error: OUTBOX_INVALID_CONFIG,
 exit 2.
 
---metrics-addr serves /metrics (the forwarder's counters and histograms and
-the backlog gauges of package status). The relay refuses to start with
-RELAY_MODE_CONFLICT (exit 3) when the database's relay mode is CDC.
---timeout does not apply: the relay runs until it is signalled.`,
+Every flag can also be set from the environment: OUTBOX_ and the flag's name
+upper-cased with '-' as '_' (--max-attempts is OUTBOX_MAX_ATTEMPTS, --to is
+OUTBOX_TO), or from the file OUTBOX_<NAME>_FILE names (a mounted secret); a
+flag on the command line wins, then the variable, then its file. Secrets
+(--amqp-url, --nats-url, the database URL) are best given this way: flags
+show in ps.
+
+--metrics-addr serves, on one listener (bind it to a pod or loopback
+address, e.g. 127.0.0.1:9464):
+  /metrics  the forwarder's counters and histograms and the backlog gauges
+  /healthz  200 while the process serves (liveness)
+  /readyz   200 when the database answers, the schema is migrated, the relay
+            mode is POLLING and this relay's heartbeat is fresh; else 503
+            with the failing check (readiness)
+
+Logs go to stderr as text (default) or JSON lines (--log-format json), at
+--log-level debug|info|warn|error; secrets are masked and control
+characters escaped in every field.
+
+The relay refuses to start with RELAY_MODE_CONFLICT (exit 3) when the
+database's relay mode is CDC, and with OUTBOX_SCHEMA_NOT_MIGRATED (exit 2)
+when the search_path has no migrated schema. --timeout does not apply: the
+relay runs until it is signalled. On SIGTERM it stops claiming, lets
+publishes in flight finish for up to --drain-timeout, writes their outcomes
+and exits 0: give it a grace period (Kubernetes
+terminationGracePeriodSeconds, systemd TimeoutStopSec) of at least
+--drain-timeout plus 10s.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := bindEnv(cmd, a.getenv); err != nil {
+				return runError{err}
+			}
 			// No --timeout: a relay runs until SIGINT/SIGTERM.
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			if err := a.relay(ctx, to, metricsAddr, listen, cfg, &sf); err != nil {
+			if err := a.relay(ctx, to, metricsAddr, listen, lf, cfg, &sf); err != nil {
 				return runError{err}
 			}
 			return nil
@@ -156,21 +182,36 @@ RELAY_MODE_CONFLICT (exit 3) when the database's relay mode is CDC.
 	f.BoolVar(&sf.amqp.CreateMissingExchanges, "amqp-create-exchanges", false, "amqp: declare missing exchanges (default: a missing exchange parks the row FAILED)")
 	f.StringVar(&sf.nats.URL, "nats-url", "nats://127.0.0.1:4222", "nats: NATS server URL (JetStream enabled)")
 	f.BoolVar(&sf.nats.AutoProvision, "nats-create-streams", false, "nats: create a stream for a subject no stream captures (default: such a row is parked FAILED)")
-	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address (e.g. :9464; empty = off)")
+	f.StringVar(&metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9464; empty = off)")
+	f.StringVar(&lf.format, "log-format", "text", "log format on stderr: text or json")
+	f.StringVar(&lf.level, "log-level", "info", "least log level: debug, info, warn or error")
 	f.BoolVar(&listen, "listen", false, "LISTEN for the publisher's NOTIFY wake-ups on the same database")
 	f.IntVar(&cfg.BatchSize, "batch-size", forwarder.DefaultBatchSize, "rows claimed per pass")
 	f.IntVar(&cfg.Concurrency, "concurrency", forwarder.DefaultConcurrency, "publishes in flight per pass")
 	f.IntVar(&cfg.MaxAttempts, "max-attempts", forwarder.DefaultMaxAttempts, "attempt budget per row before it is parked EXHAUSTED")
 	f.DurationVar(&cfg.LeaseDuration, "lease", forwarder.DefaultLeaseDuration, "lease per claimed row (>= 2 x --publish-timeout)")
 	f.DurationVar(&cfg.PublishTimeout, "publish-timeout", forwarder.DefaultPublishTimeout, "bound on one downstream publish")
+	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", 0, "on SIGTERM, how long publishes in flight may finish (0 = --publish-timeout)")
+	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", forwarder.DefaultHeartbeatInterval, "relay heartbeat period; the heartbeat lives 3 periods")
 	f.DurationVar(&cfg.PollInterval, "poll-interval", forwarder.DefaultPollInterval, "wait after a pass that found some work")
 	f.DurationVar(&cfg.MaxPollInterval, "max-poll-interval", forwarder.DefaultMaxPollInterval, "cap of the idle backoff")
 	f.StringVar(&cfg.Owner, "owner", "", "relay owner id in leases and heartbeats (default host-pid-random)")
 	f.StringVar(&cfg.Producer, "producer", "", "msg.producer restored on rows that carry none")
+	envFlags(cmd)
 	return cmd
 }
 
-func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, cfg forwarder.Config, sf *sinkFlags) error {
+func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, lf logFlags, cfg forwarder.Config, sf *sinkFlags) error {
+	switch to {
+	case "amqp":
+		a.secretSources = append(a.secretSources, sf.amqp.URI)
+	case "nats":
+		a.secretSources = append(a.secretSources, sf.nats.URL)
+	}
+	slogger, err := a.newLogger(a.stderr, lf)
+	if err != nil {
+		return err
+	}
 	newSink, ok := sinks[to]
 	if !ok {
 		return outbox.Errorf(CodeUsage, "outboxctl relay", "--to %q is not available; this build supports: %s", to, supportedSinks)
@@ -180,6 +221,9 @@ func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, cf
 		return err
 	}
 	defer db.Close()
+	if err := migrations.Check(ctx, db); err != nil {
+		return err
+	}
 	if listen {
 		cfg.ListenURL = a.resolvedURL()
 	}
@@ -192,7 +236,7 @@ func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, cf
 	}
 	reg.MustRegister(backlog)
 
-	logger := watermill.NewStdLoggerWithOut(a.stderr, false, false)
+	logger := watermillLogger(slogger)
 	out, classifier, err := newSink(a, sf, logger)
 	if err != nil {
 		return err
@@ -209,22 +253,20 @@ func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, cf
 		if err != nil {
 			return outbox.Wrap(CodeUsage, "outboxctl relay", err, "--metrics-addr cannot be served")
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		srv := newOpsServer(reg, &readiness{db: db, owner: fwd.Owner(), redact: a.redactString})
 		go func() { _ = srv.Serve(ln) }()
 		defer func() {
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			_ = srv.Shutdown(sctx)
 		}()
-		a.progress("metrics on http://%s/metrics", ln.Addr())
+		slogger.Info("metrics on http://"+ln.Addr().String()+"/metrics", "healthz", "/healthz", "readyz", "/readyz")
 	}
-	a.progress("relay %s publishing to %s", fwd.Owner(), to)
+	slogger.Info("relay "+fwd.Owner()+" publishing to "+to, "owner", fwd.Owner(), "to", to)
 	if err := fwd.Run(ctx); err != nil {
 		return err
 	}
-	a.progress("relay %s stopped", fwd.Owner())
+	slogger.Info("relay "+fwd.Owner()+" stopped", "owner", fwd.Owner())
 	return nil
 }
 

@@ -41,7 +41,7 @@ SELECT 'm-' || g, 'orders', convert_to('{"n":' || g || '}', 'UTF8'), '{"app":"sh
 	go func() {
 		defer close(errDone)
 		sc := bufio.NewScanner(stderr)
-		re := regexp.MustCompile(`metrics on (http://\S+)`)
+		re := regexp.MustCompile(`metrics on (http://[^\s"]+)`)
 		for sc.Scan() {
 			errLog.WriteString(sc.Text() + "\n")
 			if m := re.FindStringSubmatch(sc.Text()); m != nil {

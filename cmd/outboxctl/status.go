@@ -99,6 +99,9 @@ func (a *app) printStatus(s status.Snapshot) error {
 	if err := t.flush(); err != nil {
 		return err
 	}
+	if more := s.StuckTotal - int64(len(s.StuckCorrelations)); more > 0 {
+		fmt.Fprintf(out, "... and %d more (--max-stuck shows more)\n", more)
+	}
 
 	section(out, "OPEN BREAKERS (destinations a relay found unavailable; their rows wait without spending attempts)")
 	t = newTable(out)

@@ -3,9 +3,12 @@ package main
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // table writes aligned columns; Flush must be called.
@@ -33,7 +36,7 @@ func cell(v any) string {
 		if x == "" {
 			return "-"
 		}
-		return x
+		return escape(x)
 	case time.Time:
 		if x.IsZero() {
 			return "-"
@@ -42,8 +45,46 @@ func cell(v any) string {
 	case time.Duration:
 		return x.Round(time.Second).String()
 	default:
-		return fmt.Sprint(x)
+		return escape(fmt.Sprint(x))
 	}
+}
+
+// escape returns s with every character a terminal could act on written as
+// a Go escape: control characters (ESC, BEL, CR, newline, tab, ...), other
+// non-printable runes and bytes that are not UTF-8. Printable text, spaces
+// included, is kept as it is. Topics, ids, headers and failure details come
+// from applications and brokers, so a table cell must never clear a screen,
+// retitle a terminal or start a forged line.
+func escape(s string) string {
+	if !needsEscape(s) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r == ' ' || unicode.IsPrint(r):
+			b.WriteRune(r)
+		default:
+			q := strconv.QuoteRune(r) // e.g. '\x1b', '\n', '\u200b'
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+func needsEscape(s string) bool {
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if (r == utf8.RuneError && size == 1) || !(r == ' ' || unicode.IsPrint(r)) {
+			return true
+		}
+		i += size
+	}
+	return false
 }
 
 func section(out io.Writer, title string) {

@@ -1,0 +1,87 @@
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io/fs"
+	"strconv"
+	"strings"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+)
+
+// CodeSchemaNotMigrated: the connection's search_path does not reach a
+// migrated watermill-outbox schema (messaging_outbox is missing, or the
+// recorded version is older than this build's migrations).
+const CodeSchemaNotMigrated outbox.Code = "OUTBOX_SCHEMA_NOT_MIGRATED"
+
+// ErrSchemaNotMigrated matches CodeSchemaNotMigrated with errors.Is.
+var ErrSchemaNotMigrated = &outbox.Error{Code: CodeSchemaNotMigrated}
+
+// Latest is the highest version among the embedded migrations: the version
+// [Up] leaves a database at.
+func Latest() int64 {
+	var latest int64
+	entries, _ := fs.ReadDir(FS(), ".")
+	for _, e := range entries {
+		prefix, _, ok := strings.Cut(e.Name(), "_")
+		if !ok || !strings.HasSuffix(e.Name(), ".sql") {
+			continue
+		}
+		if v, err := strconv.ParseInt(prefix, 10, 64); err == nil && v > latest {
+			latest = v
+		}
+	}
+	return latest
+}
+
+// sqlCheck reads, in one statement, the search_path, the first schema of it
+// that exists, whether messaging_outbox resolves through it, and whether the
+// version table does.
+const sqlCheck = `
+SELECT current_setting('search_path'), coalesce(current_schema(), ''),
+       to_regclass('messaging_outbox') IS NOT NULL,
+       to_regclass('` + VersionTable + `') IS NOT NULL`
+
+// Check reports whether db's search_path reaches a schema migrated to this
+// build's migrations. It returns nil, an OUTBOX_SCHEMA_NOT_MIGRATED
+// *outbox.Error that names the table or version, the search_path and the
+// remedy (run `outboxctl migrate`, or [Up]), or the database error itself
+// (unreachable, permission denied) unchanged in kind.
+//
+// A schema migrated by another tool from [FS] without goose's version table
+// passes when messaging_outbox exists: only a version table that records an
+// older version than [Latest] is refused.
+func Check(ctx context.Context, db *sql.DB) error {
+	const op = "migrations.Check"
+	var (
+		searchPath, schema      string
+		hasOutbox, hasVersioned bool
+	)
+	if err := db.QueryRowContext(ctx, sqlCheck).Scan(&searchPath, &schema, &hasOutbox, &hasVersioned); err != nil {
+		return fmt.Errorf("migrations: check schema: %w", err)
+	}
+	if !hasOutbox {
+		where := "no schema of it exists"
+		if schema != "" {
+			where = "the first existing schema is " + strconv.Quote(schema)
+		}
+		return outbox.Errorf(CodeSchemaNotMigrated, op,
+			"messaging_outbox not found in search_path %q (%s); run outboxctl migrate (or migrations.Up) with this search_path",
+			searchPath, where)
+	}
+	if !hasVersioned {
+		return nil
+	}
+	var current int64
+	if err := db.QueryRowContext(ctx, `SELECT coalesce(max(version_id), 0) FROM `+VersionTable+` WHERE is_applied`).Scan(&current); err != nil {
+		return fmt.Errorf("migrations: check schema version: %w", err)
+	}
+	if latest := Latest(); current < latest {
+		return outbox.Errorf(CodeSchemaNotMigrated, op,
+			"schema %q (search_path %q) is at version %d, this build needs %d; run outboxctl migrate (or migrations.Up) with this search_path",
+			schema, searchPath, current, latest)
+	}
+	return nil
+}
