@@ -710,6 +710,7 @@ type stream struct {
 	reported   pglogrepl.LSN // last position sent to the server
 	nextStatus time.Time
 
+	xid       uint32    // the transaction being streamed
 	batch     []pending // inserts of the current transaction not yet published
 	published []string  // ids the downstream accepted, not yet marked PUBLISHED
 }
@@ -803,6 +804,7 @@ func (s *stream) handleLogical(ctx context.Context, wal []byte) error {
 		s.rels[m.RelationID] = m
 	case *pglogrepl.BeginMessage:
 		s.inTx = true
+		s.xid = m.Xid
 	case *pglogrepl.InsertMessage:
 		rel, ok := s.rels[m.RelationID]
 		if !ok {
@@ -908,11 +910,60 @@ func (s *stream) markPublished(ctx context.Context) error {
 	}
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if _, err := s.r.cfg.DB.ExecContext(mctx, sqlMarkPublished, pq.Array(s.published), "cdc:"+s.r.cfg.SlotName); err != nil {
-		return fmt.Errorf("cdcrelay: mark %d published rows: %w", len(s.published), err)
+	mark := func() (int64, error) {
+		res, err := s.r.cfg.DB.ExecContext(mctx, sqlMarkPublished, pq.Array(s.published), "cdc:"+s.r.cfg.SlotName)
+		if err != nil {
+			return 0, fmt.Errorf("cdcrelay: mark %d published rows: %w", len(s.published), err)
+		}
+		n, _ := res.RowsAffected()
+		return n, nil
+	}
+	n, err := mark()
+	if err != nil {
+		return err
+	}
+	if int(n) < len(s.published) {
+		// The walsender sends a transaction once its commit record is
+		// flushed, which can be a moment before the committing backend
+		// leaves the proc array: until then its rows are invisible to
+		// other sessions and the UPDATE misses them. Wait for the
+		// transaction to end, then mark the rest (a row still missed was
+		// deleted, or is already PUBLISHED).
+		if err := s.waitXact(mctx); err != nil {
+			return err
+		}
+		if _, err := mark(); err != nil {
+			return err
+		}
 	}
 	s.published = s.published[:0]
 	return nil
+}
+
+// waitXact waits until the streamed transaction is no longer in progress for
+// other sessions (pg_xact_status, which consults the proc array), so its rows
+// are visible. The 32-bit xid is widened with the current epoch.
+func (s *stream) waitXact(ctx context.Context) error {
+	const q = `
+SELECT pg_xact_status((CASE WHEN x > m THEN x - 4294967296 ELSE x END)::text::xid8)
+  FROM (SELECT ((m >> 32) << 32) | $1::bigint AS x, m
+          FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS m) c) w`
+	for delay := time.Millisecond; ; delay = min(2*delay, 50*time.Millisecond) {
+		var st sql.NullString
+		if err := s.r.cfg.DB.QueryRowContext(ctx, q, int64(s.xid)).Scan(&st); err != nil {
+			return fmt.Errorf("cdcrelay: wait for transaction %d to end: %w", s.xid, err)
+		}
+		if st.String != "in progress" {
+			return nil
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("cdcrelay: wait for transaction %d to end: %w", s.xid, ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // decodeInsert is the row an INSERT's tuple carries: each value paired with
