@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -199,4 +201,74 @@ func TestFastShutdownIsNotBlockedByARefusingDownstream(t *testing.T) {
 	require.Eventually(t, func() bool { return len(out.ids()) == 1 }, 30*time.Second, 10*time.Millisecond)
 	require.Equal(t, []string{"held"}, out.ids())
 	require.NoError(t, wait())
+}
+
+// capture is a logger that keeps the error lines.
+type capture struct {
+	mu    sync.Mutex
+	lines []captured
+}
+
+type captured struct {
+	msg    string
+	err    error
+	fields watermill.LogFields
+}
+
+func (c *capture) Error(msg string, err error, fields watermill.LogFields) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lines = append(c.lines, captured{msg, err, fields})
+}
+func (c *capture) Info(string, watermill.LogFields)                 {}
+func (c *capture) Debug(string, watermill.LogFields)                {}
+func (c *capture) Trace(string, watermill.LogFields)                {}
+func (c *capture) With(watermill.LogFields) watermill.LoggerAdapter { return c }
+
+func (c *capture) lagWarnings() []captured {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []captured
+	for _, l := range c.lines {
+		if errors.Is(l.err, cdcrelay.ErrSlotLagging) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// Issue 20 item 5: the relay logs a warning when its slot retains more WAL
+// than LagWarnBytes (checked with its heartbeat); the old relay never read
+// its slot's lag.
+func TestRelayWarnsPastTheLagThreshold(t *testing.T) {
+	base := testdb.Logical(t)
+	e := newEnv(t, base)
+	e.enableCDC(t)
+	cfg := e.config()
+	cfg.HeartbeatInterval, cfg.HeartbeatTTL = 50*time.Millisecond, 5*time.Second
+	cfg.LagWarnBytes, cfg.LagWarnEvery = 1, time.Hour // any retained WAL; once
+	log := &capture{}
+	r, err := cdcrelay.New(cfg, &recorder{}, log)
+	require.NoError(t, err)
+	wait := e.streaming(t, r)
+	_, err = e.s.DB.Exec(`SELECT pg_logical_emit_message(true, 'lag-test', repeat('x', 10000))`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(log.lagWarnings()) > 0 }, 20*time.Second, 10*time.Millisecond)
+	w := log.lagWarnings()[0]
+	require.Equal(t, e.slot, w.fields["slot"])
+	require.Equal(t, "reserved", w.fields["wal_status"])
+	require.Positive(t, w.fields["retained_wal_bytes"].(int64))
+	require.EqualValues(t, 1, w.fields["threshold_bytes"])
+	require.NoError(t, wait())
+	require.Len(t, log.lagWarnings(), 1, "at most one per LagWarnEvery")
+
+	cfg.LagWarnBytes = -1 // disabled
+	quiet := &capture{}
+	r, err = cdcrelay.New(cfg, &recorder{}, quiet)
+	require.NoError(t, err)
+	wait = e.streaming(t, r)
+	e.publish(t, "orders", msg("m", "m", nil))
+	require.Eventually(t, func() bool { return e.s.Count(t, "status = 'PUBLISHED'") == 1 }, 20*time.Second, 10*time.Millisecond)
+	require.NoError(t, wait())
+	require.Empty(t, quiet.lagWarnings())
 }
