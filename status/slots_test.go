@@ -129,6 +129,7 @@ func TestSlotLagForARunningAndAStoppedRelay(t *testing.T) {
 	// A connector on another slot, through its heartbeat action query, and
 	// a native relay's heartbeat on this one: reported.
 	require.NoError(t, debezium.BeatCDC(ctx, s.DB, "native", slot, time.Minute))
+	require.NoError(t, status.CheckOneCDCConsumer(ctx, s.DB), "one consumer: ready")
 	q, err := debezium.HeartbeatActionQuery(debezium.Options{Schema: s.Name, SlotName: "other_slot"})
 	require.NoError(t, err)
 	_, err = s.DB.Exec(q) // a connector cannot be refused: it is reported
@@ -138,6 +139,9 @@ func TestSlotLagForARunningAndAStoppedRelay(t *testing.T) {
 	require.Len(t, snap.CDCConsumers, 2)
 	require.Len(t, snap.Warnings, 1)
 	require.Contains(t, snap.Warnings[0], "2 CDC consumers stream from 2 different slots")
+	err = status.CheckOneCDCConsumer(ctx, s.DB)
+	require.ErrorIs(t, err, debezium.ErrSecondCDCConsumer, "the readiness check reports the second consumer")
+	require.Contains(t, err.Error(), "slot other_slot (debezium:messaging-outbox)")
 
 	// The same numbers as gauges.
 	c, err := status.NewCollector(s.DB, status.CollectorOptions{})

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
@@ -361,6 +362,35 @@ func ReadSlots(ctx context.Context, q debezium.Querier) ([]Slot, error) {
 		return nil, fmt.Errorf("status: replication slots: %w", err)
 	}
 	return out, nil
+}
+
+// CheckOneCDCConsumer is a readiness check for CDC mode: it returns
+// CDC_SECOND_CONSUMER (debezium.ErrSecondCDCConsumer) when the live CDC
+// consumers stream from more than one slot, naming them: each slot delivers
+// every insert. A native relay on a second slot is refused at start; a
+// Debezium connector cannot be, so this check (and `outboxctl status`, and
+// the outbox_cdc_consumer_slots gauge) is how it is reported.
+func CheckOneCDCConsumer(ctx context.Context, q debezium.Querier) error {
+	live, err := debezium.LiveCDCConsumers(ctx, q, time.Time{})
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	slots := map[string][]string{}
+	var order []string
+	for _, h := range live {
+		if _, ok := slots[h.SlotName]; !ok {
+			order = append(order, h.SlotName)
+		}
+		slots[h.SlotName] = append(slots[h.SlotName], h.Owner)
+	}
+	if len(order) < 2 {
+		return nil
+	}
+	parts := make([]string, len(order))
+	for i, sl := range order {
+		parts[i] = fmt.Sprintf("slot %s (%s)", sl, strings.Join(slots[sl], ", "))
+	}
+	return outbox.Errorf(debezium.CodeSecondCDCConsumer, "status.CheckOneCDCConsumer", "CDC consumers are live on %d slots: %s; every insert is delivered once per slot: stop all but one", len(order), strings.Join(parts, "; "))
 }
 
 func readSlots(ctx context.Context, tx *sql.Tx, s *Snapshot) error {
