@@ -96,3 +96,15 @@ SELECT slot_name, coalesce(plugin, ''), active, coalesce(wal_status, ''),
        (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn) w
  WHERE slot_type = 'logical' AND database = current_database()
  ORDER BY slot_name`
+
+// undeliveredBeforeSlotQuery answers "may the CDC relay start on this slot":
+// for each slot the native relay created (messaging_cdc_slot, migration
+// 00040), how many undelivered rows were committed before the slot (seq up
+// to its before_seq; 0 once the boundary is closed). Served by the claimable
+// index (its predicate, a range on seq).
+const undeliveredBeforeSlotQuery = `
+SELECT b.slot_name,
+       (SELECT count(*) FROM messaging_outbox o
+         WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.seq <= b.before_seq)
+  FROM messaging_cdc_slot b
+ ORDER BY b.slot_name`

@@ -98,12 +98,15 @@ func TestSlotLagForARunningAndAStoppedRelay(t *testing.T) {
 	require.Eventually(t, func() bool {
 		snap, err = status.Collect(ctx, s.DB)
 		require.NoError(t, err)
-		return len(snap.Slots) == 1 && snap.Slots[0].Active && len(snap.CDCConsumers) == 1
-	}, 20*time.Second, 10*time.Millisecond)
+		// Active alone is not enough: the walsender creating the slot holds
+		// it too; the boundary is recorded once the slot exists.
+		return len(snap.Slots) == 1 && snap.Slots[0].Active && len(snap.CDCConsumers) == 1 && snap.Slots[0].UndeliveredBeforeSlot != nil
+	}, 20*time.Second, 10*time.Millisecond, "the relay created the slot, recorded its boundary and streams")
 	running := slotOf(t, snap, slot)
 	require.Equal(t, "pgoutput", running.Plugin)
 	require.Equal(t, "reserved", running.WALStatus)
 	require.Nil(t, running.SafeWALSizeBytes, "max_slot_wal_keep_size is -1 on this cluster: no limit")
+	require.Zero(t, *running.UndeliveredBeforeSlot)
 	require.Equal(t, slot, snap.CDCConsumers[0].SlotName)
 	require.Empty(t, snap.Warnings)
 

@@ -126,6 +126,12 @@ type Slot struct {
 	RetainedWALBytes  int64  `json:"retained_wal_bytes"`
 	ConfirmedLagBytes int64  `json:"confirmed_lag_bytes"`
 	SafeWALSizeBytes  *int64 `json:"safe_wal_size_bytes"`
+	// UndeliveredBeforeSlot counts the undelivered rows committed before
+	// the slot was created, which the slot does not hold (the native relay
+	// refuses to start while it is above 0: wait for the forwarders to
+	// deliver them before switching to CDC). nil when the relay did not
+	// create the slot (no boundary is recorded).
+	UndeliveredBeforeSlot *int64 `json:"undelivered_before_slot"`
 }
 
 // Snapshot is everything `outboxctl status` shows, read in one read-only
@@ -395,8 +401,33 @@ func CheckOneCDCConsumer(ctx context.Context, q debezium.Querier) error {
 
 func readSlots(ctx context.Context, tx *sql.Tx, s *Snapshot) error {
 	slots, err := ReadSlots(ctx, tx)
+	if err != nil {
+		return err
+	}
 	s.Slots = slots
-	return err
+	rows, err := tx.QueryContext(ctx, undeliveredBeforeSlotQuery)
+	if err != nil {
+		return fmt.Errorf("status: slot boundaries: %w", err)
+	}
+	defer rows.Close()
+	older := map[string]int64{}
+	for rows.Next() {
+		var name string
+		var n int64
+		if err := rows.Scan(&name, &n); err != nil {
+			return fmt.Errorf("status: slot boundaries: %w", err)
+		}
+		older[name] = n
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("status: slot boundaries: %w", err)
+	}
+	for i := range s.Slots {
+		if n, ok := older[s.Slots[i].Name]; ok {
+			s.Slots[i].UndeliveredBeforeSlot = &n
+		}
+	}
+	return nil
 }
 
 func warnings(s Snapshot) []string {

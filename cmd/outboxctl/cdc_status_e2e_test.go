@@ -47,6 +47,7 @@ func TestStatusShowsSlotLagForARunningAndAStoppedRelay(t *testing.T) {
 		RetainedWALBytes  *int64 `json:"retained_wal_bytes"`
 		ConfirmedLagBytes *int64 `json:"confirmed_lag_bytes"`
 		SafeWALSizeBytes  *int64 `json:"safe_wal_size_bytes"`
+		OlderUndelivered  *int64 `json:"undelivered_before_slot"`
 	}
 	readJSON := func() (slots []slotJSON, consumers int) {
 		res := db(t, s, "--json", "status")
@@ -61,7 +62,9 @@ func TestStatusShowsSlotLagForARunningAndAStoppedRelay(t *testing.T) {
 
 	require.Eventually(t, func() bool {
 		slots, consumers := readJSON()
-		return len(slots) == 1 && slots[0].Active && consumers == 1
+		// The walsender creating the slot holds it too; the boundary is
+		// recorded once it exists.
+		return len(slots) == 1 && slots[0].Active && consumers == 1 && slots[0].OlderUndelivered != nil
 	}, 30*time.Second, 20*time.Millisecond, "the running relay's slot is active and its heartbeat listed")
 	slots, _ := readJSON()
 	require.Equal(t, slot, slots[0].Name)
@@ -87,5 +90,5 @@ func TestStatusShowsSlotLagForARunningAndAStoppedRelay(t *testing.T) {
 	res = db(t, s, "status")
 	requireCode(t, res, 0)
 	require.Regexp(t, `(?m)^`+slot+`\s+false\s+reserved\s+\d+(\.\d)? \S+`, res.stdout)
-	require.Regexp(t, `(?m)^`+slot+`\s.*\s+unlimited$`, res.stdout, "safe_wal_size without max_slot_wal_keep_size")
+	require.Regexp(t, `(?m)^`+slot+`\s.*\s+unlimited\s+0$`, res.stdout, "safe_wal_size without max_slot_wal_keep_size; no undelivered row older than the slot")
 }

@@ -125,13 +125,17 @@ func (a *app) printStatus(s status.Snapshot) error {
 
 	section(out, "REPLICATION SLOTS (retained WAL, confirmed lag, WAL left before the slot may be lost)")
 	t = newTable(out)
-	t.row("SLOT", "ACTIVE", "WAL_STATUS", "RETAINED_WAL", "CONFIRMED_LAG", "SAFE_WAL_SIZE")
+	t.row("SLOT", "ACTIVE", "WAL_STATUS", "RETAINED_WAL", "CONFIRMED_LAG", "SAFE_WAL_SIZE", "OLDER_UNDELIVERED")
 	for _, sl := range s.Slots {
 		safe := "unlimited"
 		if sl.SafeWALSizeBytes != nil {
 			safe = bytesCell(*sl.SafeWALSizeBytes)
 		}
-		t.row(sl.Name, sl.Active, sl.WALStatus, bytesCell(sl.RetainedWALBytes), bytesCell(sl.ConfirmedLagBytes), safe)
+		older := "unknown"
+		if sl.UndeliveredBeforeSlot != nil {
+			older = fmt.Sprint(*sl.UndeliveredBeforeSlot)
+		}
+		t.row(sl.Name, sl.Active, sl.WALStatus, bytesCell(sl.RetainedWALBytes), bytesCell(sl.ConfirmedLagBytes), safe, older)
 	}
 	if err := t.flush(); err != nil {
 		return err
