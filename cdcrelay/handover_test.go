@@ -216,3 +216,65 @@ func TestHandoverRoundTrip(t *testing.T) {
 	require.Positive(t, sink.by["polling-2"])
 	t.Logf("%d rows; deliveries by relay: %v", len(ids), sink.by)
 }
+
+// TestHandOverToPollingAfterAConsumerThatDoesNotMark: a Debezium connector
+// marks nothing PUBLISHED, so Disable alone would let the forwarders publish
+// again every row it delivered. HandOverToPolling, run after the connector
+// stopped and under continuous writes, delivers what the connector left
+// unconfirmed in the slot, marks what it had delivered, and switches: every
+// row once. The connector is the native relay with its marks undone
+// afterwards (the state a connector leaves: delivered, confirmed, PENDING).
+func TestHandOverToPollingAfterAConsumerThatDoesNotMark(t *testing.T) {
+	base := testdb.Logical(t)
+	e := newEnv(t, base)
+	ctx := context.Background()
+	sink := newTally()
+	w := startWriter(t, e.s.DB)
+
+	stopFw1 := startForwarder(t, e.s.DB, sink.as("polling-1"), "fw-1")
+	cfg := e.config()
+	connector, err := cdcrelay.New(cfg, sink.as("connector"), nil)
+	require.NoError(t, err)
+	require.NoError(t, connector.Prepare(ctx))
+	require.Eventually(t, func() bool {
+		n, _, err := cdcrelay.UndeliveredBeforeSlot(ctx, e.s.DB, cfg.SlotName)
+		require.NoError(t, err)
+		return n == 0
+	}, 60*time.Second, 10*time.Millisecond)
+	stopFw1()
+	require.NoError(t, debezium.Enable(ctx, e.s.DB, "test", time.Time{}))
+	waitConnector := e.streaming(t, connector)
+	w.waitWritten(t, 150)
+	require.Eventually(t, func() bool { return sink.deliveries("connector") >= 100 }, 60*time.Second, 10*time.Millisecond)
+	require.NoError(t, waitConnector())
+	res, err := e.s.DB.Exec(`UPDATE messaging_outbox SET status = 'PENDING', published_at = NULL, attempts = 0, lease_owner = NULL WHERE lease_owner = $1`, "cdc:"+cfg.SlotName)
+	require.NoError(t, err)
+	unmarked, _ := res.RowsAffected()
+	require.Positive(t, unmarked)
+	w.waitWritten(t, 50) // rows in the slot the connector never saw
+
+	handover, err := cdcrelay.New(cfg, sink.as("handover"), nil)
+	require.NoError(t, err)
+	require.NoError(t, handover.HandOverToPolling(ctx, "ops"))
+	mode, err := debezium.CurrentMode(ctx, e.s.DB)
+	require.NoError(t, err)
+	require.Equal(t, debezium.ModePolling, mode)
+
+	startForwarder(t, e.s.DB, sink.as("polling-2"), "fw-2")
+	w.waitWritten(t, 100)
+	w.halt()
+	ids := w.all()
+	require.Eventually(t, func() bool { return sink.has(ids) }, 60*time.Second, 10*time.Millisecond, "every committed row is delivered")
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	var twice []string
+	for _, id := range ids {
+		if sink.n[id] != 1 {
+			twice = append(twice, fmt.Sprintf("%s by %v", id, sink.who[id]))
+		}
+	}
+	require.Empty(t, twice, "no row delivered twice (%d rows, deliveries by relay: %v)", len(ids), sink.by)
+	require.Positive(t, sink.by["handover"], "the handover delivered what the connector left in the slot")
+	require.Positive(t, sink.by["polling-2"])
+	t.Logf("%d rows (%d unmarked); deliveries by relay: %v", len(ids), unmarked, sink.by)
+}

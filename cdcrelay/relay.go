@@ -277,7 +277,7 @@ func (r *Relay) run(ctx context.Context) error {
 		if err := r.checkBoundary(ctx); err != nil {
 			return err
 		}
-		err = r.session(ctx, start)
+		err = r.session(ctx, start, r.cfg.DB, 0)
 		if !errors.Is(err, errRetry) {
 			return err
 		}
@@ -297,8 +297,10 @@ func (r *Relay) run(ctx context.Context) error {
 	}
 }
 
-// session streams from the slot's confirmed position (start) until it ends.
-func (r *Relay) session(ctx context.Context, start pglogrepl.LSN) error {
+// session streams from the slot's confirmed position (start) until it ends:
+// with stopAt, once every transaction before stopAt is published, marked
+// through db and confirmed (it returns errDrained).
+func (r *Relay) session(ctx context.Context, start pglogrepl.LSN, db querier, stopAt pglogrepl.LSN) error {
 	conn, err := pgconn.ConnectConfig(ctx, r.pc)
 	if err != nil {
 		return fmt.Errorf("cdcrelay: connect for replication: %w", redact.Error(err, r.cfg.ConnString))
@@ -319,7 +321,7 @@ func (r *Relay) session(ctx context.Context, start pglogrepl.LSN) error {
 		return fmt.Errorf("cdcrelay: start replication on slot %s: %w", r.cfg.SlotName, err)
 	}
 	r.logger.Info("CDC relay streaming", watermill.LogFields{"slot": r.cfg.SlotName, "publication": r.cfg.PublicationName, "confirmed_lsn": start.String()})
-	s := &stream{r: r, conn: conn, rels: map[uint32]*pglogrepl.RelationMessage{}, confirmed: start}
+	s := &stream{r: r, db: db, stopAt: stopAt, conn: conn, rels: map[uint32]*pglogrepl.RelationMessage{}, confirmed: start}
 	err = s.loop(ctx)
 	// Whatever ended the session, what the downstream accepted is marked, so
 	// neither a restarted relay nor the forwarders publish it again.
@@ -700,9 +702,22 @@ func isSQLState(err error, code pqerror.Code) bool {
 	return pq.As(err, code) != nil
 }
 
+// querier is where a session reads statuses and writes marks: Config.DB,
+// or the transaction that holds inserts during HandOverToPolling.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// errDrained ends a session that reached its stopAt position.
+var errDrained = errors.New("cdcrelay: drained to the target position")
+
 // stream is the state of one replication session.
 type stream struct {
 	r          *Relay
+	db         querier
+	stopAt     pglogrepl.LSN // HandOverToPolling: end the session once everything before it is confirmed; 0: never
 	conn       *pgconn.PgConn
 	rels       map[uint32]*pglogrepl.RelationMessage
 	inTx       bool
@@ -784,6 +799,12 @@ func (s *stream) handleCopyData(ctx context.Context, data []byte) error {
 		if pkm.ReplyRequested {
 			s.nextStatus = time.Time{}
 		}
+		if s.stopAt != 0 && !s.inTx && s.confirmed >= s.stopAt {
+			if err := s.sendStatus(); err != nil {
+				return err
+			}
+			return errDrained
+		}
 	case pglogrepl.XLogDataByteID:
 		xld, err := pglogrepl.ParseXLogData(data[1:])
 		if err != nil {
@@ -824,7 +845,13 @@ func (s *stream) handleLogical(ctx context.Context, wal []byte) error {
 		if m.TransactionEndLSN > s.confirmed {
 			s.confirmed = m.TransactionEndLSN
 		}
-		return s.sendStatus()
+		if err := s.sendStatus(); err != nil {
+			return err
+		}
+		if s.stopAt != 0 && s.confirmed >= s.stopAt {
+			return errDrained
+		}
+		return nil
 	}
 	// Updates, deletes and truncates (a publication that is not
 	// insert-only) are ignored: only an insert is a new message.
@@ -864,7 +891,7 @@ func (s *stream) flush(ctx context.Context) error {
 		ids[i] = p.row.MessageID
 	}
 	done := map[string]bool{}
-	rows, err := s.r.cfg.DB.QueryContext(ctx, sqlDone, pq.Array(ids))
+	rows, err := s.db.QueryContext(ctx, sqlDone, pq.Array(ids))
 	if err != nil {
 		return fmt.Errorf("cdcrelay: read the status of %d streamed rows: %w", len(ids), err)
 	}
@@ -911,7 +938,7 @@ func (s *stream) markPublished(ctx context.Context) error {
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	mark := func() (int64, error) {
-		res, err := s.r.cfg.DB.ExecContext(mctx, sqlMarkPublished, pq.Array(s.published), "cdc:"+s.r.cfg.SlotName)
+		res, err := s.db.ExecContext(mctx, sqlMarkPublished, pq.Array(s.published), "cdc:"+s.r.cfg.SlotName)
 		if err != nil {
 			return 0, fmt.Errorf("cdcrelay: mark %d published rows: %w", len(s.published), err)
 		}
@@ -950,7 +977,7 @@ SELECT pg_xact_status((CASE WHEN x > m THEN x - 4294967296 ELSE x END)::text::xi
           FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS m) c) w`
 	for delay := time.Millisecond; ; delay = min(2*delay, 50*time.Millisecond) {
 		var st sql.NullString
-		if err := s.r.cfg.DB.QueryRowContext(ctx, q, int64(s.xid)).Scan(&st); err != nil {
+		if err := s.db.QueryRowContext(ctx, q, int64(s.xid)).Scan(&st); err != nil {
 			return fmt.Errorf("cdcrelay: wait for transaction %d to end: %w", s.xid, err)
 		}
 		if st.String != "in progress" {

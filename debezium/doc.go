@@ -133,8 +133,9 @@
 //
 // The native relay marks what it delivered PUBLISHED (package cdcrelay), so
 // stopping it, Disable and starting the forwarders hands over without
-// delivering anything twice. A Debezium connector cannot mark rows: after a
-// switch back from a connector the forwarders publish again the rows it
-// delivered that are still in the table (purge them by age first, or let
-// consumers deduplicate by message id).
+// delivering anything twice. A Debezium connector cannot mark rows: after it
+// stopped, switch back with cdcrelay's Relay.HandOverToPolling on its slot
+// (it delivers what the connector left unconfirmed, marks what it delivered
+// and records POLLING while inserts are briefly held); [Disable] alone lets
+// the forwarders publish again the rows the connector delivered.
 package debezium

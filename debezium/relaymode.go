@@ -323,28 +323,32 @@ func Disable(ctx context.Context, db *sql.DB, by string) error {
 // DisableAt is [Disable] judging heartbeats at now (zero now means the
 // database's clock, which is what operators want; tests inject a clock).
 func DisableAt(ctx context.Context, db *sql.DB, by string, now time.Time) error {
+	return inTx(ctx, db, func(tx *sql.Tx) error { return DisableTx(ctx, tx, by, now) })
+}
+
+// DisableTx is [DisableAt] inside the caller's transaction (package cdcrelay's
+// handover switches in the transaction that holds inserts).
+func DisableTx(ctx context.Context, tx *sql.Tx, by string, now time.Time) error {
 	const op = "debezium.Disable"
 	if strings.TrimSpace(by) == "" {
 		return outbox.Errorf(CodeOperatorRequired, op, "say who switches the relay mode (by must not be empty)")
 	}
-	return inTx(ctx, db, func(tx *sql.Tx) error {
-		mode, err := lockMode(ctx, tx)
-		if err != nil || mode == ModePolling {
-			return err
+	mode, err := lockMode(ctx, tx)
+	if err != nil || mode == ModePolling {
+		return err
+	}
+	live, err := liveHeartbeats(ctx, tx, now, ModeCDC)
+	if err != nil {
+		return err
+	}
+	if len(live) > 0 {
+		names := make([]string, len(live))
+		for i, h := range live {
+			names[i] = fmt.Sprintf("%s on slot %s (until %s)", h.Owner, h.SlotName, h.ExpiresAt.UTC().Format(time.RFC3339))
 		}
-		live, err := liveHeartbeats(ctx, tx, now, ModeCDC)
-		if err != nil {
-			return err
-		}
-		if len(live) > 0 {
-			names := make([]string, len(live))
-			for i, h := range live {
-				names[i] = fmt.Sprintf("%s on slot %s (until %s)", h.Owner, h.SlotName, h.ExpiresAt.UTC().Format(time.RFC3339))
-			}
-			return outbox.Errorf(CodeRelayModeConflict, op, "%d CDC consumer(s) are live: %s; stop them (or wait for their heartbeats to expire) before switching to POLLING, or the forwarders would publish what they are publishing", len(live), strings.Join(names, ", "))
-		}
-		return setMode(ctx, tx, ModePolling, by, now)
-	})
+		return outbox.Errorf(CodeRelayModeConflict, op, "%d CDC consumer(s) are live: %s; stop them (or wait for their heartbeats to expire) before switching to POLLING, or the forwarders would publish what they are publishing", len(live), strings.Join(names, ", "))
+	}
+	return setMode(ctx, tx, ModePolling, by, now)
 }
 
 func lockMode(ctx context.Context, tx *sql.Tx) (Mode, error) {
