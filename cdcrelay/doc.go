@@ -103,6 +103,16 @@
 // empty, then steps 1-3. A slot the relay did not create (a connector's)
 // has no recorded boundary; Run logs that it cannot check.
 //
+// # Switching back to POLLING
+//
+// After this relay: stop it (it marks what it delivered and removes its
+// heartbeat), `outboxctl debezium disable`, start the forwarders; drop the
+// slot if CDC is not coming back soon. After a Debezium connector, which
+// marks nothing: stop it, then [Relay.HandOverToPolling] on its slot. It
+// delivers what the connector left unconfirmed, then, holding inserts into
+// messaging_outbox for the last stretch only, marks the rows the connector
+// delivered PUBLISHED and records POLLING in the same transaction.
+//
 // # Slots and lag
 //
 // A slot keeps WAL until it is confirmed: a relay that stays down makes the
