@@ -85,7 +85,19 @@ func newEnv(t *testing.T, base string) *env {
 	s := testdb.NewOn(t, base)
 	e := &env{s: s, repl: testdb.ReplicationURL(base), slot: "slot_" + s.Name[len("outbox_test_"):]}
 	t.Cleanup(func() {
-		_, _ = s.DB.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, e.slot)
+		// A stopped relay's walsender takes a moment to exit; the slot can
+		// be dropped once it has (a leaked slot would count against
+		// max_replication_slots for the next subtests).
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			_, _ = s.DB.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE $1 || '%' AND NOT active`, e.slot)
+			var n int
+			err := s.DB.QueryRow(`SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1 || '%'`, e.slot).Scan(&n)
+			if err != nil || n == 0 || time.Now().After(deadline) {
+				return
+			}
+			time.Sleep(20 * time.Millisecond) // polling the walsender's exit, bounded by the deadline
+		}
 	})
 	return e
 }

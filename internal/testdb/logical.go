@@ -124,7 +124,7 @@ func LogicalCluster(t testing.TB) *Cluster {
 	if err != nil {
 		t.Fatalf("testdb: free port: %v", err)
 	}
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c wal_level=logical -c max_replication_slots=4 -c max_wal_senders=4 -c fsync=off -c full_page_writes=off -c max_connections=30 -c shared_buffers=16MB", port, sock)
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c wal_level=logical -c max_replication_slots=10 -c max_wal_senders=10 -c fsync=off -c full_page_writes=off -c max_connections=30 -c shared_buffers=16MB", port, sock)
 	start := func() error {
 		if err := run("pg_ctl", "-D", data, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "-o", opts, "start"); err != nil {
 			log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
