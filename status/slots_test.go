@@ -12,7 +12,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
@@ -57,13 +56,11 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string, labels map[strin
 					continue next
 				}
 			}
-			return metricValue(m), true
+			return m.GetGauge().GetValue(), true
 		}
 	}
 	return 0, false
 }
-
-func metricValue(m *dto.Metric) float64 { return m.GetGauge().GetValue() }
 
 // Issue 20 item 5: nothing reported a slot's retained WAL, confirmed lag,
 // wal_status or safe_wal_size, and a second CDC consumer went unnoticed.
