@@ -104,6 +104,12 @@ func (r *Relay) HandOverToPolling(ctx context.Context, by string) error {
 		return err
 	}
 
+	// The first session's walsender exits before inserts are held: waiting
+	// for it (ensureSlot) must not happen under the lock.
+	if _, err := r.ensureSlot(ctx, false, false); err != nil {
+		return err
+	}
+
 	// Phase 2, inserts held: the rest, then the switch.
 	tx, err := r.cfg.DB.BeginTx(ctx, nil)
 	if err != nil {

@@ -255,6 +255,15 @@ func TestHandOverToPollingAfterAConsumerThatDoesNotMark(t *testing.T) {
 
 	handover, err := cdcrelay.New(cfg, sink.as("handover"), nil)
 	require.NoError(t, err)
+	// While the connector's heartbeat is live the handover is refused.
+	q, err := debezium.HeartbeatActionQuery(debezium.Options{Schema: e.s.Name, SlotName: cfg.SlotName})
+	require.NoError(t, err)
+	_, err = e.s.DB.Exec(q)
+	require.NoError(t, err)
+	err = handover.HandOverToPolling(ctx, "ops")
+	require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
+	require.Contains(t, err.Error(), "debezium:messaging-outbox")
+	require.NoError(t, debezium.Leave(ctx, e.s.DB, debezium.HeartbeatOwner("messaging-outbox"))) // the connector stopped and its heartbeat expired
 	require.NoError(t, handover.HandOverToPolling(ctx, "ops"))
 	mode, err := debezium.CurrentMode(ctx, e.s.DB)
 	require.NoError(t, err)
