@@ -3,6 +3,9 @@ package cdcrelay
 import (
 	"cmp"
 	"database/sql"
+	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -14,13 +17,18 @@ import (
 
 // Defaults filled in by [Config] when a field is zero.
 const (
-	DefaultSchema          = "public"
-	DefaultSlotName        = "messaging_outbox_relay"
-	DefaultPublicationName = debezium.DefaultPublicationName // one insert-only publication serves both
-	DefaultStandbyTimeout  = 10 * time.Second
-	DefaultRetryInitial    = 100 * time.Millisecond
-	DefaultRetryMax        = 10 * time.Second
-	DefaultSlotBusyWait    = 5 * time.Second
+	DefaultSchema            = "public"
+	DefaultSlotName          = debezium.DefaultSlotName        // the Debezium connector's default too: one slot, one consumer
+	DefaultPublicationName   = debezium.DefaultPublicationName // one insert-only publication serves both
+	DefaultHeartbeatInterval = 2 * time.Second
+	DefaultHeartbeatTTL      = 15 * time.Second
+	DefaultBatchSize         = 256
+	DefaultLagWarnBytes      = 1 << 30
+	DefaultLagWarnEvery      = time.Minute
+	DefaultStandbyTimeout    = 10 * time.Second
+	DefaultRetryInitial      = 100 * time.Millisecond
+	DefaultRetryMax          = 10 * time.Second
+	DefaultSlotBusyWait      = 5 * time.Second
 )
 
 // Config configures a [Relay]. Zero values are documented per field.
@@ -44,9 +52,43 @@ type Config struct {
 	Schema string
 
 	// SlotName is the logical replication slot (pgoutput). Zero means
-	// DefaultSlotName. It must differ from a Debezium connector's slot: a
-	// slot has one consumer at a time.
+	// DefaultSlotName, which is also the Debezium connector's default: a slot
+	// has one consumer at a time, so a relay and a connector started with
+	// their defaults cannot both deliver (the second is refused with
+	// CDC_SLOT_IN_USE). A relay on another slot while another CDC consumer's
+	// heartbeat is live is refused with CDC_SECOND_CONSUMER.
 	SlotName string
+
+	// Owner names this relay in the CDC heartbeat (messaging_relay_heartbeat,
+	// kind CDC). Zero means "cdcrelay@<hostname>:<pid>:<slot>".
+	Owner string
+
+	// HeartbeatInterval is how often the relay renews its CDC heartbeat
+	// (debezium.BeatCDC, which also re-reads the relay mode): at the first
+	// publish or loop turn after it has passed. Zero means 2s.
+	HeartbeatInterval time.Duration
+
+	// HeartbeatTTL is how long one heartbeat keeps the relay registered, and
+	// so how long `outboxctl debezium disable` refuses after the relay died
+	// without removing it. The relay publishes only while its last
+	// successful heartbeat is younger than HeartbeatTTL (measured from before
+	// the heartbeat was sent, so it stops before the database lets the mode
+	// change). It must be at least twice HeartbeatInterval. Zero means 15s.
+	HeartbeatTTL time.Duration
+
+	// BatchSize bounds how many inserts of one transaction the relay holds
+	// before it publishes them: it reads their status in one query (rows
+	// already PUBLISHED, e.g. by the forwarders before the switch to CDC, or
+	// parked FAILED/EXHAUSTED, are skipped), publishes the rest in commit
+	// order and marks them PUBLISHED in one statement. Zero means 256.
+	BatchSize int
+
+	// LagWarnBytes: the relay logs a warning when its slot retains more WAL
+	// than this (checked with each heartbeat, logged at most every
+	// LagWarnEvery), or when the slot's wal_status is "unreserved". Zero
+	// means 1 GiB; negative disables the warning.
+	LagWarnBytes int64
+	LagWarnEvery time.Duration
 
 	// PublicationName is the insert-only publication on messaging_outbox.
 	// Zero means DefaultPublicationName.
@@ -78,7 +120,9 @@ type Config struct {
 
 	// RetryInitial and RetryMax shape the exponential backoff between
 	// attempts to publish a message the downstream refused. Zero means
-	// 100ms and 10s.
+	// 100ms and 10s. While it backs off the relay holds no replication
+	// connection (see the package documentation: a refusing downstream never
+	// blocks the server's shutdown).
 	RetryInitial time.Duration
 	RetryMax     time.Duration
 
@@ -108,6 +152,15 @@ func (c Config) withDefaults() Config {
 	c.SlotBusyWait = cmp.Or(c.SlotBusyWait, DefaultSlotBusyWait)
 	c.RetryInitial = cmp.Or(c.RetryInitial, DefaultRetryInitial)
 	c.RetryMax = cmp.Or(c.RetryMax, max(DefaultRetryMax, c.RetryInitial))
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.HeartbeatTTL = cmp.Or(c.HeartbeatTTL, max(DefaultHeartbeatTTL, 2*c.HeartbeatInterval))
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.LagWarnBytes = cmp.Or(c.LagWarnBytes, DefaultLagWarnBytes)
+	c.LagWarnEvery = cmp.Or(c.LagWarnEvery, DefaultLagWarnEvery)
+	if c.Owner == "" {
+		host, _ := os.Hostname()
+		c.Owner = fmt.Sprintf("cdcrelay@%s:%d:%s", cmp.Or(host, "unknown"), os.Getpid(), c.SlotName)
+	}
 	return c
 }
 
@@ -137,8 +190,14 @@ func (c Config) replicationConfig() (*pgconn.Config, error) {
 			return invalid("%s %q must match ^[a-z_][a-z0-9_]{0,62}$ (PostgreSQL slot-name rules)", f.what, f.v)
 		}
 	}
-	if c.StandbyTimeout < 0 || c.RetryInitial < 0 || c.RetryMax < 0 || c.SlotBusyWait < 0 {
-		return invalid("StandbyTimeout, SlotBusyWait, RetryInitial and RetryMax must not be negative")
+	if c.StandbyTimeout < 0 || c.RetryInitial < 0 || c.RetryMax < 0 || c.SlotBusyWait < 0 || c.HeartbeatInterval < 0 || c.HeartbeatTTL < 0 || c.BatchSize < 0 || c.LagWarnEvery < 0 {
+		return invalid("StandbyTimeout, SlotBusyWait, RetryInitial, RetryMax, HeartbeatInterval, HeartbeatTTL, BatchSize and LagWarnEvery must not be negative")
+	}
+	if c.HeartbeatTTL < 2*c.HeartbeatInterval {
+		return invalid("HeartbeatTTL (%s) must be at least twice HeartbeatInterval (%s): one late heartbeat must not stop the relay", c.HeartbeatTTL, c.HeartbeatInterval)
+	}
+	if strings.TrimSpace(c.Owner) == "" {
+		return invalid("Owner must not be blank")
 	}
 	if c.RetryMax < c.RetryInitial {
 		return invalid("RetryMax (%s) must be at least RetryInitial (%s)", c.RetryMax, c.RetryInitial)

@@ -127,6 +127,11 @@ func TestConfigValidate(t *testing.T) {
 	db := &sql.DB{} // never used: Validate does not connect
 	ok := Config{ConnString: "postgres://u@127.0.0.1:5432/db", DB: db}
 	require.NoError(t, ok.Validate())
+	d := ok.withDefaults()
+	require.Equal(t, "messaging_outbox_cdc", d.SlotName, "the Debezium connector's default slot too")
+	require.Equal(t, 2*time.Second, d.HeartbeatInterval)
+	require.Equal(t, 15*time.Second, d.HeartbeatTTL)
+	require.Contains(t, d.Owner, "cdcrelay@")
 
 	pc, err := ok.replicationConfig()
 	require.NoError(t, err)
@@ -150,6 +155,10 @@ func TestConfigValidate(t *testing.T) {
 		"negative slot busy wait": func(c *Config) { c.SlotBusyWait = -time.Second },
 		"retry max below initial": func(c *Config) { c.RetryInitial, c.RetryMax = time.Minute, time.Second },
 		"negative attempts":       func(c *Config) { c.MaxPublishAttempts = -1 },
+		"ttl below two beats":     func(c *Config) { c.HeartbeatInterval, c.HeartbeatTTL = 10*time.Second, 15*time.Second },
+		"negative heartbeat":      func(c *Config) { c.HeartbeatInterval = -time.Second },
+		"negative batch":          func(c *Config) { c.BatchSize = -1 },
+		"blank owner":             func(c *Config) { c.Owner = "  " },
 	}
 	for name, mutate := range bad {
 		t.Run(name, func(t *testing.T) {

@@ -20,67 +20,113 @@
 //     envelope.ToMessage: msg.UUID is message_id, the payload is the stored
 //     bytes, application headers and every canonical msg.* column come back
 //     as metadata, trace context in the message context.
-//   - At least once, never past an unconfirmed message. The relay publishes
-//     synchronously and tells the server a transaction is done (a standby
-//     status update whose flush position becomes the slot's
-//     confirmed_flush_lsn) only after the publisher returned nil for every
-//     message of that transaction. A refused publish is retried with
-//     exponential backoff (RetryInitial..RetryMax) under the same id, with
-//     the position unchanged; after MaxPublishAttempts (if set) Run returns
-//     CDC_PUBLISH_FAILED and the next Run, from the slot's confirmed
-//     position, delivers the transaction again. A crash anywhere has the
-//     same effect. Messages of a transaction that were published before the
-//     failure are published again: consumers deduplicate by message id
-//     (package inbox).
-//   - One relay per slot. A second Run on a slot that is being streamed is
-//     refused with CDC_SLOT_IN_USE (PostgreSQL allows one consumer per slot).
-//
-// Nothing marks rows PUBLISHED in CDC mode: purge with retention's
-// ByCreatedAt mode.
+//   - At least once, never past an unconfirmed message, and nothing twice
+//     without a fault. The relay holds up to BatchSize inserts of a
+//     transaction, reads their status in one query and skips the rows that
+//     are already PUBLISHED (the forwarders published them before the
+//     switch to CDC, or this relay before a restart) or parked
+//     FAILED/EXHAUSTED; a row it cannot find (retention deleted it) is
+//     published. It publishes the rest synchronously, in commit order, then
+//     marks them PUBLISHED (the forwarder's change, with a new lease token)
+//     in one statement, and only then tells the server the transaction is
+//     done (the standby status update whose flush position becomes the
+//     slot's confirmed_flush_lsn). Whenever a session ends (Close, an error,
+//     a refused publish) what the downstream accepted is marked first. So
+//     the forwarders after a switch back to POLLING, and a restarted relay,
+//     skip what was delivered; retention by status and the backlog gauges
+//     are truthful in CDC mode. Only a crash between a publish and its mark
+//     (or a database unreachable for the mark) delivers a message again:
+//     consumers deduplicate by message id (package inbox).
+//   - Marks see the rows they mark. The walsender sends a transaction as
+//     soon as its commit record is flushed, which can be a moment before
+//     the committing backend leaves the proc array; until then the rows are
+//     invisible to other sessions. A mark that misses rows waits for the
+//     transaction (pg_xact_status) and marks again (found by
+//     TestHandoverRoundTrip: without it, a few rows per run were delivered
+//     by both relays).
+//   - A refusing downstream never holds a walsender. A refused publish ends
+//     the replication session: the relay marks what was accepted, closes
+//     the connection, backs off (RetryInitial..RetryMax) with no walsender
+//     open, and streams again from the slot's confirmed position; the marked
+//     rows are skipped, so the refused message is the next one published.
+//     A fast shutdown or a failover of PostgreSQL therefore completes during
+//     a downstream outage (a walsender waits for its client to confirm the
+//     end of the WAL before the server stops). After MaxPublishAttempts (if
+//     set) Run returns CDC_PUBLISH_FAILED.
+//   - One relay per slot, one CDC consumer per database. A second Run on a
+//     slot that is being streamed is refused with CDC_SLOT_IN_USE
+//     (PostgreSQL allows one consumer per slot). The default slot,
+//     messaging_outbox_cdc, is the Debezium connector's default too. A
+//     relay on another slot while a CDC consumer's heartbeat is live is
+//     refused with CDC_SECOND_CONSUMER (debezium.BeatCDC).
 //
 // # Relay-mode exclusivity
 //
-// The relay refuses to start (RELAY_MODE_CONFLICT, the debezium package's
-// code) unless debezium.CurrentMode says CDC. While streaming it re-reads the
-// mode between replication messages, at the first one after StandbyTimeout
-// has passed since the previous re-read (sooner when the server asks for a
-// reply): when an operator switches back to POLLING (`outboxctl debezium
-// disable`), Run stops with RELAY_MODE_CONFLICT at the next such re-read,
-// which is within one StandbyTimeout only while no message is being
-// delivered. A publish the
-// downstream refuses is retried (the server still gets status updates, the
-// mode is not re-read) until it succeeds or MaxPublishAttempts is spent, so
-// with MaxPublishAttempts 0 a refusing downstream delays the stop without
-// bound; the message is published in POLLING mode, then Run stops before
-// the next one. A re-read that fails (Config.DB unreachable) is logged and
-// streaming goes on. The check is not atomic with publishing: stop the
-// relay before disabling, as for a Debezium connector. The switch to CDC is
-// `outboxctl debezium enable` (debezium.Enable), which refuses while polling
-// forwarders' heartbeats are live, so the two relays never run together.
+// The relay refuses to start (RELAY_MODE_CONFLICT) unless debezium.CurrentMode
+// says CDC, and registers a CDC heartbeat (debezium.BeatCDC: kind CDC, its
+// slot, alive HeartbeatTTL). It renews the heartbeat, which re-reads the
+// mode under the mode row's lock, at the first publish or loop turn after
+// HeartbeatInterval: a publish happens only while the last successful
+// heartbeat is younger than HeartbeatTTL, and after a failed one it stops
+// with CDC_HEARTBEAT_LAPSED. `outboxctl debezium disable` (debezium.Disable)
+// refuses while any CDC heartbeat is live, so the mode cannot go back to
+// POLLING under a live relay: stop the relay (it marks what it delivered and
+// removes its heartbeat), then disable. A mode changed behind Disable's back
+// (a hand-written UPDATE) stops the relay at its next heartbeat, at most
+// HeartbeatInterval later; a publish already in the publisher is finished.
+// Polling forwarders refuse to start (debezium.Beat) while a CDC heartbeat
+// is live, and `outboxctl debezium enable` refuses while theirs are.
 //
 // # When to create the slot
 //
-// A slot streams only what is committed after it was created. Rows inserted
-// while no relay ran (the forwarders are stopped, the slot does not exist
-// yet) would never be published. So create the slot and publication while the
-// forwarders are still running, then switch:
+// A slot streams only what is committed after it was created. So create it
+// while the forwarders still run, then switch:
 //
-//  1. Create the publication (debezium.PublicationSQL) and the slot
-//     (SELECT pg_create_logical_replication_slot('<slot>', 'pgoutput')),
-//     or call [Relay.Prepare], which does both in any relay mode. (Run's
-//     CreateSlot creates the slot only once the mode is CDC, i.e. after the
-//     forwarders stopped: rows they left unpublished would be stranded.)
-//  2. Stop the forwarders and wait until the backlog they left is empty or
-//     accept that the relay re-publishes: every insert since step 1 is in
-//     the slot, including rows the forwarders already published
-//     (duplicates, never losses).
-//  3. `outboxctl debezium enable`, then start the relay.
+//  1. [Relay.Prepare] (any relay mode) creates the publication
+//     (debezium.PublicationSQL) and the slot. It creates the slot over the
+//     replication protocol and reads the snapshot exported at the slot's
+//     consistent point: the rows visible in it are exactly those committed
+//     before the slot. The highest seq of an undelivered one among them is
+//     recorded in messaging_cdc_slot (migration 00040).
+//  2. Wait until [UndeliveredBeforeSlot] is 0: the running forwarders
+//     deliver those rows. Stop the forwarders.
+//  3. `outboxctl debezium enable`, then start the relay. Rows the
+//     forwarders published after step 1 are in the slot, but PUBLISHED: the
+//     relay skips them.
+//
+// Run refuses with CDC_UNDELIVERED_ROWS while rows older than the slot are
+// undelivered (and closes the boundary once none is). Run's CreateSlot
+// creates a missing slot the same way in CDC mode, and refuses (dropping the
+// slot again) when rows committed before it are undelivered: nothing else
+// would ever deliver them. The documented recovery is a polling drain:
+// `outboxctl debezium disable`, run the forwarders until the backlog is
+// empty, then steps 1-3. A slot the relay did not create (a connector's)
+// has no recorded boundary; Run logs that it cannot check.
+//
+// # Switching back to POLLING
+//
+// After this relay: stop it (it marks what it delivered and removes its
+// heartbeat), `outboxctl debezium disable`, start the forwarders; drop the
+// slot if CDC is not coming back soon. After a Debezium connector, which
+// marks nothing: stop it, then [Relay.HandOverToPolling] on its slot. It
+// delivers what the connector left unconfirmed, then, holding inserts into
+// messaging_outbox for the last stretch only, marks the rows the connector
+// delivered PUBLISHED and records POLLING in the same transaction.
+//
+// # Slots and lag
 //
 // A slot keeps WAL until it is confirmed: a relay that stays down makes the
-// server keep WAL without bound (set max_slot_wal_keep_size, monitor
-// pg_replication_slots). While the outbox is idle the relay confirms the
-// server's keepalive position between transactions, so an idle slot does not
-// hold WAL.
+// server keep WAL without bound unless max_slot_wal_keep_size is set, and
+// then the slot is invalidated ("lost") once it falls further behind. The
+// relay reads its slot's wal_status: an invalidated slot stops Run with
+// CDC_SLOT_LOST carrying PostgreSQL's message and DETAIL. With each
+// heartbeat it reads the WAL its slot retains and logs a warning past
+// LagWarnBytes or when the slot is "unreserved". status.Collect,
+// `outboxctl status` and the status collector's outbox_cdc_slot_* gauges
+// report every slot's retained WAL, confirmed lag, wal_status and
+// safe_wal_size; deploy/prometheus/cdc-rules.yml alerts on them. While the
+// outbox is idle the relay confirms the server's keepalive position between
+// transactions, so an idle slot does not hold WAL.
 //
 // # Connections
 //

@@ -85,7 +85,19 @@ func newEnv(t *testing.T, base string) *env {
 	s := testdb.NewOn(t, base)
 	e := &env{s: s, repl: testdb.ReplicationURL(base), slot: "slot_" + s.Name[len("outbox_test_"):]}
 	t.Cleanup(func() {
-		_, _ = s.DB.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, e.slot)
+		// A stopped relay's walsender takes a moment to exit; the slot can
+		// be dropped once it has (a leaked slot would count against
+		// max_replication_slots for the next subtests).
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			_, _ = s.DB.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE $1 || '%' AND NOT active`, e.slot)
+			var n int
+			err := s.DB.QueryRow(`SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1 || '%'`, e.slot).Scan(&n)
+			if err != nil || n == 0 || time.Now().After(deadline) {
+				return
+			}
+			time.Sleep(20 * time.Millisecond) // polling the walsender's exit, bounded by the deadline
+		}
 	})
 	return e
 }
@@ -190,7 +202,11 @@ func (e *env) streaming(t *testing.T, r *cdcrelay.Relay) (wait func() error) {
 func (e *env) walsenderStreaming(t *testing.T) bool {
 	t.Helper()
 	var ok bool
-	require.NoError(t, e.s.DB.QueryRow(`SELECT EXISTS (SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1)`, e.slot).Scan(&ok))
+	// The relay creates its slot over a replication connection too: that
+	// walsender holds the slot before it has a confirmed position; only the
+	// streaming session has one.
+	require.NoError(t, e.s.DB.QueryRow(`SELECT EXISTS (SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
+		WHERE s.slot_name = $1 AND s.confirmed_flush_lsn IS NOT NULL AND r.state IN ('streaming', 'catchup'))`, e.slot).Scan(&ok))
 	return ok
 }
 
@@ -319,9 +335,11 @@ func TestRelay(t *testing.T) {
 
 		wait := running(t, r)
 		require.Eventually(t, func() bool { return len(out.ids()) == 3 }, 20*time.Second, 10*time.Millisecond)
-		// Each insert once (the forwarder had published the first two:
-		// duplicates across the switch, never losses); the marker is last,
-		// so every UPDATE and DELETE before it was seen and ignored.
+		// Each insert once: the forwarder had published the first two, but
+		// retention deleted them before they were streamed, so the relay
+		// cannot tell and publishes them (a row the relay finds PUBLISHED is
+		// skipped: TestHandoverRoundTrip); the marker is last, so every
+		// UPDATE and DELETE before it was seen and ignored.
 		require.Equal(t, []string{"polled-1", "polled-2", "marker"}, out.ids())
 		require.NoError(t, wait())
 	})
@@ -413,7 +431,9 @@ func TestRelay(t *testing.T) {
 		require.NoError(t, wait())
 	})
 
-	t.Run("refuses while the relay mode is POLLING, and stops when it goes back", func(t *testing.T) {
+	// Issue 20 item 2: on the old code Disable succeeded under a streaming
+	// relay and both relays published the rows written meanwhile.
+	t.Run("refuses while the relay mode is POLLING; while it streams Disable refuses; after it stops Disable succeeds", func(t *testing.T) {
 		e := newEnv(t, base)
 		r, err := cdcrelay.New(e.config(), &recorder{}, nil)
 		require.NoError(t, err)
@@ -422,17 +442,46 @@ func TestRelay(t *testing.T) {
 		require.Equal(t, outbox.Code("RELAY_MODE_CONFLICT"), outbox.CodeOf(err))
 
 		e.enableCDC(t)
-		errc := make(chan error, 1)
-		go func() { errc <- r.Run(context.Background()) }()
-		require.Eventually(t, func() bool { return e.slotActive(t) }, 20*time.Second, 10*time.Millisecond)
-		require.NoError(t, debezium.Disable(context.Background(), e.s.DB, "test"))
-		select {
-		case err = <-errc:
-		case <-time.After(20 * time.Second):
-			t.Fatal("relay kept streaming after the mode went back to POLLING")
-		}
+		wait := e.streaming(t, r)
+		live, err := debezium.LiveCDCConsumers(context.Background(), e.s.DB, time.Time{})
+		require.NoError(t, err)
+		require.Len(t, live, 1, "the relay registered its CDC heartbeat")
+		require.Equal(t, e.slot, live[0].SlotName)
+		err = debezium.Disable(context.Background(), e.s.DB, "test")
 		require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
-		require.NoError(t, r.Close())
+		require.Contains(t, err.Error(), live[0].Owner)
+		err = debezium.Beat(context.Background(), e.s.DB, "fw", time.Minute)
+		require.ErrorIs(t, err, debezium.ErrRelayModeConflict, "no forwarder while the CDC relay is live")
+
+		require.NoError(t, wait())
+		live, err = debezium.LiveCDCConsumers(context.Background(), e.s.DB, time.Time{})
+		require.NoError(t, err)
+		require.Empty(t, live, "a stopped relay removes its heartbeat")
+		require.NoError(t, debezium.Disable(context.Background(), e.s.DB, "test"))
+	})
+
+	// Issue 20 item 2: a second CDC relay on another slot was streaming side
+	// by side with the first, each delivering every row.
+	t.Run("a second CDC relay on another slot is refused", func(t *testing.T) {
+		e := newEnv(t, base)
+		e.enableCDC(t)
+		first := &recorder{}
+		wait := e.relay(t, e.config(), first)
+		cfg := e.config()
+		cfg.SlotName, cfg.Owner = e.slot+"_b", "second"
+		t.Cleanup(func() {
+			_, _ = e.s.DB.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, cfg.SlotName)
+		})
+		second := &recorder{}
+		r2, err := cdcrelay.New(cfg, second, nil)
+		require.NoError(t, err)
+		err = r2.Run(context.Background())
+		require.ErrorIs(t, err, debezium.ErrSecondCDCConsumer)
+		require.Equal(t, outbox.Code("CDC_SECOND_CONSUMER"), outbox.CodeOf(err))
+		e.publish(t, "orders", msg("once", "o", nil))
+		require.Eventually(t, func() bool { return len(first.ids()) == 1 }, 20*time.Second, 10*time.Millisecond)
+		require.Empty(t, second.ids())
+		require.NoError(t, wait())
 	})
 
 	t.Run("one relay per slot, missing slot and publication, closed relay", func(t *testing.T) {
@@ -484,14 +533,11 @@ func TestRelay(t *testing.T) {
 		e.enableCDC(t)
 		// Raw SQL that bypassed the publisher: a reserved header name.
 		insert := `INSERT INTO messaging_outbox (message_id, destination, payload, headers) VALUES ($1, 'orders', '\x01', $2::jsonb)`
-		_, err := e.s.DB.Exec(insert, "bad", `{"msg.bogus": "x"}`)
-		require.NoError(t, err)
 		out := &recorder{}
 		cfg := e.config()
 		r, err := cdcrelay.New(cfg, out, nil)
 		require.NoError(t, err)
 		require.NoError(t, r.Prepare(context.Background()))
-		// The slot was created after "bad": insert it again under a new id.
 		_, err = e.s.DB.Exec(insert, "bad-2", `{"msg.bogus": "x"}`)
 		require.NoError(t, err)
 		_, err = e.s.DB.Exec(insert, "good", `{}`)

@@ -72,6 +72,25 @@ const (
 // (and package cdcrelay's default too: one publication serves both).
 const DefaultPublicationName = "messaging_outbox_cdc"
 
+// DefaultSlotName is the replication slot of both CDC paths: the Debezium
+// connector's slot.name and package cdcrelay's default. One name on purpose:
+// PostgreSQL lets one consumer stream a slot at a time, so a native relay and
+// a connector started by two teams with their defaults collide on the slot
+// (the second is refused) instead of each delivering every insert from a
+// slot of its own.
+const DefaultSlotName = "messaging_outbox_cdc"
+
+// HeartbeatTable is the small table the connector's heartbeat action query
+// inserts into (migration 00040). It is in the publication ([PublicationSQL])
+// and in table.include.list, so each heartbeat is a change the connector
+// receives and confirms: the slot advances while the outbox is idle.
+const HeartbeatTable = "messaging_cdc_heartbeat"
+
+// DefaultHeartbeatIntervalMS is heartbeat.interval.ms when Options leaves it
+// zero. The connector's relay heartbeat (see [HeartbeatActionQuery]) lives
+// three intervals.
+const DefaultHeartbeatIntervalMS = 10000
+
 // IsIdentifier reports whether s is usable as a schema, slot or publication
 // name here: PostgreSQL's slot-name rule (lower-case letters, digits, '_'),
 // so nothing ever needs quoting.
@@ -94,9 +113,13 @@ type Options struct {
 	// schema-change topics, never the outbox topics). Default "outbox-cdc".
 	ServerName string
 	// SlotName and PublicationName of the logical replication slot and
-	// publication. Default "messaging_outbox_cdc" for both.
+	// publication. Default "messaging_outbox_cdc" for both (DefaultSlotName,
+	// DefaultPublicationName; the native relay's defaults too).
 	SlotName        string
 	PublicationName string
+	// HeartbeatIntervalMS is heartbeat.interval.ms. Default 10000. Each
+	// heartbeat runs [HeartbeatActionQuery].
+	HeartbeatIntervalMS int
 	// Database connection. Defaults are Kafka FileConfigProvider references
 	// to /opt/kafka/secrets/outbox-db.properties, so the shipped file holds no
 	// secret (the worker needs config.providers=file).
@@ -120,7 +143,10 @@ func (o Options) withDefaults() Options {
 	def(&o.Name, "messaging-outbox")
 	def(&o.Schema, "public")
 	def(&o.ServerName, "outbox-cdc")
-	def(&o.SlotName, "messaging_outbox_cdc")
+	def(&o.SlotName, DefaultSlotName)
+	if o.HeartbeatIntervalMS == 0 {
+		o.HeartbeatIntervalMS = DefaultHeartbeatIntervalMS
+	}
 	def(&o.PublicationName, DefaultPublicationName)
 	def(&o.DatabaseHostname, secretRef("hostname"))
 	def(&o.DatabasePort, secretRef("port"))
@@ -153,6 +179,9 @@ func (o Options) Validate() error {
 		if !identChars.MatchString(v) {
 			return outbox.Errorf(outbox.CodeInvalidConfig, op, "%s %q must match ^[a-z_][a-z0-9_]{0,62}$", what, v)
 		}
+	}
+	if o.HeartbeatIntervalMS < 0 {
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "heartbeat interval %dms must not be negative (0 = %dms)", o.HeartbeatIntervalMS, DefaultHeartbeatIntervalMS)
 	}
 	for what, v := range map[string]string{"name": o.Name, "database hostname": o.DatabaseHostname, "database port": o.DatabasePort, "database user": o.DatabaseUser, "database password": o.DatabasePassword, "database name": o.DatabaseName} {
 		if strings.ContainsAny(v, "\x00\n\r") {
@@ -198,21 +227,34 @@ func Generate(opts Options) Config {
 		placements[i] = p.Column + ":header:" + p.Header
 	}
 	s := map[string]string{
-		"connector.class":    "io.debezium.connector.postgresql.PostgresConnector",
-		"plugin.name":        "pgoutput",
-		"database.hostname":  o.DatabaseHostname,
-		"database.port":      o.DatabasePort,
-		"database.user":      o.DatabaseUser,
-		"database.password":  o.DatabasePassword,
-		"database.dbname":    o.DatabaseName,
-		"topic.prefix":       o.ServerName,
-		"table.include.list": o.Schema + "." + Table,
+		"connector.class":   "io.debezium.connector.postgresql.PostgresConnector",
+		"plugin.name":       "pgoutput",
+		"database.hostname": o.DatabaseHostname,
+		"database.port":     o.DatabasePort,
+		"database.user":     o.DatabaseUser,
+		"database.password": o.DatabasePassword,
+		"database.dbname":   o.DatabaseName,
+		"topic.prefix":      o.ServerName,
+		// The heartbeat table is captured too: its inserts are what lets the
+		// connector confirm its position while the outbox is idle. The
+		// predicate below keeps its records out of the event router.
+		"table.include.list": o.Schema + "." + Table + "," + o.Schema + "." + HeartbeatTable,
 		"slot.name":          o.SlotName,
 		"publication.name":   o.PublicationName,
-		// filtered: Debezium creates the publication for the included table
-		// only if it is missing. Create it yourself first with PublicationSQL
-		// (publish = 'insert') so updates and deletes never leave the server.
-		"publication.autocreate.mode": "filtered",
+		// disabled: the connector never creates the publication. With
+		// "filtered" a missing publication would be created publishing every
+		// operation; create the insert-only one with PublicationSQL first.
+		"publication.autocreate.mode": "disabled",
+		// no_data (Debezium 2.6+; "never" on older versions): a first start
+		// streams from the slot and never snapshots the table, whose rows
+		// (PUBLISHED ones included) would otherwise all become events.
+		"snapshot.mode": "no_data",
+		// A heartbeat every interval, and with it the action query: an insert
+		// into the heartbeat table (so the slot advances while the outbox is
+		// idle in a busy database) and the connector's relay heartbeat (so
+		// `outboxctl debezium disable` refuses while the connector runs).
+		"heartbeat.interval.ms":  fmt.Sprint(o.HeartbeatIntervalMS),
+		"heartbeat.action.query": heartbeatActionQuery(o),
 		// Second line of defence if the publication publishes more than
 		// inserts: the connector drops updates, deletes and truncates.
 		"skipped.operations":   "u,d,t",
@@ -233,8 +275,14 @@ func Generate(opts Options) Config {
 		// header with a null value (see the package documentation).
 		"header.converter": "org.apache.kafka.connect.storage.SimpleHeaderConverter",
 
-		"transforms":                                         "outbox",
-		"transforms.outbox.type":                             "io.debezium.transforms.outbox.EventRouter",
+		"transforms":             "outbox",
+		"transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+		// Only the outbox table's records go through the router; the
+		// heartbeat table's go to their own topic unchanged.
+		"transforms.outbox.predicate":                        "isOutboxTable",
+		"predicates":                                         "isOutboxTable",
+		"predicates.isOutboxTable.type":                      "org.apache.kafka.connect.transforms.predicates.TopicNameMatches",
+		"predicates.isOutboxTable.pattern":                   regexp.QuoteMeta(o.ServerName + "." + o.Schema + "." + Table),
 		"transforms.outbox.table.field.event.id":             "message_id",
 		"transforms.outbox.table.field.event.key":            "routing_key",
 		"transforms.outbox.table.field.event.payload":        "payload",
@@ -331,18 +379,51 @@ func escapeProp(s string, isKey bool) string {
 }
 
 // PublicationSQL returns the statement that creates the insert-only
-// publication the connector reads. Run it (as the table owner) before the
-// connector starts: with publish = 'insert' the forwarder's updates,
-// retention's deletes and any TRUNCATE never leave the server, so they can
-// never become events. Identifiers are validated by [Options.Validate] and
-// quoted.
+// publication the connector reads: messaging_outbox and the heartbeat table.
+// Run it (as the table owner) before the connector starts (the configuration
+// sets publication.autocreate.mode=disabled): with publish = 'insert' the
+// forwarder's updates, retention's deletes and any TRUNCATE never leave the
+// server, so they can never become events. Identifiers are validated by
+// [Options.Validate] and quoted.
 func PublicationSQL(opts Options) (string, error) {
 	if err := opts.Validate(); err != nil {
 		return "", err
 	}
 	o := opts.withDefaults()
-	return fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s.%s WITH (publish = 'insert')`,
-		quoteIdent(o.PublicationName), quoteIdent(o.Schema), quoteIdent(Table)), nil
+	return fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s.%s, %s.%s WITH (publish = 'insert')`,
+		quoteIdent(o.PublicationName), quoteIdent(o.Schema), quoteIdent(Table), quoteIdent(o.Schema), quoteIdent(HeartbeatTable)), nil
 }
+
+// HeartbeatActionQuery returns the connector's heartbeat.action.query: one
+// statement that (1) writes the connector's CDC heartbeat into
+// messaging_relay_heartbeat (owner "debezium:" + Name, kind CDC, its slot,
+// alive for three heartbeat intervals), so [Disable] refuses while the
+// connector runs and `outboxctl status` lists it beside native relays;
+// (2) inserts a row into the heartbeat table, a change the connector receives
+// and confirms, so the slot advances while the outbox is idle; (3) deletes
+// heartbeat rows older than an hour (deletes are not published).
+func HeartbeatActionQuery(opts Options) (string, error) {
+	if err := opts.Validate(); err != nil {
+		return "", err
+	}
+	return heartbeatActionQuery(opts.withDefaults()), nil
+}
+
+// HeartbeatOwner is the relay-heartbeat owner a connector named name writes.
+func HeartbeatOwner(name string) string { return "debezium:" + name }
+
+func heartbeatActionQuery(o Options) string {
+	schema := quoteIdent(o.Schema)
+	ttlMS := 3 * o.HeartbeatIntervalMS
+	return fmt.Sprintf("WITH beat AS ("+
+		"INSERT INTO %[1]s.messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at, kind, slot_name) "+
+		"VALUES (%[2]s, now(), now(), now() + interval '%[3]d milliseconds', 'CDC', %[4]s) "+
+		"ON CONFLICT (owner) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at, kind = 'CDC', slot_name = EXCLUDED.slot_name), "+
+		"trimmed AS (DELETE FROM %[1]s.%[5]s WHERE beat_at < now() - interval '1 hour') "+
+		"INSERT INTO %[1]s.%[5]s (slot_name) VALUES (%[4]s)",
+		schema, quoteLiteral(HeartbeatOwner(o.Name)), ttlMS, quoteLiteral(o.SlotName), quoteIdent(HeartbeatTable))
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }

@@ -2,12 +2,14 @@ package debezium_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -35,9 +37,21 @@ func TestGenerateRoutesByDestinationAndKeysByRoutingKey(t *testing.T) {
 	require.Equal(t, "warn", s["transforms.outbox.table.op.invalid.behavior"])
 	require.Equal(t, "false", s["transforms.outbox.route.tombstone.on.empty.payload"])
 	require.Equal(t, "u,d,t", s["skipped.operations"])
-	require.Equal(t, "filtered", s["publication.autocreate.mode"])
+	require.Equal(t, "disabled", s["publication.autocreate.mode"], "filtered would create a publication of every operation when the insert-only one is missing")
+	require.Equal(t, "no_data", s["snapshot.mode"], "a first start must not snapshot the table (PUBLISHED rows included) into events")
+	require.Equal(t, "messaging_outbox_cdc", s["slot.name"], "the native relay's default slot too")
+	require.Equal(t, "10000", s["heartbeat.interval.ms"])
+	require.Equal(t, `WITH beat AS (INSERT INTO "public".messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at, kind, slot_name) `+
+		`VALUES ('debezium:messaging-outbox', now(), now(), now() + interval '30000 milliseconds', 'CDC', 'messaging_outbox_cdc') `+
+		`ON CONFLICT (owner) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at, kind = 'CDC', slot_name = EXCLUDED.slot_name), `+
+		`trimmed AS (DELETE FROM "public"."messaging_cdc_heartbeat" WHERE beat_at < now() - interval '1 hour') `+
+		`INSERT INTO "public"."messaging_cdc_heartbeat" (slot_name) VALUES ('messaging_outbox_cdc')`, s["heartbeat.action.query"])
+	require.Equal(t, "isOutboxTable", s["transforms.outbox.predicate"], "heartbeat-table records must not reach the event router")
+	require.Equal(t, "isOutboxTable", s["predicates"])
+	require.Equal(t, "org.apache.kafka.connect.transforms.predicates.TopicNameMatches", s["predicates.isOutboxTable.type"])
+	require.Equal(t, `outbox-cdc\.public\.messaging_outbox`, s["predicates.isOutboxTable.pattern"])
 	require.Equal(t, "pgoutput", s["plugin.name"])
-	require.Equal(t, "public.messaging_outbox", s["table.include.list"])
+	require.Equal(t, "public.messaging_outbox,public.messaging_cdc_heartbeat", s["table.include.list"])
 	require.Equal(t, "io.debezium.converters.BinaryDataConverter", s["value.converter"])
 	require.Equal(t, "org.apache.kafka.connect.storage.StringConverter", s["key.converter"])
 	require.Equal(t, "org.apache.kafka.connect.storage.SimpleHeaderConverter", s["header.converter"])
@@ -74,7 +88,7 @@ func TestGenerateDefaultTopicIsTheDestinationAndOptionsApply(t *testing.T) {
 	c = debezium.Generate(debezium.Options{Name: "orders-outbox", Schema: "orders", SlotName: "s1", PublicationName: "p1", ServerName: "srv", DatabaseHostname: "db.internal", DatabasePort: "6432"})
 	require.NoError(t, c.Err())
 	require.Equal(t, "orders-outbox", c.Name)
-	require.Equal(t, "orders.messaging_outbox", c.Settings["table.include.list"])
+	require.Equal(t, "orders.messaging_outbox,orders.messaging_cdc_heartbeat", c.Settings["table.include.list"])
 	require.Equal(t, "s1", c.Settings["slot.name"])
 	require.Equal(t, "p1", c.Settings["publication.name"])
 	require.Equal(t, "srv", c.Settings["topic.prefix"])
@@ -108,7 +122,7 @@ func TestGenerateIsDeterministicAndBothFormsAgree(t *testing.T) {
 		}
 		k, v, ok := strings.Cut(line, "=")
 		require.True(t, ok, line)
-		props[k] = v
+		props[k] = strings.ReplaceAll(v, `\\`, `\`) // java.util.Properties unescapes a doubled backslash
 		if k != "name" {
 			keys = append(keys, k)
 		}
@@ -154,6 +168,7 @@ func TestInvalidOptionsAreRefused(t *testing.T) {
 		"newline in password":    {DatabasePassword: "a\nb=c"},
 		"NUL in database name":   {DatabaseName: "a\x00"},
 		"too long a publication": {PublicationName: strings.Repeat("p", 64)},
+		"negative heartbeat":     {HeartbeatIntervalMS: -1},
 	}
 	for name, opts := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -223,7 +238,7 @@ func TestPublicationSQLCreatesAnInsertOnlyPublication(t *testing.T) {
 	pub := "h4_pub_" + strings.TrimPrefix(s.Name, "outbox_test_")
 	stmt, err := debezium.PublicationSQL(debezium.Options{Schema: s.Name, PublicationName: pub})
 	require.NoError(t, err)
-	require.Equal(t, `CREATE PUBLICATION "`+pub+`" FOR TABLE "`+s.Name+`"."messaging_outbox" WITH (publish = 'insert')`, stmt)
+	require.Equal(t, `CREATE PUBLICATION "`+pub+`" FOR TABLE "`+s.Name+`"."messaging_outbox", "`+s.Name+`"."messaging_cdc_heartbeat" WITH (publish = 'insert')`, stmt)
 	_, err = s.DB.Exec(stmt)
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = s.DB.Exec(`DROP PUBLICATION IF EXISTS "` + pub + `"`) })
@@ -234,7 +249,89 @@ func TestPublicationSQLCreatesAnInsertOnlyPublication(t *testing.T) {
 	require.False(t, upd, "the forwarder's updates must not become events")
 	require.False(t, del, "retention's deletes must not become events")
 	require.False(t, trunc)
-	var table string
-	require.NoError(t, s.DB.QueryRow(`SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1`, pub).Scan(&table))
-	require.Equal(t, s.Name+".messaging_outbox", table)
+	var tables string
+	require.NoError(t, s.DB.QueryRow(`SELECT string_agg(schemaname || '.' || tablename, ',' ORDER BY tablename) FROM pg_publication_tables WHERE pubname = $1`, pub).Scan(&tables))
+	require.Equal(t, s.Name+".messaging_cdc_heartbeat,"+s.Name+".messaging_outbox", tables, "the outbox and the heartbeat table")
+}
+
+// The files on disk, not the generator's output: what an operator deploys
+// carries the heartbeat, never snapshots, never creates a publication, and
+// uses the slot the native relay uses by default.
+func TestShippedFilesCarryTheSettingsADebeziumOperatorNeeds(t *testing.T) {
+	t.Parallel()
+	props, err := os.ReadFile("outbox-connector.properties")
+	require.NoError(t, err)
+	for _, line := range []string{
+		"heartbeat.interval.ms=10000",
+		"snapshot.mode=no_data",
+		"publication.autocreate.mode=disabled",
+		"slot.name=messaging_outbox_cdc",
+		"publication.name=messaging_outbox_cdc",
+		"table.include.list=public.messaging_outbox,public.messaging_cdc_heartbeat",
+		"transforms.outbox.predicate=isOutboxTable",
+	} {
+		require.Contains(t, strings.Split(string(props), "\n"), line)
+	}
+	require.Regexp(t, `(?m)^heartbeat\.action\.query=WITH beat AS \(INSERT INTO "public"\.messaging_relay_heartbeat .*INSERT INTO "public"\."messaging_cdc_heartbeat" \(slot_name\) VALUES \('messaging_outbox_cdc'\)$`, string(props))
+
+	var j struct {
+		Config map[string]string `json:"config"`
+	}
+	raw, err := os.ReadFile("outbox-connector.json")
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(raw, &j))
+	require.Equal(t, "no_data", j.Config["snapshot.mode"])
+	require.Equal(t, "disabled", j.Config["publication.autocreate.mode"])
+	require.Equal(t, "10000", j.Config["heartbeat.interval.ms"])
+	require.Equal(t, "messaging_outbox_cdc", j.Config["slot.name"])
+	require.Contains(t, j.Config["heartbeat.action.query"], `"messaging_cdc_heartbeat"`)
+}
+
+// The heartbeat action query, run as the connector runs it (one statement on
+// a plain connection), registers a live CDC consumer that Disable sees,
+// inserts a heartbeat row (published: the table is in the publication) and
+// trims old rows.
+func TestHeartbeatActionQueryRegistersTheConnector(t *testing.T) {
+	t.Parallel()
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(2)
+	ctx := context.Background()
+	q, err := debezium.HeartbeatActionQuery(debezium.Options{Schema: s.Name, Name: "orders-cdc", HeartbeatIntervalMS: 20000})
+	require.NoError(t, err)
+	require.Equal(t, debezium.Generate(debezium.Options{Schema: s.Name, Name: "orders-cdc", HeartbeatIntervalMS: 20000}).Settings["heartbeat.action.query"], q)
+
+	require.NoError(t, debezium.Enable(ctx, s.DB, "ops", time.Time{}))
+	_, err = s.DB.Exec(`INSERT INTO messaging_cdc_heartbeat (slot_name, beat_at) VALUES ('old', now() - interval '2 hours')`)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(q)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(q) // the second beat renews the first
+	require.NoError(t, err)
+
+	live, err := debezium.LiveCDCConsumers(ctx, s.DB, time.Time{})
+	require.NoError(t, err)
+	require.Len(t, live, 1)
+	require.Equal(t, "debezium:orders-cdc", live[0].Owner)
+	require.Equal(t, debezium.ModeCDC, live[0].Kind)
+	require.Equal(t, "messaging_outbox_cdc", live[0].SlotName)
+	require.WithinDuration(t, live[0].HeartbeatAt.Add(60*time.Second), live[0].ExpiresAt, time.Second, "three intervals")
+	polling, err := debezium.LiveRelays(ctx, s.DB, time.Time{})
+	require.NoError(t, err)
+	require.Empty(t, polling, "a CDC heartbeat is not a polling relay")
+
+	var slots []string
+	rows, err := s.DB.Query(`SELECT slot_name FROM messaging_cdc_heartbeat ORDER BY id`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var n string
+		require.NoError(t, rows.Scan(&n))
+		slots = append(slots, n)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"messaging_outbox_cdc", "messaging_outbox_cdc"}, slots, "one row per beat; the two-hour-old row was trimmed")
+
+	err = debezium.Disable(ctx, s.DB, "ops")
+	require.ErrorIs(t, err, debezium.ErrRelayModeConflict, "the connector is live")
+	require.Contains(t, err.Error(), "debezium:orders-cdc")
+	require.NoError(t, debezium.DisableAt(ctx, s.DB, "ops", time.Now().Add(2*time.Minute)), "once its heartbeat expired (connector stopped)")
 }

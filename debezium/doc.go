@@ -76,30 +76,66 @@
 //  1. The publication publishes inserts only. Create it before the
 //     connector starts, with the statement [PublicationSQL] returns:
 //     CREATE PUBLICATION "messaging_outbox_cdc" FOR TABLE
-//     "public"."messaging_outbox" WITH (publish = 'insert').
-//     publication.autocreate.mode=filtered only creates a publication when
-//     it is missing (and then publishes every operation), so this step
-//     matters.
+//     "public"."messaging_outbox", "public"."messaging_cdc_heartbeat"
+//     WITH (publish = 'insert'). The configuration sets
+//     publication.autocreate.mode=disabled, so the connector fails rather
+//     than create a publication of every operation when this step was
+//     skipped.
 //  2. skipped.operations=u,d,t: the connector drops updates, deletes and
 //     truncates even if the publication sends them.
 //  3. table.op.invalid.behavior=warn: an update that still reached the
 //     router is skipped with a warning (the router always ignores deletes).
 //
-// In CDC mode nothing marks rows PUBLISHED, so retention must purge by
-// created_at past the horizon (the retention package's created_at mode),
-// not by status.
+// A Debezium connector marks nothing PUBLISHED, so under a connector
+// retention must purge by created_at past the horizon (the retention
+// package's created_at mode), not by status. (The native relay, package
+// cdcrelay, marks what it delivered.)
+//
+// # Heartbeat, snapshot, publication
+//
+// The configuration sets heartbeat.interval.ms (Options.HeartbeatIntervalMS,
+// default 10 s) and heartbeat.action.query ([HeartbeatActionQuery]): each
+// heartbeat inserts a row into messaging_cdc_heartbeat (migration 00040),
+// which is in the publication and in table.include.list, so the connector
+// receives a change and confirms its position even while the outbox is idle
+// in a busy database (otherwise the slot retains WAL without bound); the
+// same statement writes the connector's CDC heartbeat (see below) and trims
+// heartbeat rows older than an hour. A TopicNameMatches predicate keeps the
+// heartbeat table's records out of the event router. snapshot.mode=no_data
+// (Debezium 2.6+; use "never" on older versions) streams from the slot and
+// never snapshots the table, whose existing rows, PUBLISHED ones included,
+// would otherwise all become events. publication.autocreate.mode=disabled:
+// the connector never creates a publication (with "filtered" it would
+// create one publishing every operation); create the insert-only one with
+// [PublicationSQL]. The slot is [DefaultSlotName], the native relay's
+// default too: one slot, one consumer.
 //
 // # Relay-mode exclusivity
 //
-// messaging_relay_mode records POLLING or CDC. A polling forwarder calls
+// messaging_relay_mode records POLLING or CDC; messaging_relay_heartbeat
+// holds the heartbeats of both kinds of relay. A polling forwarder calls
 // [Beat] at start and on every heartbeat; it refuses with
-// RELAY_MODE_CONFLICT when the mode is CDC. [Enable] (outboxctl debezium
+// RELAY_MODE_CONFLICT when the mode is CDC or a CDC consumer's heartbeat is
+// live. A CDC consumer beats too: the native relay with [BeatCDC] (refused
+// outside CDC mode, and with CDC_SECOND_CONSUMER while a consumer on another
+// slot is live), a Debezium connector through its heartbeat action query
+// (owner "debezium:<name>", alive three intervals; it cannot be refused, so
+// a second connector is reported by [LiveCDCConsumers], `outboxctl status`
+// and the outbox_cdc_consumer_slots gauge). [Enable] (outboxctl debezium
 // enable) locks the mode row FOR UPDATE, then refuses with
-// RELAY_MODE_CONFLICT while any heartbeat is live, naming the owners; [Disable]
-// switches back. Beat reads the mode row FOR SHARE in the same statement
-// that writes the heartbeat, so a Beat and a switch are ordered by the row
-// lock: a Beat that arrives during a switch waits and then refuses, and a
-// switch that arrives during a Beat waits and then counts that heartbeat.
-// Any number of polling forwarders may run together. The database cannot see
-// the connector itself: stop it before Disable.
+// RELAY_MODE_CONFLICT while any polling heartbeat is live, naming the
+// owners; [Disable] refuses the same way while any CDC heartbeat is live.
+// Beat reads the mode row FOR SHARE in the same statement that writes the
+// heartbeat, and BeatCDC locks it FOR UPDATE, so a heartbeat and a switch are
+// ordered by the row lock: a beat that arrives during a switch waits and then
+// sees its outcome, and a switch that arrives during a beat waits and then
+// counts that heartbeat. Any number of polling forwarders may run together.
+//
+// The native relay marks what it delivered PUBLISHED (package cdcrelay), so
+// stopping it, Disable and starting the forwarders hands over without
+// delivering anything twice. A Debezium connector cannot mark rows: after it
+// stopped, switch back with cdcrelay's Relay.HandOverToPolling on its slot
+// (it delivers what the connector left unconfirmed, marks what it delivered
+// and records POLLING while inserts are briefly held); [Disable] alone lets
+// the forwarders publish again the rows the connector delivered.
 package debezium

@@ -21,8 +21,10 @@ const (
 )
 
 // CodeRelayModeConflict is returned when a relay would run against the mode
-// the database records: a forwarder starting while the mode is CDC (Beat), or
-// a switch to CDC while polling relays are alive (Enable).
+// the database records: a forwarder starting while the mode is CDC or a CDC
+// consumer is live (Beat), a CDC consumer beating outside CDC mode (BeatCDC),
+// a switch to CDC while polling relays are alive (Enable), or a switch back
+// to POLLING while a CDC consumer is alive (Disable).
 const CodeRelayModeConflict outbox.Code = "RELAY_MODE_CONFLICT"
 
 // CodeOperatorRequired is returned by Enable and Disable when by is empty:
@@ -42,12 +44,17 @@ var (
 const (
 	sqlCurrentMode = `SELECT mode, changed_at, changed_by FROM messaging_relay_mode WHERE id`
 
+	// A polling heartbeat is written only in POLLING mode and only while no
+	// CDC consumer's heartbeat is live (a Debezium connector started in
+	// POLLING mode registers itself through its heartbeat action query).
 	sqlBeat = `
 INSERT INTO messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at)
 SELECT $1, now(), now(), now() + make_interval(secs => $2)
 WHERE EXISTS (SELECT 1 FROM messaging_relay_mode WHERE id AND mode = 'POLLING' FOR SHARE)
+  AND NOT EXISTS (SELECT 1 FROM messaging_relay_heartbeat
+                   WHERE kind = 'CDC' AND expires_at > now() AND owner <> $1)
 ON CONFLICT (owner) DO UPDATE
-   SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at`
+   SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at, kind = 'POLLING', slot_name = NULL`
 
 	sqlLeave = `DELETE FROM messaging_relay_heartbeat WHERE owner = $1`
 
@@ -57,9 +64,17 @@ ON CONFLICT (owner) DO UPDATE
 	// it takes a fresh snapshot, so it sees every heartbeat committed before
 	// the lock was granted.
 	sqlLiveHeartbeats = `
-SELECT owner, started_at, heartbeat_at, expires_at FROM messaging_relay_heartbeat
-WHERE expires_at > coalesce($1::timestamptz, now())
+SELECT owner, started_at, heartbeat_at, expires_at, kind, coalesce(slot_name, '') FROM messaging_relay_heartbeat
+WHERE expires_at > coalesce($1::timestamptz, now()) AND kind = $2
 ORDER BY owner`
+
+	// Runs after sqlLockMode (FOR UPDATE) in BeatCDC's transaction, so two
+	// CDC consumers' first beats are ordered and the second sees the first.
+	sqlBeatCDC = `
+INSERT INTO messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at, kind, slot_name)
+VALUES ($1, now(), now(), now() + make_interval(secs => $2), 'CDC', $3)
+ON CONFLICT (owner) DO UPDATE
+   SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at, kind = 'CDC', slot_name = EXCLUDED.slot_name`
 
 	sqlSetMode = `
 UPDATE messaging_relay_mode
@@ -124,15 +139,71 @@ func RequireMode(ctx context.Context, db *sql.DB, want Mode, op, hint string) er
 // UPDATE before it counts live heartbeats): one of them sees the other. A
 // Beat that waits on a switch in progress is re-checked against the mode the
 // switch committed, and refuses if it is CDC.
+//
+// It also refuses (RELAY_MODE_CONFLICT) while a CDC consumer's heartbeat is
+// live (see [BeatCDC] and [HeartbeatActionQuery]): a connector streaming in
+// POLLING mode would deliver every row a second time.
 func Beat(ctx context.Context, db *sql.DB, owner string, ttl time.Duration) error {
 	res, err := db.ExecContext(ctx, sqlBeat, owner, ttl.Seconds())
 	if err != nil {
 		return fmt.Errorf("debezium: relay heartbeat: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return outbox.Errorf(CodeRelayModeConflict, "debezium.Beat", "the database's relay mode is CDC; a polling forwarder must not run (switch back with `outboxctl debezium disable`)")
+		return outbox.Errorf(CodeRelayModeConflict, "debezium.Beat", "the database's relay mode is CDC, or a CDC consumer's heartbeat is live; a polling forwarder must not run (stop the CDC consumer, then switch back with `outboxctl debezium disable`)")
 	}
 	return nil
+}
+
+// CodeSecondCDCConsumer is returned by [BeatCDC] when another CDC consumer,
+// on another replication slot, has a live heartbeat: each slot delivers every
+// insert, so two consumers on two slots deliver everything twice.
+const CodeSecondCDCConsumer outbox.Code = "CDC_SECOND_CONSUMER"
+
+// ErrSecondCDCConsumer matches [CodeSecondCDCConsumer] with errors.Is.
+var ErrSecondCDCConsumer = &outbox.Error{Code: CodeSecondCDCConsumer}
+
+// BeatCDC records that the CDC consumer owner, streaming from slot, is alive
+// until now+ttl. In one transaction it locks the mode row FOR UPDATE, refuses
+// with RELAY_MODE_CONFLICT unless the mode is CDC, refuses with
+// CDC_SECOND_CONSUMER while a CDC consumer on another slot has a live
+// heartbeat (naming it), and writes the heartbeat. Because [Disable] takes
+// the same lock and refuses while a CDC heartbeat is live, a CDC consumer
+// that beats successfully may publish until its heartbeat expires: the mode
+// cannot leave CDC before then. The native relay (package cdcrelay) calls it
+// at start and before any publish once a beat interval has passed; a
+// Debezium connector beats through [HeartbeatActionQuery] instead (which
+// cannot refuse, so a second connector is reported, not refused).
+func BeatCDC(ctx context.Context, db *sql.DB, owner, slot string, ttl time.Duration) error {
+	const op = "debezium.BeatCDC"
+	if strings.TrimSpace(owner) == "" || !IsIdentifier(slot) {
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "owner must not be empty and slot %q must match ^[a-z_][a-z0-9_]{0,62}$", slot)
+	}
+	return inTx(ctx, db, func(tx *sql.Tx) error {
+		mode, err := lockMode(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if mode != ModeCDC {
+			return outbox.Errorf(CodeRelayModeConflict, op, "the database's relay mode is %s, not CDC: a CDC consumer must not publish (switch with `outboxctl debezium enable` once the polling relays are stopped)", mode)
+		}
+		live, err := liveHeartbeats(ctx, tx, time.Time{}, ModeCDC)
+		if err != nil {
+			return err
+		}
+		var others []string
+		for _, h := range live {
+			if h.Owner != owner && h.SlotName != slot {
+				others = append(others, fmt.Sprintf("%s on slot %s (until %s)", h.Owner, h.SlotName, h.ExpiresAt.UTC().Format(time.RFC3339)))
+			}
+		}
+		if len(others) > 0 {
+			return outbox.Errorf(CodeSecondCDCConsumer, op, "another CDC consumer is live: %s; slot %s would deliver every insert a second time (stop the other consumer, or use the same slot: PostgreSQL lets one consumer stream a slot at a time)", strings.Join(others, ", "), slot)
+		}
+		if _, err := tx.ExecContext(ctx, sqlBeatCDC, owner, ttl.Seconds(), slot); err != nil {
+			return fmt.Errorf("debezium: CDC heartbeat: %w", err)
+		}
+		return nil
+	})
 }
 
 // Leave removes owner's heartbeat (a clean stop).
@@ -144,18 +215,33 @@ func Leave(ctx context.Context, db *sql.DB, owner string) error {
 	return nil
 }
 
-// Heartbeat is one polling relay's announcement.
+// Heartbeat is one relay's announcement.
 type Heartbeat struct {
 	Owner       string
 	StartedAt   time.Time
 	HeartbeatAt time.Time
 	ExpiresAt   time.Time
+	Kind        Mode   // ModePolling or ModeCDC
+	SlotName    string // the replication slot of a CDC consumer; "" for polling relays
 }
 
 // LiveRelays lists the polling relays whose heartbeat has not expired at now
 // (zero now means the database's clock), ordered by owner.
 func LiveRelays(ctx context.Context, q Querier, now time.Time) ([]Heartbeat, error) {
-	rows, err := q.QueryContext(ctx, sqlLiveHeartbeats, nullTime(now))
+	return liveHeartbeats(ctx, q, now, ModePolling)
+}
+
+// LiveCDCConsumers lists the CDC consumers (native relays and Debezium
+// connectors through their heartbeat action query) whose heartbeat has not
+// expired at now (zero now means the database's clock), ordered by owner.
+// More than one distinct SlotName among them means two consumers deliver
+// every insert: `outboxctl status` reports it.
+func LiveCDCConsumers(ctx context.Context, q Querier, now time.Time) ([]Heartbeat, error) {
+	return liveHeartbeats(ctx, q, now, ModeCDC)
+}
+
+func liveHeartbeats(ctx context.Context, q Querier, now time.Time, kind Mode) ([]Heartbeat, error) {
+	rows, err := q.QueryContext(ctx, sqlLiveHeartbeats, nullTime(now), string(kind))
 	if err != nil {
 		return nil, fmt.Errorf("debezium: read heartbeats: %w", err)
 	}
@@ -163,9 +249,11 @@ func LiveRelays(ctx context.Context, q Querier, now time.Time) ([]Heartbeat, err
 	var out []Heartbeat
 	for rows.Next() {
 		var h Heartbeat
-		if err := rows.Scan(&h.Owner, &h.StartedAt, &h.HeartbeatAt, &h.ExpiresAt); err != nil {
+		var k string
+		if err := rows.Scan(&h.Owner, &h.StartedAt, &h.HeartbeatAt, &h.ExpiresAt, &k, &h.SlotName); err != nil {
 			return nil, fmt.Errorf("debezium: read heartbeats: %w", err)
 		}
+		h.Kind = Mode(k)
 		out = append(out, h)
 	}
 	if err := rows.Err(); err != nil {
@@ -221,21 +309,46 @@ func EnableTx(ctx context.Context, tx *sql.Tx, by string, now time.Time) error {
 }
 
 // Disable switches the database back to POLLING mode, so forwarders may start
-// again. The CDC connector must be stopped first: the database cannot see it.
-// It refuses an empty by with RELAY_MODE_OPERATOR_REQUIRED; disabling when
-// already POLLING succeeds without changing the record.
+// again. It refuses with RELAY_MODE_CONFLICT while any CDC consumer's
+// heartbeat is live (the native relay's [BeatCDC], a Debezium connector's
+// [HeartbeatActionQuery]), naming them: stop the consumer first (the native
+// relay marks what it delivered PUBLISHED and removes its heartbeat when it
+// stops), or wait for its heartbeat to expire. It refuses an empty by with
+// RELAY_MODE_OPERATOR_REQUIRED; disabling when already POLLING succeeds
+// without changing the record.
 func Disable(ctx context.Context, db *sql.DB, by string) error {
+	return DisableAt(ctx, db, by, time.Time{})
+}
+
+// DisableAt is [Disable] judging heartbeats at now (zero now means the
+// database's clock, which is what operators want; tests inject a clock).
+func DisableAt(ctx context.Context, db *sql.DB, by string, now time.Time) error {
+	return inTx(ctx, db, func(tx *sql.Tx) error { return DisableTx(ctx, tx, by, now) })
+}
+
+// DisableTx is [DisableAt] inside the caller's transaction (package cdcrelay's
+// handover switches in the transaction that holds inserts).
+func DisableTx(ctx context.Context, tx *sql.Tx, by string, now time.Time) error {
 	const op = "debezium.Disable"
 	if strings.TrimSpace(by) == "" {
 		return outbox.Errorf(CodeOperatorRequired, op, "say who switches the relay mode (by must not be empty)")
 	}
-	return inTx(ctx, db, func(tx *sql.Tx) error {
-		mode, err := lockMode(ctx, tx)
-		if err != nil || mode == ModePolling {
-			return err
+	mode, err := lockMode(ctx, tx)
+	if err != nil || mode == ModePolling {
+		return err
+	}
+	live, err := liveHeartbeats(ctx, tx, now, ModeCDC)
+	if err != nil {
+		return err
+	}
+	if len(live) > 0 {
+		names := make([]string, len(live))
+		for i, h := range live {
+			names[i] = fmt.Sprintf("%s on slot %s (until %s)", h.Owner, h.SlotName, h.ExpiresAt.UTC().Format(time.RFC3339))
 		}
-		return setMode(ctx, tx, ModePolling, by, time.Time{})
-	})
+		return outbox.Errorf(CodeRelayModeConflict, op, "%d CDC consumer(s) are live: %s; stop them (or wait for their heartbeats to expire) before switching to POLLING, or the forwarders would publish what they are publishing", len(live), strings.Join(names, ", "))
+	}
+	return setMode(ctx, tx, ModePolling, by, now)
 }
 
 func lockMode(ctx context.Context, tx *sql.Tx) (Mode, error) {

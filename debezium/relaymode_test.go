@@ -197,3 +197,52 @@ func TestEnableConcurrentWithBeatSeesTheHeartbeat(t *testing.T) {
 	require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
 	require.Contains(t, err.Error(), "slow-relay")
 }
+
+// Issue 20 item 2: the CDC side beats too, and the database enforces one
+// kind of relay and one CDC slot. On the old code Disable switched back to
+// POLLING under a live CDC relay and nothing refused a second slot.
+func TestCDCHeartbeatsExcludePollingAndASecondSlot(t *testing.T) {
+	t.Parallel()
+	s := relayDB(t)
+	ctx := context.Background()
+
+	err := debezium.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute)
+	require.ErrorIs(t, err, debezium.ErrRelayModeConflict, "a CDC consumer must not publish in POLLING mode")
+	require.NoError(t, debezium.Enable(ctx, s.DB, "ops", time.Time{}))
+	require.NoError(t, debezium.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute))
+	require.NoError(t, debezium.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute), "renewal")
+	require.NoError(t, debezium.BeatCDC(ctx, s.DB, "cdc-a2", "slot_a", time.Minute), "the same slot: PostgreSQL itself lets one of them stream")
+
+	err = debezium.BeatCDC(ctx, s.DB, "cdc-b", "slot_b", time.Minute)
+	require.ErrorIs(t, err, debezium.ErrSecondCDCConsumer)
+	require.Equal(t, outbox.Code("CDC_SECOND_CONSUMER"), outbox.CodeOf(err))
+	require.Contains(t, err.Error(), "cdc-a on slot slot_a")
+
+	live, err := debezium.LiveCDCConsumers(ctx, s.DB, time.Time{})
+	require.NoError(t, err)
+	require.Len(t, live, 2)
+	require.Equal(t, "cdc-a", live[0].Owner)
+	require.Equal(t, "slot_a", live[0].SlotName)
+
+	err = debezium.Disable(ctx, s.DB, "ops")
+	require.ErrorIs(t, err, debezium.ErrRelayModeConflict, "Disable refuses while a CDC consumer is live")
+	require.Contains(t, err.Error(), "cdc-a on slot slot_a")
+	mode, err := debezium.CurrentMode(ctx, s.DB)
+	require.NoError(t, err)
+	require.Equal(t, debezium.ModeCDC, mode)
+
+	require.NoError(t, debezium.Leave(ctx, s.DB, "cdc-a"))
+	require.NoError(t, debezium.Leave(ctx, s.DB, "cdc-a2"))
+	require.NoError(t, debezium.Disable(ctx, s.DB, "ops"))
+	err = debezium.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute)
+	require.ErrorIs(t, err, debezium.ErrRelayModeConflict, "after Disable the CDC consumer's next beat refuses")
+
+	// A CDC consumer that beats in POLLING mode anyway (a Debezium
+	// connector's action query cannot refuse) keeps the forwarders out.
+	_, err = s.DB.Exec(`INSERT INTO messaging_relay_heartbeat (owner, expires_at, kind, slot_name) VALUES ('debezium:x', now() + interval '1 minute', 'CDC', 'slot_x')`)
+	require.NoError(t, err)
+	err = debezium.Beat(ctx, s.DB, "fw", time.Minute)
+	require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
+	require.NoError(t, debezium.Leave(ctx, s.DB, "debezium:x"))
+	require.NoError(t, debezium.Beat(ctx, s.DB, "fw", time.Minute))
+}

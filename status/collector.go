@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 )
 
@@ -76,6 +77,13 @@ var backlogStatuses = []envelope.Status{
 //	<ns>_parked_messages{status}                gauge, FAILED and EXHAUSTED
 //	<ns>_backlog_sample_errors_total            counter, failed samples
 //	<ns>_backlog_sample_age_seconds             gauge, age of the sample served
+//	<ns>_cdc_slot_retained_wal_bytes{slot}      gauge, WAL the slot keeps (restart_lsn to now)
+//	<ns>_cdc_slot_confirmed_lag_bytes{slot}     gauge, WAL since the consumer's confirmed position
+//	<ns>_cdc_slot_safe_wal_size_bytes{slot}     gauge, WAL left before the slot may be lost (absent without max_slot_wal_keep_size)
+//	<ns>_cdc_slot_wal_status{slot,wal_status}   gauge, 1 for the slot's wal_status, 0 for the others
+//	<ns>_cdc_slot_active{slot}                  gauge, 1 while a consumer streams the slot
+//	<ns>_cdc_consumers                          gauge, CDC consumers with a live heartbeat
+//	<ns>_cdc_consumer_slots                     gauge, distinct slots among them (above 1: double delivery)
 //
 // A failed sample does not fail the scrape: the last good sample is served
 // (its age shows it) and the error counter grows.
@@ -84,6 +92,8 @@ type Collector struct {
 	opts CollectorOptions
 
 	backlog, oldest, parked, errs, sampleAge *prometheus.Desc
+
+	slotRetained, slotLag, slotSafe, slotStatus, slotActive, consumers, consumerSlots *prometheus.Desc
 
 	mu      sync.Mutex // serialises samples: a scrape storm waits for one query
 	sample  sample
@@ -97,7 +107,14 @@ type sample struct {
 	destinations []string
 	oldestAge    float64
 	parked       map[envelope.Status]float64
+	slots        []Slot
+	consumers    int
+	consumerSlot int
 }
+
+// slotWALStatuses are the label values of <ns>_cdc_slot_wal_status, every
+// one exposed (0 or 1) so an alert can match the value that is 1.
+var slotWALStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 
 // NewCollector returns a Collector over db. Register it with a
 // prometheus.Registerer; it queries only when scraped.
@@ -124,6 +141,20 @@ func NewCollector(db *sql.DB, opts CollectorOptions) (*Collector, error) {
 			"Backlog samples that failed; the previous sample was served instead.", nil, nil),
 		sampleAge: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "backlog_sample_age_seconds"),
 			"Seconds since the backlog sample being served was read from the database.", nil, nil),
+		slotRetained: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "cdc_slot_retained_wal_bytes"),
+			"WAL a logical replication slot keeps from being recycled (server WAL position minus restart_lsn).", []string{"slot"}, nil),
+		slotLag: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "cdc_slot_confirmed_lag_bytes"),
+			"WAL written since the slot's consumer confirmed (server WAL position minus confirmed_flush_lsn).", []string{"slot"}, nil),
+		slotSafe: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "cdc_slot_safe_wal_size_bytes"),
+			"WAL that can still be written before the slot may be invalidated (pg_replication_slots.safe_wal_size); absent when max_slot_wal_keep_size is -1.", []string{"slot"}, nil),
+		slotStatus: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "cdc_slot_wal_status"),
+			"1 for the slot's wal_status (reserved, extended, unreserved, lost), 0 for the others.", []string{"slot", "wal_status"}, nil),
+		slotActive: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "cdc_slot_active"),
+			"1 while a consumer streams from the slot.", []string{"slot"}, nil),
+		consumers: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "cdc_consumers"),
+			"CDC consumers (native relays, Debezium connectors) with a live heartbeat.", nil, nil),
+		consumerSlots: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "cdc_consumer_slots"),
+			"Distinct replication slots among the live CDC consumers; above 1 every insert is delivered more than once.", nil, nil),
 	}, nil
 }
 
@@ -134,6 +165,13 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.parked
 	ch <- c.errs
 	ch <- c.sampleAge
+	ch <- c.slotRetained
+	ch <- c.slotLag
+	ch <- c.slotSafe
+	ch <- c.slotStatus
+	ch <- c.slotActive
+	ch <- c.consumers
+	ch <- c.consumerSlots
 }
 
 // Collect implements prometheus.Collector.
@@ -159,6 +197,27 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, s.oldestAge)
 	for _, st := range []envelope.Status{envelope.StatusFailed, envelope.StatusExhausted} {
 		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, s.parked[st], string(st))
+	}
+	ch <- prometheus.MustNewConstMetric(c.consumers, prometheus.GaugeValue, float64(s.consumers))
+	ch <- prometheus.MustNewConstMetric(c.consumerSlots, prometheus.GaugeValue, float64(s.consumerSlot))
+	for _, sl := range s.slots {
+		ch <- prometheus.MustNewConstMetric(c.slotRetained, prometheus.GaugeValue, float64(sl.RetainedWALBytes), sl.Name)
+		ch <- prometheus.MustNewConstMetric(c.slotLag, prometheus.GaugeValue, float64(sl.ConfirmedLagBytes), sl.Name)
+		if sl.SafeWALSizeBytes != nil {
+			ch <- prometheus.MustNewConstMetric(c.slotSafe, prometheus.GaugeValue, float64(*sl.SafeWALSizeBytes), sl.Name)
+		}
+		active := 0.0
+		if sl.Active {
+			active = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.slotActive, prometheus.GaugeValue, active, sl.Name)
+		for _, ws := range slotWALStatuses {
+			v := 0.0
+			if ws == sl.WALStatus {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.slotStatus, prometheus.GaugeValue, v, sl.Name, ws)
+		}
 	}
 	// Every status for each destination present, zeros included, so a
 	// status that drains to nothing reads 0 instead of vanishing.
@@ -244,5 +303,17 @@ func (c *Collector) read() (sample, error) {
 	if folded {
 		s.destinations = append(s.destinations, OtherDestination)
 	}
+	if s.slots, err = ReadSlots(ctx, c.db); err != nil {
+		return sample{}, err
+	}
+	live, err := debezium.LiveCDCConsumers(ctx, c.db, time.Time{})
+	if err != nil {
+		return sample{}, err
+	}
+	slotNames := map[string]bool{}
+	for _, h := range live {
+		slotNames[h.SlotName] = true
+	}
+	s.consumers, s.consumerSlot = len(live), len(slotNames)
 	return s, nil
 }

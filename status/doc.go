@@ -1,7 +1,11 @@
 // Package status answers operators' questions about an outbox from the
 // database alone: what is waiting, for how long, what is parked and why,
-// which business flows are stuck, which relays are alive, and which relay
-// mode is active. `outboxctl status` and `outboxctl inspect` print what this
+// which business flows are stuck, which relays are alive (polling relays and
+// CDC consumers), which relay mode is active, and, per logical replication
+// slot, how much WAL it retains, how far its consumer's confirmed position
+// lags, its wal_status and safe_wal_size, and how many undelivered rows are
+// older than it ([Slot], [ReadSlots]). [CheckOneCDCConsumer] is a readiness
+// check that reports CDC consumers on more than one slot. `outboxctl status` and `outboxctl inspect` print what this
 // package reads; [NewCollector] exposes the same backlog as Prometheus gauges.
 //
 // # Guarantees

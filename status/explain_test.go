@@ -28,6 +28,7 @@ var explained = []struct {
 	{"failureCodesQuery", failureCodesQuery, []any{10}},
 	{"stuckCorrelationsQuery", stuckCorrelationsQuery, []any{t0, 900.0, 20}},
 	{"messageQuery", messageQuery, []any{"parked-17"}},
+	{"undeliveredBeforeSlotQuery", undeliveredBeforeSlotQuery, nil},
 }
 
 // planNode is the part of EXPLAIN (FORMAT JSON) output the test reads.

@@ -86,3 +86,28 @@ const messageQuery = `SELECT ` + envelope.SelectColumns + ` FROM messaging_outbo
 
 // dbNowQuery pins the snapshot's clock to the database's.
 const dbNowQuery = `SELECT coalesce($1::timestamptz, now())`
+
+// slotsQuery reads the logical replication slots of the current database
+// (pg_replication_slots: a catalog view, no outbox table). Lags are measured
+// against the server's WAL position (the last replayed one on a standby).
+const slotsQuery = `
+SELECT slot_name, coalesce(plugin, ''), active, coalesce(wal_status, ''),
+       coalesce(pg_wal_lsn_diff(w.lsn, restart_lsn), 0)::int8,
+       coalesce(pg_wal_lsn_diff(w.lsn, confirmed_flush_lsn), 0)::int8,
+       safe_wal_size
+  FROM pg_replication_slots,
+       (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn) w
+ WHERE slot_type = 'logical' AND database = current_database()
+ ORDER BY slot_name`
+
+// undeliveredBeforeSlotQuery answers "may the CDC relay start on this slot":
+// for each slot the native relay created (messaging_cdc_slot, migration
+// 00040), how many undelivered rows were committed before the slot (seq up
+// to its before_seq; 0 once the boundary is closed). Served by the claimable
+// index (its predicate, a range on seq).
+const undeliveredBeforeSlotQuery = `
+SELECT b.slot_name,
+       (SELECT count(*) FROM messaging_outbox o
+         WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.seq <= b.before_seq)
+  FROM messaging_cdc_slot b
+ ORDER BY b.slot_name`

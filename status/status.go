@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
@@ -96,12 +97,41 @@ type StuckCorrelation struct {
 	Oldest        time.Time `json:"oldest_created_at"`
 }
 
-// Relay is a polling relay with a live heartbeat.
+// Relay is a relay with a live heartbeat: a polling relay (in
+// Snapshot.Relays) or a CDC consumer (in Snapshot.CDCConsumers, with its
+// slot).
 type Relay struct {
 	Owner       string    `json:"owner"`
 	StartedAt   time.Time `json:"started_at"`
 	HeartbeatAt time.Time `json:"heartbeat_at"`
 	ExpiresAt   time.Time `json:"expires_at"`
+	SlotName    string    `json:"slot_name,omitempty"`
+}
+
+// Slot is one logical replication slot of the database, as
+// pg_replication_slots reports it, with its lag in bytes of WAL. A slot keeps
+// WAL from its restart position on: RetainedWALBytes is what it holds (what
+// the server cannot recycle), ConfirmedLagBytes how far its consumer's
+// confirmed position is behind the server's WAL. WALStatus is "reserved" or
+// "extended" (fine), "unreserved" (the next checkpoint may remove WAL it
+// needs) or "lost" (it can no longer be streamed; see the README).
+// SafeWALSizeBytes is how much more WAL can be written before the slot is in
+// danger of "lost"; nil when max_slot_wal_keep_size is -1 (no limit: the slot
+// can fill the disk instead).
+type Slot struct {
+	Name              string `json:"slot_name"`
+	Plugin            string `json:"plugin"`
+	Active            bool   `json:"active"`
+	WALStatus         string `json:"wal_status"`
+	RetainedWALBytes  int64  `json:"retained_wal_bytes"`
+	ConfirmedLagBytes int64  `json:"confirmed_lag_bytes"`
+	SafeWALSizeBytes  *int64 `json:"safe_wal_size_bytes"`
+	// UndeliveredBeforeSlot counts the undelivered rows committed before
+	// the slot was created, which the slot does not hold (the native relay
+	// refuses to start while it is above 0: wait for the forwarders to
+	// deliver them before switching to CDC). nil when the relay did not
+	// create the slot (no boundary is recorded).
+	UndeliveredBeforeSlot *int64 `json:"undelivered_before_slot"`
 }
 
 // Snapshot is everything `outboxctl status` shows, read in one read-only
@@ -138,6 +168,16 @@ type Snapshot struct {
 	// found unavailable as a whole (their rows wait without spending
 	// attempts while it probes).
 	Breakers []Breaker `json:"open_breakers"`
+
+	// CDCConsumers are the CDC consumers with a live heartbeat (native
+	// relays, Debezium connectors through their heartbeat action query).
+	CDCConsumers []Relay `json:"cdc_consumers"`
+	// Slots are the logical replication slots of this database.
+	Slots []Slot `json:"replication_slots"`
+	// Warnings are conditions an operator must act on: CDC consumers on
+	// more than one slot (each delivers every insert), a CDC consumer live
+	// outside CDC mode, a slot that is lost or unreserved.
+	Warnings []string `json:"warnings"`
 }
 
 // Breaker is a live relay's open breaker.
@@ -198,6 +238,10 @@ func CollectWith(ctx context.Context, db *sql.DB, opts Options) (Snapshot, error
 	if err := readRelays(ctx, tx, &s); err != nil {
 		return Snapshot{}, err
 	}
+	if err := readSlots(ctx, tx, &s); err != nil {
+		return Snapshot{}, err
+	}
+	s.Warnings = warnings(s)
 	return s, tx.Commit()
 }
 
@@ -307,7 +351,124 @@ func readRelays(ctx context.Context, tx *sql.Tx, s *Snapshot) error {
 	for _, h := range live {
 		s.Relays = append(s.Relays, Relay{Owner: h.Owner, StartedAt: h.StartedAt, HeartbeatAt: h.HeartbeatAt, ExpiresAt: h.ExpiresAt})
 	}
+	cdc, err := debezium.LiveCDCConsumers(ctx, tx, s.At)
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	for _, h := range cdc {
+		s.CDCConsumers = append(s.CDCConsumers, Relay{Owner: h.Owner, StartedAt: h.StartedAt, HeartbeatAt: h.HeartbeatAt, ExpiresAt: h.ExpiresAt, SlotName: h.SlotName})
+	}
 	return nil
+}
+
+// ReadSlots reads the logical replication slots of db's database with their
+// lag (see [Slot]); the collector and `outboxctl status` use it.
+func ReadSlots(ctx context.Context, q debezium.Querier) ([]Slot, error) {
+	rows, err := q.QueryContext(ctx, slotsQuery)
+	if err != nil {
+		return nil, fmt.Errorf("status: replication slots: %w", err)
+	}
+	defer rows.Close()
+	var out []Slot
+	for rows.Next() {
+		var sl Slot
+		var safe sql.NullInt64
+		if err := rows.Scan(&sl.Name, &sl.Plugin, &sl.Active, &sl.WALStatus, &sl.RetainedWALBytes, &sl.ConfirmedLagBytes, &safe); err != nil {
+			return nil, fmt.Errorf("status: replication slots: %w", err)
+		}
+		if safe.Valid {
+			v := safe.Int64
+			sl.SafeWALSizeBytes = &v
+		}
+		out = append(out, sl)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("status: replication slots: %w", err)
+	}
+	return out, nil
+}
+
+// CheckOneCDCConsumer is a readiness check for CDC mode: it returns
+// CDC_SECOND_CONSUMER (debezium.ErrSecondCDCConsumer) when the live CDC
+// consumers stream from more than one slot, naming them: each slot delivers
+// every insert. A native relay on a second slot is refused at start; a
+// Debezium connector cannot be, so this check (and `outboxctl status`, and
+// the outbox_cdc_consumer_slots gauge) is how it is reported.
+func CheckOneCDCConsumer(ctx context.Context, q debezium.Querier) error {
+	live, err := debezium.LiveCDCConsumers(ctx, q, time.Time{})
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	slots := map[string][]string{}
+	var order []string
+	for _, h := range live {
+		if _, ok := slots[h.SlotName]; !ok {
+			order = append(order, h.SlotName)
+		}
+		slots[h.SlotName] = append(slots[h.SlotName], h.Owner)
+	}
+	if len(order) < 2 {
+		return nil
+	}
+	parts := make([]string, len(order))
+	for i, sl := range order {
+		parts[i] = fmt.Sprintf("slot %s (%s)", sl, strings.Join(slots[sl], ", "))
+	}
+	return outbox.Errorf(debezium.CodeSecondCDCConsumer, "status.CheckOneCDCConsumer", "CDC consumers are live on %d slots: %s; every insert is delivered once per slot: stop all but one", len(order), strings.Join(parts, "; "))
+}
+
+func readSlots(ctx context.Context, tx *sql.Tx, s *Snapshot) error {
+	slots, err := ReadSlots(ctx, tx)
+	if err != nil {
+		return err
+	}
+	s.Slots = slots
+	rows, err := tx.QueryContext(ctx, undeliveredBeforeSlotQuery)
+	if err != nil {
+		return fmt.Errorf("status: slot boundaries: %w", err)
+	}
+	defer rows.Close()
+	older := map[string]int64{}
+	for rows.Next() {
+		var name string
+		var n int64
+		if err := rows.Scan(&name, &n); err != nil {
+			return fmt.Errorf("status: slot boundaries: %w", err)
+		}
+		older[name] = n
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("status: slot boundaries: %w", err)
+	}
+	for i := range s.Slots {
+		if n, ok := older[s.Slots[i].Name]; ok {
+			s.Slots[i].UndeliveredBeforeSlot = &n
+		}
+	}
+	return nil
+}
+
+func warnings(s Snapshot) []string {
+	var w []string
+	slots := map[string]bool{}
+	for _, c := range s.CDCConsumers {
+		slots[c.SlotName] = true
+	}
+	if len(slots) > 1 {
+		w = append(w, fmt.Sprintf("%d CDC consumers stream from %d different slots: each slot delivers every insert, so every message is delivered more than once; stop all but one", len(s.CDCConsumers), len(slots)))
+	}
+	if len(s.CDCConsumers) > 0 && s.Mode != string(debezium.ModeCDC) {
+		w = append(w, fmt.Sprintf("%d CDC consumer(s) are live while the relay mode is %s", len(s.CDCConsumers), s.Mode))
+	}
+	for _, sl := range s.Slots {
+		switch sl.WALStatus {
+		case "lost":
+			w = append(w, fmt.Sprintf("slot %s is lost (invalidated): the rows in the WAL it lost were never streamed; see the README, \"A lost slot\"", sl.Name))
+		case "unreserved":
+			w = append(w, fmt.Sprintf("slot %s is unreserved: the next checkpoint may invalidate it", sl.Name))
+		}
+	}
+	return w
 }
 
 // Message reads one outbox row by message id, every column included. An

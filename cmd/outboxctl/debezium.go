@@ -72,7 +72,8 @@ the default options). --format json is the Kafka Connect REST form,
 	f.StringVar(&opts.Name, "name", "", "connector name (default messaging-outbox)")
 	f.StringVar(&opts.Schema, "schema", "", "schema holding messaging_outbox (default public)")
 	f.StringVar(&opts.ServerName, "server-name", "", "Debezium topic.prefix for its own topics (default outbox-cdc)")
-	f.StringVar(&opts.SlotName, "slot", "", "replication slot name (default messaging_outbox_cdc)")
+	f.StringVar(&opts.SlotName, "slot", "", "replication slot name (default messaging_outbox_cdc, the native relay's default too)")
+	f.IntVar(&opts.HeartbeatIntervalMS, "heartbeat-interval-ms", 0, "heartbeat.interval.ms (default 10000); each heartbeat runs the heartbeat action query")
 	f.StringVar(&opts.PublicationName, "publication", "", "publication name (default messaging_outbox_cdc)")
 	return cmd
 }
@@ -114,7 +115,7 @@ func (a *app) debeziumDisableCommand() *cobra.Command {
 	var by string
 	cmd := &cobra.Command{
 		Use:   "disable",
-		Short: "Switch the database back to POLLING relay mode (stop the CDC connector first)",
+		Short: "Switch the database back to POLLING relay mode (refused while a CDC consumer's heartbeat is live: stop it first)",
 		Args:  cobra.NoArgs,
 		RunE: a.withDB(func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
 			if err := debezium.Disable(ctx, db, by); err != nil {
@@ -147,12 +148,20 @@ func (a *app) printMode(ctx context.Context, db *sql.DB) error {
 	if err != nil {
 		return err
 	}
+	cdc, err := debezium.LiveCDCConsumers(ctx, db, time.Time{})
+	if err != nil {
+		return err
+	}
 	if a.json {
 		relays := make([]map[string]any, len(live))
 		for i, h := range live {
 			relays[i] = map[string]any{"owner": h.Owner, "heartbeat_at": h.HeartbeatAt.UTC(), "expires_at": h.ExpiresAt.UTC()}
 		}
-		return a.printJSON(map[string]any{"relay_mode": string(mode), "live_relays": relays})
+		consumers := make([]map[string]any, len(cdc))
+		for i, h := range cdc {
+			consumers[i] = map[string]any{"owner": h.Owner, "slot_name": h.SlotName, "heartbeat_at": h.HeartbeatAt.UTC(), "expires_at": h.ExpiresAt.UTC()}
+		}
+		return a.printJSON(map[string]any{"relay_mode": string(mode), "live_relays": relays, "cdc_consumers": consumers})
 	}
 	fmt.Fprintf(a.stdout, "relay mode: %s\n", mode)
 	section(a.stdout, "LIVE POLLING RELAYS")
@@ -160,6 +169,15 @@ func (a *app) printMode(ctx context.Context, db *sql.DB) error {
 	t.row("OWNER", "HEARTBEAT", "EXPIRES")
 	for _, h := range live {
 		t.row(h.Owner, h.HeartbeatAt, h.ExpiresAt)
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	section(a.stdout, "LIVE CDC CONSUMERS")
+	t = newTable(a.stdout)
+	t.row("OWNER", "SLOT", "HEARTBEAT", "EXPIRES")
+	for _, h := range cdc {
+		t.row(h.Owner, h.SlotName, h.HeartbeatAt, h.ExpiresAt)
 	}
 	return t.flush()
 }

@@ -15,12 +15,15 @@ func (a *app) statusCommand() *cobra.Command {
 	var opts status.Options
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Backlog by status, destination and tenant; parked rows and why; stuck flows; live relays; relay mode",
+		Short: "Backlog by status, destination and tenant; parked rows and why; stuck flows; live relays; relay mode; CDC slots and their lag",
 		Long: `Print the outbox backlog (rows not PUBLISHED) by status, destination and
 tenant, the age of the oldest pending row, the AMBIGUOUS / FAILED / EXHAUSTED
 counts with their most frequent failure codes, correlation ids with parked or
-long-pending rows, the live polling relays and the relay mode. Everything is
-read in one read-only transaction by bounded, index-served queries (see
+long-pending rows, the live polling relays and the relay mode, the live CDC
+consumers and, per logical replication slot, the WAL it retains, its
+confirmed lag, wal_status and safe_wal_size (with a WARNING line for a lost
+or unreserved slot and for CDC consumers on more than one slot). Everything
+is read in one read-only transaction by bounded, index-served queries (see
 status/EXPLAIN.md).`,
 		Args: cobra.NoArgs,
 		RunE: a.withDB(func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
@@ -119,5 +122,56 @@ func (a *app) printStatus(s status.Snapshot) error {
 	for _, r := range s.Relays {
 		t.row(r.Owner, r.StartedAt, r.HeartbeatAt, r.ExpiresAt)
 	}
-	return t.flush()
+	if err := t.flush(); err != nil {
+		return err
+	}
+
+	section(out, "CDC CONSUMERS")
+	t = newTable(out)
+	t.row("OWNER", "SLOT", "STARTED", "HEARTBEAT", "EXPIRES")
+	for _, r := range s.CDCConsumers {
+		t.row(r.Owner, r.SlotName, r.StartedAt, r.HeartbeatAt, r.ExpiresAt)
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+
+	section(out, "REPLICATION SLOTS (retained WAL, confirmed lag, WAL left before the slot may be lost)")
+	t = newTable(out)
+	t.row("SLOT", "ACTIVE", "WAL_STATUS", "RETAINED_WAL", "CONFIRMED_LAG", "SAFE_WAL_SIZE", "OLDER_UNDELIVERED")
+	for _, sl := range s.Slots {
+		safe := "unlimited"
+		if sl.SafeWALSizeBytes != nil {
+			safe = bytesCell(*sl.SafeWALSizeBytes)
+		}
+		older := "unknown"
+		if sl.UndeliveredBeforeSlot != nil {
+			older = fmt.Sprint(*sl.UndeliveredBeforeSlot)
+		}
+		t.row(sl.Name, sl.Active, sl.WALStatus, bytesCell(sl.RetainedWALBytes), bytesCell(sl.ConfirmedLagBytes), safe, older)
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	for _, w := range s.Warnings {
+		fmt.Fprintf(out, "WARNING: %s\n", w)
+	}
+	return nil
+}
+
+// bytesCell is a byte count as operators read WAL sizes: exact below 1 KiB,
+// then KiB/MiB/GiB with one decimal, and the exact count in parentheses.
+func bytesCell(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, suffix := float64(n)/unit, "KiB"
+	for _, s := range []string{"MiB", "GiB", "TiB"} {
+		if v < unit {
+			break
+		}
+		v, suffix = v/unit, s
+	}
+	return fmt.Sprintf("%.1f %s (%d)", v, suffix, n)
 }

@@ -40,11 +40,38 @@ const LogicalURLEnv = "OUTBOX_TEST_LOGICAL_URL"
 // no postgres user). A cluster that fails to start fails the test.
 func Logical(t testing.TB) string {
 	t.Helper()
+	return LogicalCluster(t).URL
+}
+
+// Cluster is a logical-capable server for a test. Stop and Start control it
+// when it is a throwaway cluster this process started; on a server given by
+// OUTBOX_TEST_LOGICAL_URL or the shared server they are nil (Controllable
+// reports which), because those must never be stopped.
+type Cluster struct {
+	URL string
+	// Stop runs `pg_ctl stop -m <mode> -t <timeout>` and returns its error
+	// (pg_ctl's output included), e.g. "server does not shut down".
+	Stop func(mode string, timeout time.Duration) error
+	// Start starts the stopped cluster again with the same settings, on the
+	// same port.
+	Start func() error
+	// Exec runs SQL as the superuser on the cluster's postgres database
+	// (ALTER SYSTEM, CHECKPOINT, pg_reload_conf).
+	Exec func(query string) error
+}
+
+// Controllable reports whether Stop and Start may be used.
+func (c *Cluster) Controllable() bool { return c.Stop != nil }
+
+// LogicalCluster is Logical with control over a throwaway cluster (see
+// Cluster). Tests that stop the server skip when it is not Controllable.
+func LogicalCluster(t testing.TB) *Cluster {
+	t.Helper()
 	if v := os.Getenv(LogicalURLEnv); v != "" {
-		return v
+		return &Cluster{URL: v}
 	}
 	if walLevel(URL()) == "logical" {
-		return URL()
+		return &Cluster{URL: URL()}
 	}
 	bin := findPGBin()
 	if bin == "" {
@@ -97,16 +124,37 @@ func Logical(t testing.TB) string {
 	if err != nil {
 		t.Fatalf("testdb: free port: %v", err)
 	}
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c wal_level=logical -c max_replication_slots=4 -c max_wal_senders=4 -c fsync=off -c full_page_writes=off -c max_connections=30 -c shared_buffers=16MB", port, sock)
-	if err := run("pg_ctl", "-D", data, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "-o", opts, "start"); err != nil {
-		log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
-		t.Fatalf("testdb: start logical cluster: %v\n%s", err, log)
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c wal_level=logical -c max_replication_slots=10 -c max_wal_senders=10 -c fsync=off -c full_page_writes=off -c max_connections=30 -c shared_buffers=16MB", port, sock)
+	start := func() error {
+		if err := run("pg_ctl", "-D", data, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "-o", opts, "start"); err != nil {
+			log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
+			return fmt.Errorf("%w\n%s", err, log)
+		}
+		return nil
+	}
+	if err := start(); err != nil {
+		t.Fatalf("testdb: start logical cluster: %v", err)
 	}
 	u := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
 	if lvl := walLevel(u); lvl != "logical" {
 		t.Fatalf("testdb: throwaway cluster at %s reports wal_level=%q", u, lvl)
 	}
-	return u
+	return &Cluster{
+		URL:   u,
+		Start: start,
+		Stop: func(mode string, timeout time.Duration) error {
+			return run("pg_ctl", "-D", data, "-m", mode, "-w", "-t", strconv.Itoa(max(1, int(timeout.Seconds()))), "stop")
+		},
+		Exec: func(query string) error {
+			db, err := sql.Open("postgres", u)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			_, err = db.Exec(query)
+			return err
+		},
+	}
 }
 
 // NewOn creates a fresh migrated schema on the server at base (for example
