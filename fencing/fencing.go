@@ -322,7 +322,7 @@ continued AS (
           CROSS JOIN LATERAL (` + rowAfter("ck.k", "ck.after_seq", notParked) + `) y
          WHERE ` + claimable("y") + `
            AND EXISTS (SELECT 1 FROM messaging_outbox p
-                        WHERE p.message_id = ck.after_id
+                        WHERE p.message_id = ck.after_id AND p.ordering_key = ck.k AND p.seq = ck.after_seq
                           AND (p.published_at IS NOT NULL OR (p.status = 'IN_FLIGHT' AND p.lease_owner = $2)))
       UNION ALL
         SELECT ` + walkStep("y", "c.pos + 1", "false") + `
@@ -534,13 +534,14 @@ func (r Result) String() string {
 // meaning "release": the row was not attempted under this lease, or the
 // downstream as a whole was unavailable, and goes back (PENDING if it never
 // had an attempt, AMBIGUOUS otherwise) with its attempts not counted; a
-// release with a Code records why in the failure columns. Every other transition counts one attempt.
+// release with a Code records why in the failure columns, and a release
+// with a RetryAfter is not claimable again before that delay. Every other transition counts one attempt.
 type Outcome struct {
 	Lease         Lease
 	To            envelope.Status
 	NextAttemptAt time.Time // AMBIGUOUS only
-	// RetryAfter (AMBIGUOUS only, when NextAttemptAt is zero) is added to the
-	// statement's clock (Now, or the server's now()), the clock the claim
+	// RetryAfter (AMBIGUOUS when NextAttemptAt is zero, and a release) is
+	// added to the statement's clock (Now, or the server's now()), the clock the claim
 	// compares next_attempt_at with: a backoff computed from the caller's
 	// clock would be shortened or stretched by its skew. >= 0.
 	RetryAfter time.Duration
@@ -562,6 +563,7 @@ UPDATE messaging_outbox o
        published_at = CASE WHEN u.to_status = 'PUBLISHED' THEN c.t ELSE o.published_at END,
        next_attempt_at = CASE WHEN u.to_status = 'AMBIGUOUS'
                               THEN coalesce(nullif(u.next_at, '')::timestamptz, c.t + u.retry_us * interval '1 microsecond')
+                              WHEN u.to_status = 'PENDING' AND u.retry_us > 0 THEN c.t + u.retry_us * interval '1 microsecond'
                               WHEN u.to_status = 'PENDING' THEN o.next_attempt_at
                               ELSE NULL END,
        lease_expires_at = NULL,
@@ -637,10 +639,13 @@ func Apply(ctx context.Context, db DBTX, outcomes []Outcome) ([]Result, error) {
 		retries := make([]int64, n)
 		for i, o := range outcomes {
 			owners[i], tos[i] = o.Lease.Owner, string(o.To)
-			if o.To == envelope.StatusAmbiguous {
+			switch o.To {
+			case envelope.StatusAmbiguous:
 				if !o.NextAttemptAt.IsZero() {
 					nexts[i] = o.NextAttemptAt.UTC().Format(time.RFC3339Nano)
 				}
+				retries[i] = o.RetryAfter.Microseconds()
+			case envelope.StatusPending:
 				retries[i] = o.RetryAfter.Microseconds()
 			}
 			codes[i], details[i] = CleanText(o.Code, 200), CleanText(o.Detail, MaxFailureDetail)

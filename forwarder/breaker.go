@@ -10,11 +10,11 @@ import (
 // "this downstream is down as a whole", which the attempt budget must not
 // pay for.
 //
-// A breaker opens after BreakerThreshold consecutive publishes to its
-// destination failed without an answer from the broker about the message
-// (unavailable, ambiguous, timed out: not a rejection, which is the broker
-// answering), spread over at least two messages, so that one poison message
-// failing again and again never opens it. While it is open the relay claims
+// A breaker opens once BreakerThreshold distinct messages to its destination
+// failed without an answer from the broker about them (unavailable,
+// ambiguous, timed out: not a rejection, which is the broker answering) with
+// no confirmed publish in between, so that one poison message failing again
+// and again never opens it, however often it is retried. While it is open the relay claims
 // no row of that destination and releases, without an attempt, the rows it
 // still holds for it; every probe interval (BreakerProbeBase, doubling to
 // BreakerProbeMax, jittered per owner) it claims a single row of the
@@ -32,12 +32,13 @@ type breakers struct {
 }
 
 type breaker struct {
-	failures int            // consecutive failures
-	ids      map[string]int // messages among them (up to 2 tracked)
+	ids      map[string]bool // distinct messages that failed since the last confirm (up to threshold)
 	open     bool
 	openedAt time.Time
-	probes   int       // probes sent since it opened
-	nextAt   time.Time // when the next probe may be claimed
+	openErr  string          // the failure that opened it: what a probe failing "like the outage" must read
+	probed   map[string]bool // messages a probe already carried while open
+	probes   int             // probes sent since it opened
+	nextAt   time.Time       // when the next probe may be claimed
 	lastErr  string
 }
 
@@ -70,24 +71,46 @@ func (b *breakers) failure(dest, id, errText string) (opened bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	x := b.get(dest)
-	x.failures++
 	x.lastErr = errText
 	if x.ids == nil {
-		x.ids = make(map[string]int, 2)
+		x.ids = make(map[string]bool, b.threshold)
 	}
-	if len(x.ids) < 2 {
-		x.ids[id]++
+	if len(x.ids) < b.threshold {
+		x.ids[id] = true
 	}
 	if x.open {
 		x.nextAt = b.now().Add(b.jitter(b.base, b.max, x.probes+1))
 		return false
 	}
-	if x.failures >= b.threshold && len(x.ids) >= 2 {
-		x.open, x.openedAt, x.probes = true, b.now(), 0
-		x.nextAt = x.openedAt.Add(b.jitter(b.base, b.max, 1))
+	if len(x.ids) >= b.threshold {
+		b.openLocked(x, errText)
 		return true
 	}
 	return false
+}
+
+func (b *breakers) openLocked(x *breaker, errText string) {
+	x.open, x.openedAt, x.openErr, x.probes, x.probed = true, b.now(), errText, 0, nil
+	x.nextAt = x.openedAt.Add(b.jitter(b.base, b.max, 1))
+}
+
+// probeLikeOutage reports whether a probe of message id to dest failed the
+// way the failure that opened its breaker did, for the first time for this
+// message: evidence that the outage goes on, which spends no attempt. A
+// message that a probe carried before and that fails again spends one (so a
+// poison message that happens to fail like the outage still ends EXHAUSTED).
+func (b *breakers) probeLikeOutage(dest, id, errText string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	x := b.m[dest]
+	if x == nil || !x.open || x.openErr != errText || x.probed[id] {
+		return false
+	}
+	if x.probed == nil {
+		x.probed = make(map[string]bool)
+	}
+	x.probed[id] = true
+	return true
 }
 
 // success records a confirmed publish to dest and reports whether it closed
@@ -118,8 +141,7 @@ func (b *breakers) trip(dest, errText string) (opened bool) {
 	if x.open {
 		return false
 	}
-	x.open, x.openedAt, x.probes = true, b.now(), 0
-	x.nextAt = x.openedAt.Add(b.jitter(b.base, b.max, 1))
+	b.openLocked(x, errText)
 	return true
 }
 
@@ -197,13 +219,4 @@ func (b *breakers) open() []BreakerState {
 		return 0
 	})
 	return out
-}
-
-// openWith reports whether dest's breaker is open and its last failure read
-// errText.
-func (b *breakers) openWith(dest, errText string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	x := b.m[dest]
-	return x != nil && x.open && x.lastErr == errText
 }

@@ -120,6 +120,13 @@ func DefaultClassifier(err error) Verdict {
 // whole (an Unavailable verdict, or its destination's breaker open).
 const FailureDownstreamUnavailable = "DOWNSTREAM_UNAVAILABLE"
 
+// FailureDownstreamFailing is written to last_failure_code of a row put back
+// without an attempt under the default classifier's pass-wide rule: every
+// publish to its destination in the pass failed the same way. The default
+// classifier cannot tell whether the broker took the message, so when the
+// row goes out later it is counted as a possible duplicate.
+const FailureDownstreamFailing = "DOWNSTREAM_FAILING"
+
 type unavailable struct{ err error }
 
 func (u *unavailable) Error() string {

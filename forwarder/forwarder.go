@@ -248,6 +248,11 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	f.lastBeat.Store(int64(sent))
 	f.beatTTL.Store(int64(ttl))
 	defer f.beatTTL.Store(0)
+	// A predecessor with the same owner that died left its breakers behind;
+	// this relay's own start with every breaker closed.
+	if _, err := f.db.ExecContext(ctx, `DELETE FROM messaging_relay_breaker WHERE owner = $1`, f.cfg.Owner); err != nil {
+		f.logger.Error("Relay breakers of a previous run not removed", err, nil)
+	}
 	defer func() {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 		defer cancel()
@@ -355,9 +360,10 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			idle = 0
 			delay = f.jittered(f.cfg.BackoffBase, f.cfg.BackoffMax, failures, 0)
 			f.logger.Error("Outbox pass failed", err, watermill.LogFields{"consecutive_failures": failures, "retry_in": delay})
-		case claimed >= f.cfg.BatchSize, cur.rep.Chains > 0, cur.ahead:
-			// A full batch: more is waiting. Chains: their keys may have more
-			// behind them, claimable as soon as these outcomes are written. A
+		case claimed >= f.cfg.BatchSize, cur.rep.Chains > 0 && cur.rep.Published > 0, cur.ahead:
+			// A full batch: more is waiting. Chains that moved: their keys
+			// may have more behind them, claimable as soon as these outcomes
+			// are written (a chain cut at its first row earns no re-poll). A
 			// batch claimed ahead: it was claimed while its predecessor's
 			// rows were still in flight, so it says nothing about what is
 			// claimable now. Go again at once.
@@ -734,6 +740,7 @@ func (t *tail) wait() (Report, error) {
 
 // end finishes a pass: metrics, OnReport, then the waiters.
 func (f *Forwarder) end(t *tail, err error) {
+	t.rep.OpenBreakers = f.breakers.open()
 	t.rep.Duration = time.Since(t.start)
 	t.err = err
 	f.metrics.pass(t.rep.Claimed, err != nil)
@@ -930,7 +937,7 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []item) {
 		case "unavailable":
 			rep.Unavailable++
 		}
-		if verdict == "published" && row.Attempts > 0 {
+		if verdict == "published" && (row.Attempts > 0 || row.LastFailureCode == FailureDownstreamFailing) {
 			rep.PossibleDuplicates++
 		}
 		f.metrics.message(verdict, row.Destination)
@@ -946,7 +953,6 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []item) {
 			})
 		}
 	}
-	rep.OpenBreakers = f.breakers.open()
 	f.end(t, unknown)
 }
 
@@ -1128,14 +1134,19 @@ func (f *Forwarder) passEvidence(items []item) {
 			continue
 		}
 		// One message alone is evidence only as a probe failing the way the
-		// outage that opened the breaker did (otherwise a long outage would
-		// spend its probes' budgets).
-		if len(t.failed) < 2 && !(t.failed[0].probe && f.breakers.openWith(dest, t.text)) {
+		// failure that opened the breaker did, the first time that message
+		// is probed (otherwise a long outage would spend its probes'
+		// budgets; a message probed again spends one).
+		if len(t.failed) < 2 && !(t.failed[0].probe && f.breakers.probeLikeOutage(dest, t.failed[0].claimed.Row.MessageID, t.text)) {
 			continue
 		}
 		for _, it := range t.failed {
-			it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: FailureDownstreamUnavailable,
-				Detail: "every publish to this destination in the pass failed the same way: " + t.text}
+			// Back without an attempt, but remembered as possibly taken
+			// (the default classifier cannot tell), and not claimable before
+			// the next probe would be, so probes take other rows.
+			it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: FailureDownstreamFailing,
+				Detail:     "every publish to this destination in the pass failed the same way: " + t.text,
+				RetryAfter: f.cfg.BreakerProbeBase}
 			it.unavailable = true
 		}
 		if f.breakers.trip(dest, t.text) {

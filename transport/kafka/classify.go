@@ -42,7 +42,6 @@ var unavailable = map[sarama.KError]string{
 	sarama.ErrBrokerNotAvailable:  "BROKER_NOT_AVAILABLE",
 	sarama.ErrLeaderNotAvailable:  "LEADER_NOT_AVAILABLE",
 	sarama.ErrNotEnoughReplicas:   "NOT_ENOUGH_REPLICAS",
-	sarama.ErrNetworkException:    "NETWORK_EXCEPTION",
 	sarama.ErrKafkaStorageError:   "KAFKA_STORAGE_ERROR",
 	sarama.ErrReplicaNotAvailable: "REPLICA_NOT_AVAILABLE",
 }

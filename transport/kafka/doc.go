@@ -33,10 +33,12 @@
 //
 // No broker to send to (out of brokers, not connected, closed client) and
 // answers that say the record was not appended (BROKER_NOT_AVAILABLE,
-// LEADER_NOT_AVAILABLE, NOT_ENOUGH_REPLICAS, NETWORK_EXCEPTION,
+// LEADER_NOT_AVAILABLE, NOT_ENOUGH_REPLICAS,
 // KAFKA_STORAGE_ERROR, REPLICA_NOT_AVAILABLE) are unavailable: no attempt
 // spent, the destination's breaker counts them. Everything else (timeouts,
 // NOT_LEADER_FOR_PARTITION, REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+// NETWORK_EXCEPTION (the broker may have appended before the connection
+// dropped),
 // cancelled contexts) is ambiguous: the record may have been written, the row
 // is retried under the same id.
 package kafka
