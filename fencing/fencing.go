@@ -229,8 +229,11 @@ func (c Claimed) Held() bool { return c.Row.Status == envelope.StatusInFlight }
 // so a chain is always a prefix of its key's claimable run and a row never
 // goes out while an earlier row of its key is with someone else.
 //
-// The UPDATE finds each picked row by its ctid (a TID scan) rather than by
-// message_id (a primary-key descent per row). The ctid is the locked
+// The UPDATE finds each picked row by its ctid (a TID scan over the picked
+// ctids: the second, redundant condition makes one available whatever join
+// the planner picks, where it would otherwise join the picked rows to a
+// sequential scan of the table) rather than by message_id (a primary-key
+// descent per row). The ctid is the locked
 // version's: nobody else can change that version while the lock is held. In
 // one race the TID scan finds nothing: a row changed by a transaction that
 // committed after this statement's snapshot (another relay released it) is
@@ -362,7 +365,13 @@ picked AS (
     ORDER BY u.seq
     LIMIT $5
 )
-UPDATE messaging_outbox o
+` + claimUpdate("picked")
+}
+
+// claimUpdate is the UPDATE that marks the rows of CTE src (picked_ctid,
+// expired, park) IN_FLIGHT or parks them, and returns them.
+func claimUpdate(src string) string {
+	return strings.ReplaceAll(`UPDATE messaging_outbox o
    SET status = CASE WHEN p.park THEN 'EXHAUSTED' ELSE 'IN_FLIGHT' END,
        attempts = o.attempts + CASE WHEN p.expired THEN 1 ELSE 0 END,
        lease_owner = CASE WHEN p.park THEN o.lease_owner ELSE $2 END,
@@ -371,8 +380,8 @@ UPDATE messaging_outbox o
                                ELSE coalesce($1::timestamptz, now()) + make_interval(secs => $3) END,
        last_attempt_at = CASE WHEN p.park THEN o.last_attempt_at ELSE coalesce($1::timestamptz, now()) END,
        parked_at = CASE WHEN p.park THEN coalesce($1::timestamptz, now()) ELSE o.parked_at END,
-       last_failure_code = CASE WHEN p.expired THEN '` + CodeLeaseExpired + `'
-                                WHEN p.park THEN '` + CodeBudgetSpent + `'
+       last_failure_code = CASE WHEN p.expired THEN '`+CodeLeaseExpired+`'
+                                WHEN p.park THEN '`+CodeBudgetSpent+`'
                                 ELSE o.last_failure_code END,
        last_failure_detail = CASE WHEN p.expired
            THEN 'lease of ' || coalesce(o.lease_owner, '?') || ' (token ' || o.lease_token || ') expired before an outcome was written'
@@ -380,9 +389,32 @@ UPDATE messaging_outbox o
            THEN o.attempts || ' attempts already reach the budget of ' || $4 || '; last failure: '
                 || coalesce(o.last_failure_code, 'none') || coalesce(': ' || o.last_failure_detail, '')
            ELSE o.last_failure_detail END
-  FROM picked p
+  FROM {src} p
  WHERE o.ctid = p.picked_ctid
-RETURNING ` + claimColumns
+   AND o.ctid = ANY (ARRAY(SELECT picked_ctid FROM {src}))
+RETURNING `+claimColumns, "{src}", src)
+}
+
+// unkeyedClaimSQL is the claim without the walk over keys and without
+// continuations: only its unkeyed half, one index range scan. Its
+// parameters are numbered on their own ($1 now, $2 owner, $3 lease, $4
+// budget, $5 limit, $6 from seq, $7 excluded destinations, $8 only
+// destination). It exists because PostgreSQL plans the full claim afresh on
+// every execution when no key has unpublished rows (its custom plans look so
+// much cheaper than the generic one that the prepared statement never
+// switches to the generic plan), and that planning costs milliseconds.
+func unkeyedClaimSQL() string {
+	q := `
+WITH unkeyed AS (
+    SELECT o.ctid AS picked_ctid, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
+      FROM messaging_outbox o
+     WHERE o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.seq >= $6
+     ORDER BY o.seq
+     LIMIT $5
+       FOR UPDATE OF o SKIP LOCKED
+)
+` + claimUpdate("unkeyed")
+	return strings.NewReplacer("$14", "$7", "$15", "$8").Replace(q)
 }
 
 // claimColumns is envelope.SelectColumns, in its order for envelope.ScanRow,
@@ -405,6 +437,9 @@ var (
 	// may then read a key's next row from that index instead of the ordering
 	// index.
 	ClaimSkipParkedSQL = claimSQL(" AND x.status NOT IN ('FAILED', 'EXHAUSTED')")
+	// ClaimUnkeyedSQL is the claim of unkeyed rows only (NoKeyWalk without
+	// continuations), under either policy.
+	ClaimUnkeyedSQL = unkeyedClaimSQL()
 )
 
 func nowArg(t time.Time) any {
@@ -454,13 +489,18 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 	if p.NoKeyWalk {
 		walk = 0
 	}
+	excluded := pq.Array(append([]string{}, p.ExcludeDestinations...))
+	if p.NoKeyWalk && n == 0 && !p.NoUnkeyed {
+		return ClaimUnkeyedSQL, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
+			excluded, p.OnlyDestination}, nil
+	}
 	q := ClaimBlockKeySQL
 	if p.Policy == SkipParked {
 		q = ClaimSkipParkedSQL
 	}
 	return q, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
 		p.KeyCursor, maxChain, pq.Array(keys), pq.Array(afters), pq.Array(ids), unkeyed, walk,
-		pq.Array(append([]string{}, p.ExcludeDestinations...)), p.OnlyDestination}, nil
+		excluded, p.OnlyDestination}, nil
 }
 
 // Claim takes up to p.Limit claimable rows for p.Owner in one statement and

@@ -39,6 +39,7 @@ var _ DBTX = (*Prepared)(nil)
 var preparable = map[string]bool{
 	ClaimBlockKeySQL:   true,
 	ClaimSkipParkedSQL: true,
+	ClaimUnkeyedSQL:    true,
 	ApplySQL:           true,
 	ApplyPublishedSQL:  true,
 }

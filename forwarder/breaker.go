@@ -220,3 +220,17 @@ func (b *breakers) open() []BreakerState {
 	})
 	return out
 }
+
+// holdOff is how long a row put back because dest is unavailable waits
+// before it is claimable again: at least base, and as long as the breaker
+// has been open, so that probes take other rows and a row is probed again
+// only at exponentially growing intervals while an outage lasts.
+func (b *breakers) holdOff(dest string, base time.Duration) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	x := b.m[dest]
+	if x == nil || !x.open {
+		return base
+	}
+	return max(base, b.now().Sub(x.openedAt))
+}

@@ -39,11 +39,33 @@ const window = 3
 // within a key), unless that row belongs to another relay, whose own claims
 // then reach it.
 type claimStart struct {
-	mu        sync.Mutex
-	recent    [window]int64 // lowest seq of each recent batch; 0: start at the first entry
-	next      int           // the slot of recent the next batch overwrites
-	sinceFull int           // claims since the last one that started at the first entry
-	cursor    string        // the key where the last walk over ordering keys stopped
+	mu         sync.Mutex
+	recent     [window]int64 // lowest seq of each recent batch; 0: start at the first entry
+	next       int           // the slot of recent the next batch overwrites
+	sinceFull  int           // claims since the last one that started at the first entry
+	cursor     string        // the key where the last walk over ordering keys stopped
+	keyed      bool          // the last walk found keyed rows
+	walkedOnce bool          // the first claim always walks
+	sinceWalk  int           // claims since the last walk over keys
+}
+
+// walkEvery is how many claims may skip the walk over ordering keys while
+// the last walk found none (see Forwarder.claim): a key's first row waits
+// for at most this many full batches of unkeyed rows.
+const walkEvery = 8
+
+// walkDue reports whether the next claim walks the ordering keys, and
+// counts it.
+func (c *claimStart) walkDue() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.walkedOnce || c.keyed || c.sinceWalk+1 >= walkEvery {
+		c.walkedOnce = true
+		c.sinceWalk = 0
+		return true
+	}
+	c.sinceWalk++
+	return false
 }
 
 // from returns the FromSeq for the next claim.
@@ -69,11 +91,11 @@ func (c *claimStart) keyCursor() string {
 
 // walked records where a claim's walk over ordering keys stopped
 // (fencing.NextKeyCursor), so the next walk starts after it and every key
-// gets its turn.
-func (c *claimStart) walked(cursor string) {
+// gets its turn, and whether it found keyed rows.
+func (c *claimStart) walked(cursor string, keyed bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.cursor = cursor
+	c.cursor, c.keyed, c.sinceWalk = cursor, keyed, 0
 }
 
 // record takes the unkeyed rows of a claim whose unkeyed half started at

@@ -591,9 +591,15 @@ type claimedBatch struct {
 // claim takes the next batch: unkeyed rows and chains, continuing the
 // chains in cont (those of the batch in flight, for a claim made ahead).
 //
-// It may take three statements. When the first comes back short from its
-// start point, the unkeyed rows below the start point are claimed (so that
-// a short batch still means nothing more was claimable). When it is still
+// It may take several statements. The first walks the ordering keys only
+// when keys had work at the last walk, or on every walkEvery-th claim
+// (claimStart.walkDue): a claim that walks is planned afresh by PostgreSQL
+// when no key has work, which costs more than the claim itself, so a relay
+// draining unkeyed rows claims them with the plain statement. When the first
+// comes back short from its start point, the unkeyed rows below the start
+// point are claimed; when it is still short and did not walk the keys, they
+// are walked for the rest (so that a short batch still means nothing more
+// was claimable). When it is still
 // short and some chains stopped at the chain cap (a cap that spreads a
 // batch over several keys when there are several), those chains are
 // extended by the room left, so a few hot keys still fill a batch.
@@ -610,18 +616,21 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	at := f.localNow()
 	from, cursor := f.start.from(), f.start.keyCursor()
 	exclude, probes := f.breakers.forClaim()
+	walk := len(cont) > 0 || f.start.walkDue()
 	p := fencing.ClaimParams{
 		Owner: f.cfg.Owner, Limit: f.cfg.BatchSize, Lease: f.cfg.LeaseDuration,
 		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
 		FromSeq: from, KeyCursor: cursor, MaxChain: f.chainCap, Continue: cont,
-		ExcludeDestinations: exclude,
+		ExcludeDestinations: exclude, NoKeyWalk: !walk,
 	}
 	claimed, err := fencing.Claim(dbctx, f.q, p)
 	if err != nil {
 		f.start.record(p.FromSeq, p.Limit, nil, err)
 		return claimedBatch{claimedAt: at, err: err}
 	}
-	f.start.walked(fencing.NextKeyCursor(cursor, claimed, cont))
+	if walk {
+		f.start.walked(fencing.NextKeyCursor(cursor, claimed, cont), hasKeyed(claimed))
+	}
 	unkeyedFrom := p.FromSeq
 	if p.FromSeq > 0 && len(claimed) < p.Limit {
 		// Nothing more at or above the start point: look below it before
@@ -641,6 +650,20 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		unkeyedFrom = 0 // this batch looked at the whole index
 	}
 	f.start.record(unkeyedFrom, p.Limit, unkeyedOnly(claimed), nil)
+	if !walk && len(claimed) < p.Limit {
+		// The batch is short without looking at keys: walk them for the
+		// rest before calling it short, so that a short batch still means
+		// nothing more was claimable.
+		keyed := p
+		keyed.Limit, keyed.FromSeq, keyed.NoKeyWalk, keyed.NoUnkeyed = p.Limit-len(claimed), 0, false, true
+		rows, kerr := fencing.Claim(dbctx, f.q, keyed)
+		if kerr != nil {
+			f.logger.Error("Outbox claim of keyed rows failed", kerr, watermill.LogFields{"held": len(claimed)})
+		} else {
+			f.start.walked(fencing.NextKeyCursor(cursor, rows, nil), len(rows) > 0)
+			claimed = mergeBySeq(claimed, rows)
+		}
+	}
 	if ext := capped(claimed, f.chainCap); len(ext) > 0 && len(claimed) < p.Limit {
 		room := p.Limit - len(claimed)
 		more := p
@@ -697,6 +720,10 @@ func capped(claimed []fencing.Claimed, limit int) []fencing.Continuation {
 		return nil
 	}
 	return slices.DeleteFunc(continuations(claimed), func(c fencing.Continuation) bool { return rows[c.Key] < limit })
+}
+
+func hasKeyed(claimed []fencing.Claimed) bool {
+	return slices.ContainsFunc(claimed, func(c fencing.Claimed) bool { return c.Row.OrderingKey != "" })
 }
 
 func unkeyedOnly(claimed []fencing.Claimed) []fencing.Claimed {
@@ -1140,13 +1167,14 @@ func (f *Forwarder) passEvidence(items []item) {
 		if len(t.failed) < 2 && !(t.failed[0].probe && f.breakers.probeLikeOutage(dest, t.failed[0].claimed.Row.MessageID, t.text)) {
 			continue
 		}
+		hold := f.breakers.holdOff(dest, f.cfg.BreakerProbeBase)
 		for _, it := range t.failed {
 			// Back without an attempt, but remembered as possibly taken
-			// (the default classifier cannot tell), and not claimable before
-			// the next probe would be, so probes take other rows.
+			// (the default classifier cannot tell), and held off so that
+			// probes take other rows.
 			it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: FailureDownstreamFailing,
 				Detail:     "every publish to this destination in the pass failed the same way: " + t.text,
-				RetryAfter: f.cfg.BreakerProbeBase}
+				RetryAfter: hold}
 			it.unavailable = true
 		}
 		if f.breakers.trip(dest, t.text) {
@@ -1381,8 +1409,10 @@ func (f *Forwarder) handle(r *runner, it *item, startBy time.Time, stopping, dra
 		return
 	case Unavailable:
 		// The downstream as a whole did not take it: back without an
-		// attempt; the breaker, not the budget, deals with the outage.
-		it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: cmpOr(v.Code, FailureDownstreamUnavailable), Detail: errText(err)}
+		// attempt, held off so that probes take other rows; the breaker,
+		// not the budget, deals with the outage.
+		it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: cmpOr(v.Code, FailureDownstreamUnavailable), Detail: errText(err),
+			RetryAfter: f.breakers.holdOff(row.Destination, f.cfg.BreakerProbeBase)}
 		it.unavailable = true
 		return
 	case Ambiguous:
