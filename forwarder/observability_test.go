@@ -11,12 +11,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/spanrec"
 )
 
 func TestMetricsCountOutcomesByDestination(t *testing.T) {
@@ -110,9 +109,8 @@ func TestPublishContinuesTheStoredTrace(t *testing.T) {
 	m.Metadata.Set(envelope.KeyTraceparent, "00-"+traceID+"-"+parentSpan+"-01")
 	insert(t, s.DB, "orders", m)
 
-	sr := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tp := spanrec.New() // the core module does not require the OTel SDK
+	sr := tp
 	rec := &recorder{}
 	f := newForwarder(t, s.DB, rec, forwarder.Config{TracerProvider: tp})
 	_, err := f.RunOnce(context.Background())
