@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
@@ -87,8 +86,10 @@ type Config struct {
 	// the database's clock for rows and time.Now for local deadlines. Tests
 	// inject a clock instead of sleeping.
 	Now func() time.Time
-	// Metrics, when set, receives the forwarder's Prometheus collectors.
-	Metrics prometheus.Registerer
+	// Metrics, when set, receives the forwarder's measurements. For
+	// Prometheus: prommetrics.New(registerer, prommetrics.Options{...}),
+	// which bounds the destination label (MaxDestinations, "_other").
+	Metrics Metrics
 	// TracerProvider for publish spans. Nil: the otel global provider.
 	TracerProvider trace.TracerProvider
 	// HeartbeatInterval is how often the relay renews its relay-mode

@@ -32,12 +32,12 @@ func TestMetricsCountOutcomesByDestination(t *testing.T) {
 		return true, nil
 	}}
 	reg := prometheus.NewPedanticRegistry()
-	f := newForwarder(t, s.DB, rec, forwarder.Config{Metrics: reg})
+	f := newForwarder(t, s.DB, rec, forwarder.Config{Metrics: promMetrics(t, reg)})
 	_, err := f.RunOnce(context.Background())
 	require.NoError(t, err)
 
 	// A second forwarder in the same process shares the series.
-	_ = newForwarder(t, s.DB, rec, forwarder.Config{Metrics: reg})
+	_ = newForwarder(t, s.DB, rec, forwarder.Config{Metrics: promMetrics(t, reg)})
 
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP outbox_forwarder_messages_total Rows the forwarder finished a pass with, by outcome and destination.
@@ -69,7 +69,7 @@ func TestAFailingPassIsCountedAndTheLoopGoesOn(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	passes := make(chan struct{}, 100)
 	f := newForwarder(t, db, &recorder{}, forwarder.Config{
-		Metrics:     reg,
+		Metrics:     promMetrics(t, reg),
 		BackoffBase: time.Millisecond, BackoffMax: 2 * time.Millisecond, PollInterval: time.Millisecond,
 		MaxPollInterval: 2 * time.Millisecond,
 		OnReport: func(forwarder.Report) {
