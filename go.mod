@@ -10,7 +10,6 @@ require (
 	github.com/stretchr/testify v1.11.0
 	go.opentelemetry.io/otel v1.24.0
 	go.opentelemetry.io/otel/trace v1.24.0
-	go.uber.org/goleak v1.3.0
 )
 
 require (

@@ -9,10 +9,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/lib/pq"
-	"github.com/lib/pq/pqerror"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/internal/pgerr"
 )
 
 // pkeyConstraint is the primary key of messaging_outbox (migration 00001).
@@ -143,19 +142,22 @@ func classify(op string, err error, n int) error {
 		return outbox.Wrap(outbox.CodeTransactionRequired, op, err,
 			"the transaction is already committed or rolled back; publish before Commit")
 	}
-	if pqErr := pq.As(err, pqerror.ReadOnlySQLTransaction); pqErr != nil {
+	// Classified by SQLSTATE and constraint name through the SQLState()
+	// method lib/pq's and pgx's errors both have, so every driver gets the
+	// same codes.
+	if pgerr.Is(err, pgerr.ReadOnlySQLTransaction) {
 		return outbox.Wrap(outbox.CodeTransactionRequired, op, err,
 			"the transaction is read-only; publish in a read-write transaction")
 	}
-	if pqErr := pq.As(err, pqerror.InFailedSQLTransaction); pqErr != nil {
+	if pgerr.Is(err, pgerr.InFailedSQLTransaction) {
 		return outbox.Wrap(outbox.CodeTransactionRequired, op, err,
 			"the transaction was aborted by an earlier error; roll it back and retry")
 	}
-	if pqErr := pq.As(err, pqerror.UniqueViolation); pqErr != nil && pqErr.Constraint == pkeyConstraint {
+	if pgerr.Violates(err, pgerr.UniqueViolation, pkeyConstraint) {
 		return outbox.Wrap(outbox.CodeDuplicateMessageID, op, err,
 			"a message with this id is already in messaging_outbox; the transaction is aborted, roll it back")
 	}
-	if pqErr := pq.As(err, pqerror.CheckViolation); pqErr != nil && pqErr.Constraint == tenantConstraint {
+	if pgerr.Violates(err, pgerr.CheckViolation, tenantConstraint) {
 		return outbox.Wrap(outbox.CodeInvalidTenant, op, err, "the database refused the tenant")
 	}
 	return fmt.Errorf("%s: insert %d messages into messaging_outbox: %w", op, n, err)
