@@ -77,7 +77,13 @@ type Config struct {
 	// ListenURL is a PostgreSQL DSN for LISTEN on NotifyChannel. Empty:
 	// polling only. Notifications only shorten the wait; polling continues,
 	// so a lost notification delays a message by at most MaxPollInterval.
+	// It is checked by Validate: a DSN lib/pq's listener cannot use (pgx
+	// or pgxpool parameters such as pool_max_conns) is refused with
+	// OUTBOX_INVALID_CONFIG instead of failing on every reconnect.
 	ListenURL string
+	// Listener, when set, is used for wake-ups instead of lib/pq's listener
+	// on ListenURL (which must then be empty), e.g. one on a pgx connection.
+	Listener Listener
 	// NotifyChannel is the channel to LISTEN on; it must match the
 	// publisher's (publisher.Config.NotifyChannel). Default
 	// publisher.DefaultNotifyChannel.
@@ -190,6 +196,14 @@ func (c Config) validated() (Config, error) {
 	}
 	if len(c.NotifyChannel) > 63 || strings.ContainsRune(c.NotifyChannel, 0) {
 		return bad("NotifyChannel must be at most 63 bytes (a PostgreSQL identifier) without NUL characters")
+	}
+	if c.Listener != nil && c.ListenURL != "" {
+		return bad("set either ListenURL (lib/pq's listener) or Listener, not both")
+	}
+	if c.ListenURL != "" {
+		if why := checkListenURL(c.ListenURL); why != "" {
+			return bad("%s", why)
+		}
 	}
 	if strings.ContainsRune(c.Owner, 0) || len(c.Owner) > 200 {
 		return bad("Owner must be at most 200 bytes without NUL characters")
