@@ -13,7 +13,7 @@ FUZZTIME ?= 30000x
 # the examples and the test helpers.
 MODULES := $(shell sed -n 's/^[[:space:]]*\(\.[^[:space:]]*\)$$/\1/p' go.work)
 # The core's suites that run a second time on pgx's database/sql driver.
-PGX_PACKAGES := ./publisher/... ./fencing/... ./forwarder/... ./inbox/...
+PGX_PACKAGES := ./internal/testdb/... ./publisher/... ./fencing/... ./forwarder/... ./inbox/...
 
 .PHONY: all db test unit unit-pgx deps fuzz lint demo bench soak services
 
@@ -38,7 +38,7 @@ unit:
 unit-pgx:
 	@url="$$(scripts/ensure-db.sh)"; \
 	echo "core suites on pgx (database/sql driver \"pgx\") against $$url"; \
-	OUTBOX_TEST_DRIVER=pgx OUTBOX_TEST_DATABASE_URL="$$url" $(GO) test -race -count=1 -timeout 15m $(PGX_PACKAGES)
+	OUTBOX_TEST_DRIVER=pgx OUTBOX_TEST_DATABASE_URL="$$url" $(GO) test -overlay "$$(scripts/pgx-overlay.sh)" -race -count=1 -timeout 15m $(PGX_PACKAGES)
 
 ## deps: a service importing publisher + forwarder + inbox gets none of the brokers, toxiproxy, cobra, pglogrepl or the OTel SDK, and at most 40 modules
 deps:
