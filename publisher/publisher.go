@@ -1,9 +1,11 @@
 package publisher
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 
@@ -30,6 +32,7 @@ type Publisher struct {
 	// races a Publish in progress.
 	mu     sync.Mutex
 	tx     *sql.Tx
+	other  Tx // set instead of tx by NewOnTx
 	cfg    Config
 	logger watermill.LoggerAdapter
 	closed bool
@@ -51,6 +54,48 @@ func New(tx *sql.Tx, cfg Config, logger watermill.LoggerAdapter) (*Publisher, er
 		return nil, err
 	}
 	return bind(tx, cfg, logger), nil
+}
+
+// Tx is a transaction of a driver that is not database/sql, such as pgx's
+// pgx.Tx (pgxadapter.NewPublisher wraps one). Exec runs one statement with
+// positional parameters ($1, $2 ...) in the transaction. The arguments are
+// strings, []byte, time.Time, sql.Null* and driver.Valuer values (array
+// literals). Exec must return the driver's error with its SQLSTATE
+// (SQLState() string) in the chain, and an error wrapping sql.ErrTxDone when
+// the transaction is already committed or rolled back, so Publish refuses
+// it with the same codes as on database/sql.
+type Tx interface {
+	Exec(ctx context.Context, query string, args ...any) error
+}
+
+// NewOnTx binds a Publisher to tx of another driver (see Tx); everything
+// else is New's. Config.Prepared is for database/sql pools and is refused
+// here (OUTBOX_INVALID_CONFIG); pgx prepares and caches statements itself.
+func NewOnTx(tx Tx, cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
+	if tx == nil || reflectNil(tx) {
+		return nil, outbox.Errorf(outbox.CodeTransactionRequired, "publisher.NewOnTx",
+			"tx is nil; begin a transaction and publish in it")
+	}
+	if cfg.Prepared != nil {
+		return nil, outbox.Errorf(outbox.CodeInvalidConfig, "publisher.NewOnTx",
+			"Config.Prepared holds database/sql statements; leave it nil with another driver's transaction")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	p := bind(nil, cfg, logger)
+	p.other = tx
+	return p, nil
+}
+
+// reflectNil reports whether v is an interface holding a nil pointer.
+func reflectNil(v any) bool {
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
 }
 
 // bind is New after its checks: tx is not nil and cfg is valid.
@@ -98,7 +143,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		return nil
 	}
 	ctx := msgs[0].Context()
-	if p.cfg.Prepared == nil {
+	if p.other != nil {
+		err = p.other.Exec(ctx, st.SQL, st.Args...)
+	} else if p.cfg.Prepared == nil {
 		_, err = p.tx.ExecContext(ctx, st.SQL, st.Args...)
 	} else {
 		var stmt *sql.Stmt
