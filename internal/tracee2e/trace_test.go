@@ -20,6 +20,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/inbox"
 	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
+	"github.com/fencedoutbox/watermill-outbox/internal/brokertest/natstest"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
 	"github.com/fencedoutbox/watermill-outbox/transport/nats"
@@ -28,7 +29,7 @@ import (
 func TestOneTraceFromTheHTTPHandlerToTheConsumer(t *testing.T) {
 	u := brokertest.NATSURL(t)
 	subject := brokertest.Unique("orders")
-	brokertest.JetStream(t, u, subject, 0)
+	natstest.JetStream(t, u, subject, 0)
 	s := testdb.New(t)
 
 	exp := tracetest.NewInMemoryExporter()
