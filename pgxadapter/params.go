@@ -30,4 +30,3 @@ func stripPoolParams(s string) string {
 	}
 	return strings.Join(kept, " ")
 }
-

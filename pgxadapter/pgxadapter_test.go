@@ -202,5 +202,7 @@ func TestForwarderWakesOnNotifyThroughThePgxListener(t *testing.T) {
 
 type publisherFunc func(topic string, msgs ...*message.Message) error
 
-func (f publisherFunc) Publish(topic string, msgs ...*message.Message) error { return f(topic, msgs...) }
-func (publisherFunc) Close() error                                             { return nil }
+func (f publisherFunc) Publish(topic string, msgs ...*message.Message) error {
+	return f(topic, msgs...)
+}
+func (publisherFunc) Close() error { return nil }
