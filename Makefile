@@ -29,10 +29,12 @@ test: unit unit-pgx deps fuzz
 unit:
 	@url="$$(scripts/ensure-db.sh)"; \
 	echo "tests against $$url"; \
+	failed=""; \
 	for m in $(MODULES); do \
 	  echo "== module $$m"; \
-	  (cd "$$m" && OUTBOX_TEST_DATABASE_URL="$$url" $(GO) test -race -count=1 -timeout 15m ./...); \
-	done
+	  (cd "$$m" && OUTBOX_TEST_DATABASE_URL="$$url" $(GO) test -race -count=1 -timeout 15m ./...) || failed="$$failed $$m"; \
+	done; \
+	if [[ -n "$$failed" ]]; then echo "FAILED modules:$$failed"; exit 1; fi
 
 ## unit-pgx: the publisher, fencing, forwarder and inbox suites on pgx's database/sql driver
 unit-pgx:

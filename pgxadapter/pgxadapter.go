@@ -8,6 +8,9 @@
 //     finished transaction is OUTBOX_TRANSACTION_REQUIRED).
 //   - Listener is a forwarder.Listener on a pgx connection, so the forwarder
 //     wakes on the publisher's NOTIFY: forwarder.Config{Listener: l}.
+//   - InboxMiddleware is the inbox on a pgxpool: the inbox record, the
+//     handler's writes (InboxTx(ctx) is the pgx.Tx) and its follow-ups commit
+//     in one pgx transaction.
 //   - The forwarder itself runs on a *sql.DB; a pgx service gets one from
 //     its pool with stdlib.OpenDBFromPool(pool) (pgx's own database/sql
 //     bridge, no second driver).
@@ -43,11 +46,17 @@ func NewPublisher(tx pgx.Tx, cfg publisher.Config, logger watermill.LoggerAdapte
 type txAdapter struct{ tx pgx.Tx }
 
 func (a txAdapter) Exec(ctx context.Context, query string, args ...any) error {
-	_, err := a.tx.Exec(ctx, query, args...)
+	_, err := a.ExecAffected(ctx, query, args...)
+	return err
+}
+
+// ExecAffected makes txAdapter an inbox.DriverTx too.
+func (a txAdapter) ExecAffected(ctx context.Context, query string, args ...any) (int64, error) {
+	tag, err := a.tx.Exec(ctx, query, args...)
 	if errors.Is(err, pgx.ErrTxClosed) {
 		// pgx's sentinel for a finished transaction: the publisher knows
 		// database/sql's.
-		return fmt.Errorf("%w: %w", sql.ErrTxDone, err)
+		return 0, fmt.Errorf("%w: %w", sql.ErrTxDone, err)
 	}
-	return err
+	return tag.RowsAffected(), err
 }
