@@ -13,12 +13,12 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
-	"github.com/lib/pq"
 	"github.com/lib/pq/pqerror"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/pgerr"
 )
 
 // Codes of the refusals Run returns. The relay-mode refusal is the debezium
@@ -335,15 +335,11 @@ func (r *Relay) ensureSlot(ctx context.Context, create, activeOK bool) (pglogrep
 }
 
 // isSQLState reports whether err carries code, from the replication
-// connection (pgx) or the database/sql one (lib/pq). The codes the relay
+// connection (pgx) or the database/sql one (any driver: by SQLState()). The codes the relay
 // meets: DuplicateObject (a publication or slot another relay created
 // first), ObjectInUse (START_REPLICATION on a slot another walsender holds).
 func isSQLState(err error, code pqerror.Code) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code == string(code)
-	}
-	return pq.As(err, code) != nil
+	return pgerr.Is(err, string(code))
 }
 
 // stream is the state of one replication session.
