@@ -20,6 +20,7 @@ import (
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/pgerr"
 	"github.com/fencedoutbox/watermill-outbox/internal/redact"
 )
 
@@ -687,19 +688,12 @@ func (r *Relay) createSlot(ctx context.Context) error {
 var snapshotName = regexp.MustCompile(`^[0-9A-Fa-f-]+$`)
 
 // isSQLState reports whether err carries code, from the replication
-// connection (pgx) or the database/sql one (lib/pq). The codes the relay
+// connection (pgx) or the database/sql one (any driver: by SQLState()). The codes the relay
 // meets: DuplicateObject (a publication or slot another relay created
 // first), ObjectInUse (START_REPLICATION on a slot another walsender holds),
 // ObjectNotInPrerequisiteState (START_REPLICATION on an invalidated slot).
 func isSQLState(err error, code pqerror.Code) bool {
-	if err == nil {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code == string(code)
-	}
-	return pq.As(err, code) != nil
+	return pgerr.Is(err, string(code))
 }
 
 // querier is where a session reads statuses and writes marks: Config.DB,

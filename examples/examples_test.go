@@ -37,6 +37,13 @@ func TestExamplesRunWithDefaults(t *testing.T) {
 		{dir: "router-migration", also: []string{"rolled back (order amount above the limit)"}},
 		{dir: "legacy-sql", also: []string{"refused (email taken), rolled back"}},
 		{dir: "kafka", also: []string{"inbox already holds", "ROLLED BACK", "partition="}},
+		{dir: "pgx", also: []string{
+			"duplicate message id         -> refused: OUTBOX_DUPLICATE_MESSAGE_ID",
+			"read-only transaction        -> refused: OUTBOX_TRANSACTION_REQUIRED",
+			"aborted transaction          -> refused: OUTBOX_TRANSACTION_REQUIRED",
+			"outside a transaction        -> refused: OUTBOX_TRANSACTION_REQUIRED",
+			"relay    woke and relayed: claimed=",
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.dir, func(t *testing.T) {

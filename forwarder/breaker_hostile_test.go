@@ -1,6 +1,7 @@
 package forwarder_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -197,7 +198,7 @@ func TestHostileRestartedRelayShowsItsPredecessorsBreaker(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	require.False(t, rs.sawOpen("orders"))
-	snap, err := status.Collect(t.Context(), s.DB)
+	snap, err := status.Collect(context.Background(), s.DB)
 	require.NoError(t, err)
 	require.Empty(t, snap.Breakers, "the restarted relay delivers to orders, yet status reports its breaker open: %+v", snap.Breakers)
 }
@@ -237,7 +238,7 @@ func TestHostileBreakerStaysOpenWhenAnotherRelayDrainedTheBacklog(t *testing.T) 
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	snap, err := status.Collect(t.Context(), s.DB)
+	snap, err := status.Collect(context.Background(), s.DB)
 	require.NoError(t, err)
 	for i, f := range rs.fs {
 		require.NoError(t, f.Ready(), "relay %d: the broker is back and the backlog is delivered, yet it reports not ready; status lists open breakers %+v", i, snap.Breakers)

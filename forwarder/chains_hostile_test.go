@@ -1,6 +1,7 @@
 package forwarder_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -121,7 +122,7 @@ func TestHostileUnavailableKeyedRowSpinsWithoutPollInterval(t *testing.T) {
 			f := newForwarder(t, s.DB, rec, forwarder.Config{PollInterval: poll, MaxPollInterval: poll})
 			done := make(chan error, 1)
 			start := time.Now()
-			go func() { done <- f.Run(t.Context()) }()
+			go func() { done <- f.Run(context.Background()) }()
 			for calls.Load() < 30 {
 				time.Sleep(time.Millisecond)
 			}

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
@@ -101,7 +100,13 @@ type Config struct {
 	// ListenURL is a PostgreSQL DSN for LISTEN on NotifyChannel. Empty:
 	// polling only. Notifications only shorten the wait; polling continues,
 	// so a lost notification delays a message by at most MaxPollInterval.
+	// It is checked by Validate: a DSN lib/pq's listener cannot use (pgx
+	// or pgxpool parameters such as pool_max_conns) is refused with
+	// OUTBOX_INVALID_CONFIG instead of failing on every reconnect.
 	ListenURL string
+	// Listener, when set, is used for wake-ups instead of lib/pq's listener
+	// on ListenURL (which must then be empty), e.g. one on a pgx connection.
+	Listener Listener
 	// NotifyChannel is the channel to LISTEN on; it must match the
 	// publisher's (publisher.Config.NotifyChannel). Default
 	// publisher.DefaultNotifyChannel.
@@ -110,8 +115,10 @@ type Config struct {
 	// the database's clock for rows and time.Now for local deadlines. Tests
 	// inject a clock instead of sleeping.
 	Now func() time.Time
-	// Metrics, when set, receives the forwarder's Prometheus collectors.
-	Metrics prometheus.Registerer
+	// Metrics, when set, receives the forwarder's measurements. For
+	// Prometheus: prommetrics.New(registerer, prommetrics.Options{...}),
+	// which bounds the destination label (MaxDestinations, "_other").
+	Metrics Metrics
 	// TracerProvider for publish spans. Nil: the otel global provider.
 	TracerProvider trace.TracerProvider
 	// HeartbeatInterval is how often the relay renews its relay-mode
@@ -223,6 +230,14 @@ func (c Config) validated() (Config, error) {
 	}
 	if len(c.NotifyChannel) > 63 || strings.ContainsRune(c.NotifyChannel, 0) {
 		return bad("NotifyChannel must be at most 63 bytes (a PostgreSQL identifier) without NUL characters")
+	}
+	if c.Listener != nil && c.ListenURL != "" {
+		return bad("set either ListenURL (lib/pq's listener) or Listener, not both")
+	}
+	if c.ListenURL != "" {
+		if why := checkListenURL(c.ListenURL); why != "" {
+			return bad("%s", why)
+		}
 	}
 	if strings.ContainsRune(c.Owner, 0) || len(c.Owner) > 200 {
 		return bad("Owner must be at most 200 bytes without NUL characters")

@@ -16,7 +16,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/lib/pq"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -447,57 +446,12 @@ func (f *Forwarder) stopSignals(ctx context.Context, exit <-chan struct{}) (stop
 	return stopping, drainExpired
 }
 
-// listen starts a LISTEN on Config.NotifyChannel when ListenURL is set and returns
-// a channel that receives a value per wake-up (nil channel otherwise).
-// Nothing here blocks the caller: lib/pq's Listener.Listen waits until the
-// listener has a connection, which is forever when ListenURL is unreachable,
-// so it runs in the background and the listener is closed on stop (which
-// also ends that wait). Polling carries the load meanwhile.
+// listen starts the configured Listener (listen.go) on Config.NotifyChannel
+// and returns a channel that receives a value per wake-up (nil channel when
+// none is configured). Nothing here blocks the caller; the listener runs in
+// the background until stopping is closed. Polling carries the load meanwhile.
 func (f *Forwarder) listen(stopping <-chan struct{}, bg *sync.WaitGroup) <-chan struct{} {
-	if f.cfg.ListenURL == "" {
-		return nil
-	}
-	wake := make(chan struct{}, 1)
-	l := pq.NewListener(f.cfg.ListenURL, 100*time.Millisecond, 10*time.Second, func(ev pq.ListenerEventType, err error) {
-		if err != nil {
-			f.logger.Error("Outbox LISTEN connection problem; polling continues", err, watermill.LogFields{"event": int(ev)})
-		}
-	})
-	listened := make(chan error, 1) // buffered: Listen returning after stop must not block
-	bg.Add(2)
-	go func() {
-		defer bg.Done()
-		listened <- l.Listen(f.cfg.NotifyChannel)
-	}()
-	go func() {
-		defer bg.Done()
-		defer l.Close() // also makes a Listen still waiting for a connection return
-		results := (<-chan error)(listened)
-		for {
-			select {
-			case <-stopping:
-				return
-			case err := <-results:
-				results = nil
-				if err != nil {
-					// The listener keeps reconnecting and re-issues LISTEN
-					// on every new connection; polling goes on regardless.
-					f.logger.Error("Outbox LISTEN failed; polling only until it succeeds", err, watermill.LogFields{"channel": f.cfg.NotifyChannel})
-				}
-			case _, ok := <-l.NotificationChannel():
-				if !ok {
-					return
-				}
-				// A nil notification means the connection was re-established:
-				// notifications may have been missed, so wake up too.
-				select {
-				case wake <- struct{}{}:
-				default:
-				}
-			}
-		}
-	}()
-	return wake
+	return startListening(f.cfg, f.logger, stopping, bg)
 }
 
 // RunOnce runs one pass: claim a batch, publish it, write the outcomes. It

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/fencedoutbox/watermill-outbox/internal/leakcheck"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
@@ -19,13 +19,13 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	leakcheck.VerifyTestMain(m,
 		// database/sql's opener goroutine of pools closed in t.Cleanup after
 		// the last test may still be unwinding.
-		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		leakcheck.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
 		// OpenCensus (pulled in by the cloud SDKs in the module) starts a
 		// worker at init.
-		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+		leakcheck.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
 	)
 }
 

@@ -1,15 +1,12 @@
 package forwarder
 
-import (
-	"errors"
-	"time"
+import "time"
 
-	"github.com/prometheus/client_golang/prometheus"
-)
-
-// Metric names. Labels are bounded: outcome is one of published, ambiguous,
-// failed, exhausted, stale, released; destination is the topic (a set fixed
-// by the application). The message id is never a label.
+// Metric names of the Prometheus implementation (forwarder/prommetrics),
+// with its default namespace "outbox". Labels are bounded: outcome is one of
+// published, ambiguous, failed, exhausted, stale, released; destination is
+// the topic, capped by prommetrics.Options.MaxDestinations (the rest are
+// counted under "_other"). The message id is never a label.
 const (
 	MetricMessages        = "outbox_forwarder_messages_total"
 	MetricPassFailures    = "outbox_forwarder_pass_failures_total"
@@ -19,104 +16,53 @@ const (
 	MetricBreakerOpen     = "outbox_forwarder_breaker_open"
 )
 
-type metrics struct {
-	messages        *prometheus.CounterVec
-	passFailures    prometheus.Counter
-	passes          prometheus.Counter
-	publishDuration *prometheus.HistogramVec
-	claimBatch      prometheus.Histogram
-	breakerOpen     *prometheus.GaugeVec
+// Metrics receives the forwarder's measurements (Config.Metrics).
+// prommetrics.New gives the Prometheus implementation; the forwarder package
+// itself imports no metrics library, so a service that does not use
+// Prometheus does not get it through the forwarder. Implementations must be
+// safe for concurrent use: publish workers call them in parallel.
+type Metrics interface {
+	// Message counts a row the forwarder finished a pass with, by outcome
+	// and destination.
+	Message(outcome, destination string)
+	// Published observes the time spent in one downstream Publish.
+	Published(destination string, d time.Duration)
+	// Pass counts a pass, the rows its claim returned, and whether it failed.
+	Pass(claimed int, failed bool)
+	// Breaker reports a destination's breaker opening (open) or closing.
+	Breaker(destination string, open bool)
 }
 
-func newMetrics(reg prometheus.Registerer, batchSize int) (*metrics, error) {
-	if reg == nil {
+// metrics is the forwarder's nil-safe handle on Config.Metrics.
+type metrics struct{ m Metrics }
+
+func newMetrics(m Metrics, _ int) (*metrics, error) {
+	if m == nil {
 		return nil, nil
 	}
-	m := &metrics{
-		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricMessages,
-			Help: "Rows the forwarder finished a pass with, by outcome and destination.",
-		}, []string{"outcome", "destination"}),
-		passFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: MetricPassFailures,
-			Help: "Passes that failed (database unreachable, outcome write failed, unknown outcome).",
-		}),
-		passes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: MetricPasses,
-			Help: "Passes run, failing or not.",
-		}),
-		publishDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    MetricPublishDuration,
-			Help:    "Time spent in the downstream Publish, by destination.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
-		}, []string{"destination"}),
-		claimBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    MetricClaimBatchSize,
-			Help:    "Rows returned by one claim.",
-			Buckets: prometheus.LinearBuckets(0, float64(max(batchSize/10, 1)), 11),
-		}),
-		breakerOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: MetricBreakerOpen,
-			Help: "1 while the destination's breaker is open (the downstream is unavailable as a whole), 0 once it closed.",
-		}, []string{"destination"}),
-	}
-	var err error
-	m.breakerOpen = register(reg, m.breakerOpen, &err)
-	m.messages = register(reg, m.messages, &err)
-	m.passFailures = register(reg, m.passFailures, &err)
-	m.passes = register(reg, m.passes, &err)
-	m.publishDuration = register(reg, m.publishDuration, &err)
-	m.claimBatch = register(reg, m.claimBatch, &err)
-	return m, err
-}
-
-// register adds c to reg, or returns the collector already registered under
-// the same name (two forwarders in one process share their series).
-func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		if *errp == nil {
-			*errp = err
-		}
-	}
-	return c
+	return &metrics{m: m}, nil
 }
 
 func (m *metrics) message(outcome, destination string) {
 	if m != nil {
-		m.messages.WithLabelValues(outcome, destination).Inc()
+		m.m.Message(outcome, destination)
 	}
 }
 
 func (m *metrics) published(destination string, d time.Duration) {
 	if m != nil {
-		m.publishDuration.WithLabelValues(destination).Observe(d.Seconds())
+		m.m.Published(destination, d)
 	}
 }
 
 func (m *metrics) pass(claimed int, failed bool) {
-	if m == nil {
-		return
-	}
-	m.passes.Inc()
-	m.claimBatch.Observe(float64(claimed))
-	if failed {
-		m.passFailures.Inc()
+	if m != nil {
+		m.m.Pass(claimed, failed)
 	}
 }
 
 func (m *metrics) breaker(destination string, open bool) {
-	if m == nil {
-		return
+	if m != nil {
+		m.m.Breaker(destination, open)
 	}
-	v := 0.0
-	if open {
-		v = 1
-	}
-	m.breakerOpen.WithLabelValues(destination).Set(v)
 }

@@ -44,7 +44,7 @@ func TestMetricsCountStaleReleasedAndExhausted(t *testing.T) {
 			return true, nil
 		}}
 		regA := prometheus.NewPedanticRegistry()
-		fA := newForwarder(t, s.DB, recA, forwarder.Config{Owner: "relay-a", Now: clk.Now, Metrics: regA})
+		fA := newForwarder(t, s.DB, recA, forwarder.Config{Owner: "relay-a", Now: clk.Now, Metrics: promMetrics(t, regA)})
 		rep, err := fA.RunOnce(ctx)
 		require.NoError(t, err)
 		require.Equal(t, 1, rep.Stale)
@@ -59,7 +59,7 @@ func TestMetricsCountStaleReleasedAndExhausted(t *testing.T) {
 		h := newHanger(t)
 		reg := prometheus.NewPedanticRegistry()
 		f := newForwarder(t, s.DB, h, forwarder.Config{
-			Concurrency: 1, PublishTimeout: 5 * time.Second, DrainTimeout: 100 * time.Millisecond, Metrics: reg,
+			Concurrency: 1, PublishTimeout: 5 * time.Second, DrainTimeout: 100 * time.Millisecond, Metrics: promMetrics(t, reg),
 		})
 		runErr := make(chan error, 1)
 		go func() { runErr <- f.Run(context.Background()) }()
@@ -85,7 +85,7 @@ outbox_forwarder_messages_total{destination="payments",outcome="released"} 1
 		require.NoError(t, err)
 		rec := &recorder{behave: func(string, *message.Message) (bool, error) { return true, errBroker }}
 		reg := prometheus.NewPedanticRegistry()
-		f := newForwarder(t, s.DB, rec, forwarder.Config{MaxAttempts: 1, Metrics: reg})
+		f := newForwarder(t, s.DB, rec, forwarder.Config{MaxAttempts: 1, Metrics: promMetrics(t, reg)})
 		rep, err := f.RunOnce(context.Background())
 		require.NoError(t, err)
 		require.Equal(t, 2, rep.Exhausted)

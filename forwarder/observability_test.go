@@ -11,12 +11,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/spanrec"
 )
 
 func TestMetricsCountOutcomesByDestination(t *testing.T) {
@@ -33,12 +32,12 @@ func TestMetricsCountOutcomesByDestination(t *testing.T) {
 		return true, nil
 	}}
 	reg := prometheus.NewPedanticRegistry()
-	f := newForwarder(t, s.DB, rec, forwarder.Config{Metrics: reg})
+	f := newForwarder(t, s.DB, rec, forwarder.Config{Metrics: promMetrics(t, reg)})
 	_, err := f.RunOnce(context.Background())
 	require.NoError(t, err)
 
 	// A second forwarder in the same process shares the series.
-	_ = newForwarder(t, s.DB, rec, forwarder.Config{Metrics: reg})
+	_ = newForwarder(t, s.DB, rec, forwarder.Config{Metrics: promMetrics(t, reg)})
 
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP outbox_forwarder_messages_total Rows the forwarder finished a pass with, by outcome and destination.
@@ -70,7 +69,7 @@ func TestAFailingPassIsCountedAndTheLoopGoesOn(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	passes := make(chan struct{}, 100)
 	f := newForwarder(t, db, &recorder{}, forwarder.Config{
-		Metrics:     reg,
+		Metrics:     promMetrics(t, reg),
 		BackoffBase: time.Millisecond, BackoffMax: 2 * time.Millisecond, PollInterval: time.Millisecond,
 		MaxPollInterval: 2 * time.Millisecond,
 		OnReport: func(forwarder.Report) {
@@ -110,9 +109,8 @@ func TestPublishContinuesTheStoredTrace(t *testing.T) {
 	m.Metadata.Set(envelope.KeyTraceparent, "00-"+traceID+"-"+parentSpan+"-01")
 	insert(t, s.DB, "orders", m)
 
-	sr := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tp := spanrec.New() // the core module does not require the OTel SDK
+	sr := tp
 	rec := &recorder{}
 	f := newForwarder(t, s.DB, rec, forwarder.Config{TracerProvider: tp})
 	_, err := f.RunOnce(context.Background())

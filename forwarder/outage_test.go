@@ -361,7 +361,7 @@ func TestOpenBreakerIsVisibleToOperators(t *testing.T) {
 	down := newOutage("orders")
 	reg := prometheus.NewRegistry()
 	cfg := outageConfig()
-	cfg.Owner, cfg.Metrics = "relay-visible", reg
+	cfg.Owner, cfg.Metrics = "relay-visible", promMetrics(t, reg)
 	rs := startRelays(t, s, down, 1, cfg)
 	require.Eventually(t, func() bool {
 		snap, err := status.Collect(context.Background(), s.DB)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"unicode/utf8"
 
@@ -53,8 +54,9 @@ type Config struct {
 type ctxKey struct{}
 
 type state struct {
-	tx  *sql.Tx
-	pub *FollowUp
+	tx       *sql.Tx  // database/sql (Middleware)
+	driverTx DriverTx // another driver (NewMiddlewareOn)
+	pub      *FollowUp
 }
 
 // Tx returns the consumer's transaction inside a handler wrapped by the
@@ -115,10 +117,17 @@ func (f *FollowUp) Outbox() *publisher.Publisher { return f.out }
 // UTF-8 or containing NUL, read-only TxOptions, or an invalid publisher
 // configuration.
 func Validate(db *sql.DB, consumer string, cfg Config) error {
+	if db == nil {
+		return outbox.Errorf(outbox.CodeInvalidConfig, "inbox.Middleware", "db must not be nil")
+	}
+	return validate(consumer, cfg)
+}
+
+// validate is Validate without the database, which NewMiddlewareOn takes
+// in another form.
+func validate(consumer string, cfg Config) error {
 	const op = "inbox.Middleware"
 	switch {
-	case db == nil:
-		return outbox.Errorf(outbox.CodeInvalidConfig, op, "db must not be nil")
 	case consumer == "":
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "consumer name must not be empty")
 	case len(consumer) > MaxConsumerLength:
@@ -210,12 +219,22 @@ func handle(db *sql.DB, consumer string, cfg Config, logger watermill.LoggerAdap
 // run is the inbox transaction: the inbox record, then the handler with
 // the transaction and a follow-up publisher in msg's context.
 func run(ctx context.Context, tx *sql.Tx, out *publisher.Publisher, consumer string, h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	const op = "inbox"
-	res, err := tx.ExecContext(ctx, insertInbox, consumer, msg.UUID)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: record %s: %w", msg.UUID, err)
+	record := func(ctx context.Context) (int64, error) {
+		res, err := tx.ExecContext(ctx, insertInbox, consumer, msg.UUID)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
 	}
-	n, err := res.RowsAffected()
+	return runWith(ctx, &state{tx: tx}, record, out, consumer, h, msg)
+}
+
+// runWith is run on any driver: record writes the inbox record and returns
+// the rows it inserted (0 when the message was processed before); st holds
+// the transaction the handler gets.
+func runWith(ctx context.Context, st *state, record func(context.Context) (int64, error), out *publisher.Publisher, consumer string, h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	const op = "inbox"
+	n, err := record(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: record %s: %w", msg.UUID, err)
 	}
@@ -223,11 +242,11 @@ func run(ctx context.Context, tx *sql.Tx, out *publisher.Publisher, consumer str
 		return nil, errAlreadyProcessed
 	}
 
-	st := &state{tx: tx, pub: &FollowUp{
+	st.pub = &FollowUp{
 		out:         out,
 		causation:   msg.UUID,
 		correlation: envelope.CorrelationID(msg),
-	}}
+	}
 	msg.SetContext(context.WithValue(ctx, ctxKey{}, st))
 	defer msg.SetContext(ctx)
 
@@ -243,4 +262,14 @@ func run(ctx context.Context, tx *sql.Tx, out *publisher.Publisher, consumer str
 			"handler returned %d produced message(s) for %s; use inbox.Publisher(msg.Context()) to emit follow-ups: they commit with the effect", len(produced), msg.UUID)
 	}
 	return nil, nil
+}
+
+// reflectNil reports whether v is an interface holding a nil pointer.
+func reflectNil(v any) bool {
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/fencedoutbox/watermill-outbox/internal/leakcheck"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
@@ -23,9 +23,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
-		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+	leakcheck.VerifyTestMain(m,
+		leakcheck.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		leakcheck.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
 	)
 }
 

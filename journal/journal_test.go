@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencedoutbox/watermill-outbox/internal/leakcheck"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
@@ -19,7 +19,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/journal"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 var t0 = time.Date(2031, 5, 4, 12, 0, 0, 0, time.UTC)
 

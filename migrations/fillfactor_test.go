@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/lib/pq"
-	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/migrations"
@@ -29,9 +28,7 @@ func TestFillfactorIsFiftyAndDownRestoresSeventy(t *testing.T) {
 	}
 	require.Equal(t, []string{"fillfactor=50"}, options())
 
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS(),
-		goose.WithTableName(migrations.VersionTable), goose.WithDisableGlobalRegistry(true))
-	require.NoError(t, err)
+	p := gooseProvider(t, db)
 	_, err = p.DownTo(ctx, 30)
 	require.NoError(t, err)
 	require.Equal(t, []string{"fillfactor=70"}, options())

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/lib/pq"
-	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/migrations"
@@ -59,10 +58,8 @@ func TestUpgradeRepairsRowsBeforeAddingTheRule(t *testing.T) {
 	ctx := context.Background()
 	_, dsn := freshSchema(t)
 	db := open(t, dsn)
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS(),
-		goose.WithTableName(migrations.VersionTable), goose.WithDisableGlobalRegistry(true))
-	require.NoError(t, err)
-	_, err = p.UpTo(ctx, 20)
+	p := gooseProvider(t, db)
+	_, err := p.UpTo(ctx, 20)
 	require.NoError(t, err)
 	_, err = db.Exec(`
 INSERT INTO messaging_outbox (message_id, destination, payload, status, published_at, parked_at, created_at) VALUES

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 )
 
@@ -110,9 +111,16 @@ func newProvider(ctx context.Context, db *sql.DB) (*goose.Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("migrations: locker: %w", err)
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, FS(),
+	// The version table through a store rather than goose.WithTableName,
+	// which needs goose v3.26+ and with it a newer OpenTelemetry for every
+	// service importing this module.
+	store, err := database.NewStore(database.DialectPostgres, VersionTable)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: store: %w", err)
+	}
+	p, err := goose.NewProvider("", db, FS(),
+		goose.WithStore(store),
 		goose.WithSessionLocker(locker),
-		goose.WithTableName(VersionTable),
 		goose.WithDisableGlobalRegistry(true),
 	)
 	if err != nil {

@@ -111,7 +111,8 @@ func TestConcurrentUpBothSucceedAndApplyEachVersionOnce(t *testing.T) {
 	results := make([]migrations.Result, 2)
 	errs := make([]error, 2)
 	for i, db := range []*sql.DB{a, b} {
-		wg.Go(func() { results[i], errs[i] = migrations.Up(context.Background(), db) })
+		wg.Add(1)
+		go func() { defer wg.Done(); results[i], errs[i] = migrations.Up(context.Background(), db) }()
 	}
 	wg.Wait()
 	require.NoError(t, errs[0])

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/lib/pq"
-	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
@@ -18,10 +17,8 @@ import (
 func TestEmptyOrderingKeyBecomesNoKeyAndIsRefused(t *testing.T) {
 	ctx := context.Background()
 	s := testdb.New(t)
-	p, err := goose.NewProvider(goose.DialectPostgres, s.DB, migrations.FS(),
-		goose.WithTableName(migrations.VersionTable), goose.WithDisableGlobalRegistry(true))
-	require.NoError(t, err)
-	_, err = p.DownTo(ctx, 33)
+	p := gooseProvider(t, s.DB)
+	_, err := p.DownTo(ctx, 33)
 	require.NoError(t, err)
 	_, err = s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, ordering_key) VALUES ('e1', 'd', 'x', ''), ('k1', 'd', 'x', 'k')`)
 	require.NoError(t, err)

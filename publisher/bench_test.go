@@ -31,7 +31,7 @@ func benchTx(b *testing.B, cfg publisher.Config, raw bool, dsnOptions ...string)
 		b.Cleanup(func() { _ = db.Close() })
 	}
 	b.ResetTimer()
-	for i := 0; b.Loop(); i++ {
+	for i := 0; i < b.N; i++ {
 		m := message.NewMessage(randomID(b), []byte(`{"order":42}`))
 		m.Metadata.Set("x-app", "v")
 		tx, err := db.BeginTx(ctx, nil)

@@ -1,18 +1,19 @@
 package publisher
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/lib/pq"
-	"github.com/lib/pq/pqerror"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/internal/pgerr"
 )
 
 // pkeyConstraint is the primary key of messaging_outbox (migration 00001).
@@ -31,6 +32,7 @@ type Publisher struct {
 	// races a Publish in progress.
 	mu     sync.Mutex
 	tx     *sql.Tx
+	other  Tx // set instead of tx by NewOnTx
 	cfg    Config
 	logger watermill.LoggerAdapter
 	closed bool
@@ -52,6 +54,48 @@ func New(tx *sql.Tx, cfg Config, logger watermill.LoggerAdapter) (*Publisher, er
 		return nil, err
 	}
 	return bind(tx, cfg, logger), nil
+}
+
+// Tx is a transaction of a driver that is not database/sql, such as pgx's
+// pgx.Tx (pgxadapter.NewPublisher wraps one). Exec runs one statement with
+// positional parameters ($1, $2 ...) in the transaction. The arguments are
+// strings, []byte, time.Time, sql.Null* and driver.Valuer values (array
+// literals). Exec must return the driver's error with its SQLSTATE
+// (SQLState() string) in the chain, and an error wrapping sql.ErrTxDone when
+// the transaction is already committed or rolled back, so Publish refuses
+// it with the same codes as on database/sql.
+type Tx interface {
+	Exec(ctx context.Context, query string, args ...any) error
+}
+
+// NewOnTx binds a Publisher to tx of another driver (see Tx); everything
+// else is New's. Config.Prepared is for database/sql pools and is refused
+// here (OUTBOX_INVALID_CONFIG); pgx prepares and caches statements itself.
+func NewOnTx(tx Tx, cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
+	if tx == nil || reflectNil(tx) {
+		return nil, outbox.Errorf(outbox.CodeTransactionRequired, "publisher.NewOnTx",
+			"tx is nil; begin a transaction and publish in it")
+	}
+	if cfg.Prepared != nil {
+		return nil, outbox.Errorf(outbox.CodeInvalidConfig, "publisher.NewOnTx",
+			"Config.Prepared holds database/sql statements; leave it nil with another driver's transaction")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	p := bind(nil, cfg, logger)
+	p.other = tx
+	return p, nil
+}
+
+// reflectNil reports whether v is an interface holding a nil pointer.
+func reflectNil(v any) bool {
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
 }
 
 // bind is New after its checks: tx is not nil and cfg is valid.
@@ -99,7 +143,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		return nil
 	}
 	ctx := msgs[0].Context()
-	if p.cfg.Prepared == nil {
+	if p.other != nil {
+		err = p.other.Exec(ctx, st.SQL, st.Args...)
+	} else if p.cfg.Prepared == nil {
 		_, err = p.tx.ExecContext(ctx, st.SQL, st.Args...)
 	} else {
 		var stmt *sql.Stmt
@@ -143,19 +189,22 @@ func classify(op string, err error, n int) error {
 		return outbox.Wrap(outbox.CodeTransactionRequired, op, err,
 			"the transaction is already committed or rolled back; publish before Commit")
 	}
-	if pqErr := pq.As(err, pqerror.ReadOnlySQLTransaction); pqErr != nil {
+	// Classified by SQLSTATE and constraint name through the SQLState()
+	// method lib/pq's and pgx's errors both have, so every driver gets the
+	// same codes.
+	if pgerr.Is(err, pgerr.ReadOnlySQLTransaction) {
 		return outbox.Wrap(outbox.CodeTransactionRequired, op, err,
 			"the transaction is read-only; publish in a read-write transaction")
 	}
-	if pqErr := pq.As(err, pqerror.InFailedSQLTransaction); pqErr != nil {
+	if pgerr.Is(err, pgerr.InFailedSQLTransaction) {
 		return outbox.Wrap(outbox.CodeTransactionRequired, op, err,
 			"the transaction was aborted by an earlier error; roll it back and retry")
 	}
-	if pqErr := pq.As(err, pqerror.UniqueViolation); pqErr != nil && pqErr.Constraint == pkeyConstraint {
+	if pgerr.Violates(err, pgerr.UniqueViolation, pkeyConstraint) {
 		return outbox.Wrap(outbox.CodeDuplicateMessageID, op, err,
 			"a message with this id is already in messaging_outbox; the transaction is aborted, roll it back")
 	}
-	if pqErr := pq.As(err, pqerror.CheckViolation); pqErr != nil && pqErr.Constraint == tenantConstraint {
+	if pgerr.Violates(err, pgerr.CheckViolation, tenantConstraint) {
 		return outbox.Wrap(outbox.CodeInvalidTenant, op, err, "the database refused the tenant")
 	}
 	return fmt.Errorf("%s: insert %d messages into messaging_outbox: %w", op, n, err)

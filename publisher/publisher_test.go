@@ -435,11 +435,13 @@ func TestConcurrentPublishCloseTwiceAndPublishAfterClose(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, goroutines*each)
 	for range goroutines {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			for range each {
 				errs <- pub.Publish("t", newMsg(t, "x"), newMsg(t, "y"))
 			}
-		})
+		}()
 	}
 	wg.Wait()
 	close(errs)
@@ -449,12 +451,14 @@ func TestConcurrentPublishCloseTwiceAndPublishAfterClose(t *testing.T) {
 	// Close races nothing: concurrent closers and publishers under -race.
 	var cw sync.WaitGroup
 	for range 4 {
-		cw.Go(func() { require.NoError(t, pub.Close()) })
-		cw.Go(func() {
+		cw.Add(2)
+		go func() { defer cw.Done(); require.NoError(t, pub.Close()) }()
+		go func() {
+			defer cw.Done()
 			if err := pub.Publish("t", newMsg(t, "late")); err != nil {
 				require.ErrorIs(t, err, outbox.ErrPublisherClosed)
 			}
-		})
+		}()
 	}
 	cw.Wait()
 	require.NoError(t, pub.Close(), "Close is idempotent")

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencedoutbox/watermill-outbox/internal/leakcheck"
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
@@ -20,7 +20,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/retention"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 // A fixed clock far from the wall clock, so rows "old" relative to it are
 // chosen by the test and not by when it runs.

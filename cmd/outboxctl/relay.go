@@ -23,6 +23,7 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/forwarder/prommetrics"
 	"github.com/fencedoutbox/watermill-outbox/migrations"
 	"github.com/fencedoutbox/watermill-outbox/status"
 	"github.com/fencedoutbox/watermill-outbox/transport/amqp"
@@ -229,7 +230,9 @@ func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, lf
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg.Metrics = reg
+	if cfg.Metrics, err = prommetrics.New(reg, prommetrics.Options{BatchSize: cfg.BatchSize}); err != nil {
+		return err
+	}
 	backlog, err := status.NewCollector(db, status.CollectorOptions{})
 	if err != nil {
 		return err

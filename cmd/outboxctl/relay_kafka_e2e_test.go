@@ -7,14 +7,14 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
+	"github.com/fencedoutbox/watermill-outbox/internal/brokertest/kafkatest"
 )
 
 // TestRelayToKafka runs the built relay against kfake, an in-process Kafka
 // speaking the real protocol, with auto topic creation off.
 func TestRelayToKafka(t *testing.T) {
 	t.Parallel()
-	brokers := brokertest.Kafka(t, kfake.SeedTopics(2, "orders"))
+	brokers := kafkatest.Start(t, kfake.SeedTopics(2, "orders"))
 	s := newSchema(t)
 	exec1(t, s.DB, `
 INSERT INTO messaging_outbox (message_id, destination, payload, headers, partition_key)
@@ -30,8 +30,8 @@ VALUES ('k-1', 'orders', 'one', '{"app":"shop"}', 'customer-1'),
 	waitStatus(t, s, stderr, "k-missing", "FAILED")
 	require.Equal(t, "KAFKA_UNKNOWN_TOPIC_OR_PARTITION", failureCode(t, s, "k-missing"))
 
-	got := map[string]brokertest.KafkaRecord{}
-	for _, r := range brokertest.ReadKafka(t, brokers, "orders") {
+	got := map[string]kafkatest.Record{}
+	for _, r := range kafkatest.Read(t, brokers, "orders") {
 		got[r.UUID()] = r
 	}
 	require.Len(t, got, 2)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
+	"github.com/fencedoutbox/watermill-outbox/internal/brokertest/natstest"
 	"github.com/fencedoutbox/watermill-outbox/transport/nats"
 )
 
@@ -19,7 +20,7 @@ func TestRelayToNATS(t *testing.T) {
 	t.Parallel()
 	u := brokertest.NATSURL(t)
 	subject := brokertest.Unique("outboxctl-orders")
-	js := brokertest.JetStream(t, u, subject, 0)
+	js := natstest.JetStream(t, u, subject, 0)
 
 	s := newSchema(t)
 	missing := brokertest.Unique("outboxctl-nostream")

@@ -133,9 +133,10 @@ func run(ctx context.Context, dbURL string) error {
 		customerID := fmt.Sprintf("cus-%s-%d", run, i+1)
 		email = run + "." + email
 		eventID, err := registerCustomer(ctx, db, customerID, email)
-		var pqErr *pq.Error
+		// Any driver's error: lib/pq's and pgx's both have SQLState().
+		var dbErr interface{ SQLState() string }
 		switch {
-		case errors.As(err, &pqErr) && pqErr.Code == "23505":
+		case errors.As(err, &dbErr) && dbErr.SQLState() == "23505": // unique_violation
 			refused = append(refused, customerID)
 			fmt.Printf("register %s %s -> refused (email taken), rolled back: no customer row, no event\n", customerID, email)
 		case err != nil:

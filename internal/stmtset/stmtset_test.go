@@ -26,12 +26,14 @@ func TestGetOrPrepare(t *testing.T) {
 	var wg sync.WaitGroup
 	got := make([]*sql.Stmt, 8)
 	for i := range got {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			st, closed, err := set.GetOrPrepare("one", prepare)
 			require.NoError(t, err)
 			require.False(t, closed)
 			got[i] = st
-		})
+		}()
 	}
 	wg.Wait()
 	require.Equal(t, int32(1), prepares.Load(), "prepared once")

@@ -11,18 +11,58 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
-	"net/url"
+	neturl "net/url"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	_ "github.com/lib/pq" // database/sql driver "postgres"
+	"github.com/lib/pq" // database/sql driver "postgres"
 
 	"github.com/fencedoutbox/watermill-outbox/migrations"
 )
+
+// DriverEnv selects the database/sql driver of every pool testdb opens:
+// "postgres" (lib/pq, the default) or "pgx" (pgx's stdlib driver). The core
+// module does not require pgx (a service importing the core would see it in
+// its module graph), so the pgx run links the driver in through an overlay:
+// `make unit-pgx` (scripts/pgx-overlay.sh).
+const DriverEnv = "OUTBOX_TEST_DRIVER"
+
+// Driver returns the database/sql driver name the tests use.
+func Driver() string {
+	if v := os.Getenv(DriverEnv); v != "" {
+		return v
+	}
+	return "postgres"
+}
+
+// OpenURL opens a pool on url with Driver(). On pgx it sets
+// default_query_exec_mode=describe_exec (unless url sets a mode): pgx's
+// default mode prepares and caches every statement by name on the
+// connection, and the tests that check what a connection holds
+// (pg_prepared_statements after Prepare) would count pgx's own cache.
+// Refusals, codes and results are the same in every mode.
+func OpenURL(url string) (*sql.DB, error) {
+	if Driver() == "pgx" && !strings.Contains(url, "default_query_exec_mode") {
+		url = withParam(url, "default_query_exec_mode", "describe_exec")
+	}
+	return sql.Open(Driver(), url)
+}
+
+func withParam(base, key, value string) string {
+	u, err := neturl.Parse(base)
+	if err != nil || u.Scheme == "" {
+		return base + " " + key + "=" + value
+	}
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
 
 // DefaultURL is used when OUTBOX_TEST_DATABASE_URL is unset.
 const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
@@ -39,7 +79,7 @@ func URL() string {
 
 // WithSearchPath returns base with search_path set to schema.
 func WithSearchPath(base, schema string) string {
-	u, err := url.Parse(base)
+	u, err := neturl.Parse(base)
 	if err != nil || u.Scheme == "" {
 		return base + " search_path=" + schema
 	}
@@ -62,7 +102,7 @@ type Schema struct {
 func New(t testing.TB) *Schema {
 	t.Helper()
 	ctx := context.Background()
-	admin, err := sql.Open("postgres", URL())
+	admin, err := OpenURL(URL())
 	if err != nil {
 		t.Fatalf("testdb: open %s: %v", URL(), err)
 	}
@@ -85,13 +125,13 @@ func newSchema(t testing.TB, admin *sql.DB, base string) *Schema {
 	}
 	s := &Schema{Name: name, URL: WithSearchPath(base, name)}
 	var err error
-	s.DB, err = sql.Open("postgres", s.URL)
+	s.DB, err = OpenURL(s.URL)
 	if err != nil {
 		t.Fatalf("testdb: open schema: %v", err)
 	}
 	t.Cleanup(func() {
 		_ = s.DB.Close()
-		drop, err := sql.Open("postgres", base)
+		drop, err := OpenURL(base)
 		if err != nil {
 			return
 		}
@@ -104,10 +144,18 @@ func newSchema(t testing.TB, admin *sql.DB, base string) *Schema {
 	return s
 }
 
+// CommitOfAbortedTx reports whether err is a driver's refusal to commit a
+// transaction an earlier statement aborted: lib/pq's ErrInFailedTransaction,
+// or pgx's "commit unexpectedly resulted in rollback" (pgx.ErrTxCommitRollback).
+func CommitOfAbortedTx(err error) bool {
+	return err != nil && (errors.Is(err, pq.ErrInFailedTransaction) ||
+		strings.Contains(err.Error(), "commit unexpectedly resulted in rollback"))
+}
+
 // Open returns a new pool on the schema (a second "process" view of it).
 func (s *Schema) Open(t testing.TB) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("postgres", s.URL)
+	db, err := OpenURL(s.URL)
 	if err != nil {
 		t.Fatalf("testdb: open: %v", err)
 	}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
-	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
+	"github.com/fencedoutbox/watermill-outbox/internal/brokertest/kafkatest"
 	"github.com/fencedoutbox/watermill-outbox/transport/internal/e2e"
 	"github.com/fencedoutbox/watermill-outbox/transport/kafka"
 )
@@ -25,7 +25,7 @@ const maxMessageBytes = 4096
 // creation off and a small message.max.bytes.
 func cluster(t *testing.T) []string {
 	t.Helper()
-	return brokertest.Kafka(t,
+	return kafkatest.Start(t,
 		kfake.SeedTopics(4, "orders"),
 		kfake.BrokerConfigs(map[string]string{"message.max.bytes": fmt.Sprint(maxMessageBytes)}),
 	)
@@ -49,7 +49,7 @@ func TestOneKeyLandsOnOnePartitionInOrder(t *testing.T) {
 		require.NoError(t, pub.Publish("orders", msg))
 		sent = append(sent, msg.UUID)
 	}
-	recs := brokertest.ReadKafka(t, brokers, "orders")
+	recs := kafkatest.Read(t, brokers, "orders")
 	require.Len(t, recs, 40)
 	partitionOf := map[string]int32{}
 	perKey := map[string][]string{}
@@ -79,7 +79,7 @@ func TestRecordKeyFallsBackToUUID(t *testing.T) {
 	msg := message.NewMessage("no-key-id", []byte("x"))
 	msg.Metadata.Set("h", "v")
 	require.NoError(t, pub.Publish("orders", msg))
-	recs := brokertest.ReadKafka(t, brokers, "orders")
+	recs := kafkatest.Read(t, brokers, "orders")
 	require.Len(t, recs, 1)
 	require.Equal(t, "no-key-id", recs[0].Key)
 	require.Equal(t, "no-key-id", recs[0].UUID())
@@ -146,7 +146,7 @@ func TestEndToEnd(t *testing.T) {
 	pub := newPublisher(t, brokers)
 	e2e.Relay(t, "orders", pub, kafka.Classify)
 
-	recs := brokertest.ReadKafka(t, brokers, "orders")
+	recs := kafkatest.Read(t, brokers, "orders")
 	var got []*message.Message
 	for _, r := range recs {
 		msg, err := kafka.Marshaler().Unmarshal(&sarama.ConsumerMessage{Key: []byte(r.Key), Value: r.Value, Headers: headers(r.Headers)})
@@ -172,11 +172,11 @@ func headers(h map[string]string) []*sarama.RecordHeader {
 func TestAcksFromAllReplicasAndAutoCreateWhenAllowed(t *testing.T) {
 	require.Equal(t, sarama.WaitForAll, kafka.SaramaConfig(kafka.Config{}).Producer.RequiredAcks)
 
-	brokers := brokertest.Kafka(t, kfake.AllowAutoTopicCreation())
+	brokers := kafkatest.Start(t, kfake.AllowAutoTopicCreation())
 	pub, err := kafka.NewPublisher(kafka.Config{Brokers: brokers, AllowAutoTopicCreation: true}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	require.NoError(t, pub.Publish("fresh", message.NewMessage("m1", []byte("x"))))
-	recs := brokertest.ReadKafka(t, brokers, "fresh")
+	recs := kafkatest.Read(t, brokers, "fresh")
 	require.Len(t, recs, 1)
 }

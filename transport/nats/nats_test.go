@@ -15,6 +15,7 @@ import (
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
+	"github.com/fencedoutbox/watermill-outbox/internal/brokertest/natstest"
 	"github.com/fencedoutbox/watermill-outbox/transport/internal/e2e"
 	"github.com/fencedoutbox/watermill-outbox/transport/nats"
 )
@@ -41,7 +42,7 @@ func TestSubjectWithoutStreamIsUnavailable(t *testing.T) {
 func TestMessageOverStreamMaxMsgSizeIsRejected(t *testing.T) {
 	u := brokertest.NATSURL(t)
 	subject := brokertest.Unique("small")
-	brokertest.JetStream(t, u, subject, 256)
+	natstest.JetStream(t, u, subject, 256)
 	pub := newPublisher(t, u)
 	err := pub.Publish(subject, message.NewMessage("big", make([]byte, 1024)))
 	require.Error(t, err)
@@ -53,7 +54,7 @@ func TestMessageOverStreamMaxMsgSizeIsRejected(t *testing.T) {
 func TestPayloadOverServerMaxPayloadIsRejected(t *testing.T) {
 	u := brokertest.NATSURL(t)
 	subject := brokertest.Unique("huge")
-	brokertest.JetStream(t, u, subject, 0)
+	natstest.JetStream(t, u, subject, 0)
 	nc, err := natsgo.Connect(u)
 	require.NoError(t, err)
 	limit := nc.MaxPayload() // announced by the server in INFO
@@ -77,7 +78,7 @@ func TestClassifyAmbiguous(t *testing.T) {
 func TestClosedConnectionIsUnavailable(t *testing.T) {
 	u := brokertest.NATSURL(t)
 	subject := brokertest.Unique("closed")
-	brokertest.JetStream(t, u, subject, 0)
+	natstest.JetStream(t, u, subject, 0)
 	nc, err := natsgo.Connect(u)
 	require.NoError(t, err)
 	cfg := nats.Config{URL: u}.WatermillConfig()
@@ -97,7 +98,7 @@ func TestConfigValidation(t *testing.T) {
 func TestEndToEnd(t *testing.T) {
 	u := brokertest.NATSURL(t)
 	subject := brokertest.Unique("orders")
-	brokertest.JetStream(t, u, subject, 0)
+	natstest.JetStream(t, u, subject, 0)
 	sub, err := wn.NewSubscriber(wn.SubscriberConfig{
 		URL:              u,
 		SubscribersCount: 1,
@@ -123,7 +124,7 @@ func TestEndToEnd(t *testing.T) {
 func TestRetryInsideDuplicateWindowIsStoredOnce(t *testing.T) {
 	u := brokertest.NATSURL(t)
 	subject := brokertest.Unique("dedup")
-	js := brokertest.JetStream(t, u, subject, 0)
+	js := natstest.JetStream(t, u, subject, 0)
 	pub := newPublisher(t, u)
 	// A relay retry republishes the same row: same UUID, same payload.
 	require.NoError(t, pub.Publish(subject, message.NewMessage("retried", []byte("x"))))
