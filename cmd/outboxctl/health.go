@@ -62,6 +62,9 @@ type readiness struct {
 	db     *sql.DB
 	owner  string
 	redact func(string) string
+	// downstream, when set, reports whether the relay can deliver anything
+	// (forwarder.Ready: not while every destination's breaker is open).
+	downstream func() error
 }
 
 // check is one readiness condition and its outcome.
@@ -73,7 +76,8 @@ type check struct {
 
 // Checks runs the readiness conditions in order, stopping at the first that
 // fails (the later ones need it): the database answers, the schema is
-// migrated, the relay mode is POLLING, and this relay's heartbeat is live.
+// migrated, the relay mode is POLLING, this relay's heartbeat is live, and
+// not every destination it publishes to has its breaker open.
 func (r *readiness) Checks(ctx context.Context) []check {
 	var out []check
 	add := func(name string, err error) bool {
@@ -101,7 +105,10 @@ func (r *readiness) Checks(ctx context.Context) []check {
 	if err == nil && !slices.ContainsFunc(live, func(h debezium.Heartbeat) bool { return h.Owner == r.owner }) {
 		err = fmt.Errorf("no live heartbeat of relay %s (starting, stopping, or its heartbeats fail)", r.owner)
 	}
-	add("heartbeat", err)
+	if !add("heartbeat", err) || r.downstream == nil {
+		return out
+	}
+	add("downstream", r.downstream())
 	return out
 }
 

@@ -143,8 +143,9 @@ address, e.g. 127.0.0.1:9464):
   /metrics  the forwarder's counters and histograms and the backlog gauges
   /healthz  200 while the process serves (liveness)
   /readyz   200 when the database answers, the schema is migrated, the relay
-            mode is POLLING and this relay's heartbeat is fresh; else 503
-            with the failing check (readiness)
+            mode is POLLING, this relay's heartbeat is fresh and not every
+            destination's breaker is open; else 503 with the failing check
+            (readiness)
 
 Logs go to stderr as text (default) or JSON lines (--log-format json), at
 --log-level debug|info|warn|error; secrets are masked and control
@@ -256,7 +257,7 @@ func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, lf
 		if err != nil {
 			return outbox.Wrap(CodeUsage, "outboxctl relay", err, "--metrics-addr cannot be served")
 		}
-		srv := newOpsServer(reg, &readiness{db: db, owner: fwd.Owner(), redact: a.redactString})
+		srv := newOpsServer(reg, &readiness{db: db, owner: fwd.Owner(), redact: a.redactString, downstream: fwd.Ready})
 		go func() { _ = srv.Serve(ln) }()
 		defer func() {
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
