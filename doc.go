@@ -3,11 +3,17 @@
 //
 // The product itself lives in the sub-packages:
 //
-//   - migrations: the embedded SQL and Up, under a cross-process lock
+//   - migrations: the embedded SQL (migrations/sql) and Up, under a
+//     cross-process lock; migrations/schema checks a database is migrated
+//     without importing the runner
 //   - envelope: watermill message <-> outbox row, canonical metadata, header codec
 //   - publisher: a watermill message.Publisher bound to the caller's *sql.Tx
+//     (sqlv3 and sqlv4: drop-in watermill-sql schema adapters, own modules)
+//   - pgxadapter: publishing, NOTIFY wake-up and the inbox on pgx's own
+//     pgx.Tx and connections (own module)
 //   - fencing: the claim statement and every fenced state transition
 //   - forwarder: the fenced relay that replaces watermill's components/forwarder
+//     (forwarder/prommetrics: its Prometheus collectors)
 //   - retention: bounded cleanup of published rows and of the inbox
 //   - journal: exactly-once admin operations (redrive, purge)
 //   - inbox: consumer-side de-duplication middleware

@@ -25,7 +25,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
-	"github.com/fencedoutbox/watermill-outbox/migrations"
+	"github.com/fencedoutbox/watermill-outbox/migrations/schema"
 )
 
 // Codes returned by the forwarder (configuration refusals use
@@ -235,7 +235,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	defer close(f.done)
 
 	// An unmigrated search_path is named with its remedy, not a raw 42P01.
-	if err := migrations.Check(ctx, f.db); err != nil {
+	if err := schema.Check(ctx, f.db); err != nil {
 		return err
 	}
 

@@ -3,7 +3,6 @@ package migrations
 import (
 	"context"
 	"database/sql"
-	"embed"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -12,14 +11,14 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
-)
 
-//go:embed sql/*.sql
-var embedded embed.FS
+	"github.com/fencedoutbox/watermill-outbox/migrations/schema"
+	migsql "github.com/fencedoutbox/watermill-outbox/migrations/sql"
+)
 
 // VersionTable is the table in which Up records applied versions. It lives in
 // the same schema as the outbox (the first schema of search_path).
-const VersionTable = "messaging_schema_version"
+const VersionTable = schema.VersionTable
 
 // LockID is the base of the PostgreSQL advisory lock key Up holds while it
 // migrates, so that two processes migrating the same schema at once do not
@@ -40,13 +39,7 @@ func SchemaLockID(schema string) int64 {
 // file holds a "-- +goose Up" section and a "-- +goose Down" section; tools
 // that do not read goose annotations (Flyway, golang-migrate) need the Up
 // section only, which is everything between the two markers.
-func FS() fs.FS {
-	sub, err := fs.Sub(embedded, "sql")
-	if err != nil {
-		panic(err) // the embedded path is a compile-time constant
-	}
-	return sub
-}
+func FS() fs.FS { return migsql.Files }
 
 // Result says what one Up call applied.
 type Result struct {
@@ -128,3 +121,17 @@ func newProvider(ctx context.Context, db *sql.DB) (*goose.Provider, error) {
 	}
 	return p, nil
 }
+
+// CodeSchemaNotMigrated is Check's refusal (see package schema).
+const CodeSchemaNotMigrated = schema.CodeNotMigrated
+
+// ErrSchemaNotMigrated matches CodeSchemaNotMigrated with errors.Is.
+var ErrSchemaNotMigrated = schema.ErrNotMigrated
+
+// Check reports OUTBOX_SCHEMA_NOT_MIGRATED, naming the search_path and the
+// remedy, when messaging_outbox is missing or older than this build needs
+// (schema.Check).
+func Check(ctx context.Context, db *sql.DB) error { return schema.Check(ctx, db) }
+
+// Latest is the highest migration version this build embeds.
+func Latest() int64 { return schema.Latest() }

@@ -1,4 +1,8 @@
-package migrations
+// Package schema checks that a database holds the outbox schema this build
+// needs, without importing the migration runner (and its dependencies): the
+// forwarder and the CLI refuse to start on an unmigrated schema with
+// OUTBOX_SCHEMA_NOT_MIGRATED, naming the search_path and the remedy.
+package schema
 
 import (
 	"context"
@@ -9,21 +13,25 @@ import (
 	"strings"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	migsql "github.com/fencedoutbox/watermill-outbox/migrations/sql"
 )
+
+// VersionTable is the table in which migrations.Up records applied versions.
+const VersionTable = "messaging_schema_version"
 
 // CodeSchemaNotMigrated: the connection's search_path does not reach a
 // migrated watermill-outbox schema (messaging_outbox is missing, or the
 // recorded version is older than this build's migrations).
-const CodeSchemaNotMigrated outbox.Code = "OUTBOX_SCHEMA_NOT_MIGRATED"
+const CodeNotMigrated outbox.Code = "OUTBOX_SCHEMA_NOT_MIGRATED"
 
 // ErrSchemaNotMigrated matches CodeSchemaNotMigrated with errors.Is.
-var ErrSchemaNotMigrated = &outbox.Error{Code: CodeSchemaNotMigrated}
+var ErrNotMigrated = &outbox.Error{Code: CodeNotMigrated}
 
 // Latest is the highest version among the embedded migrations: the version
 // [Up] leaves a database at.
 func Latest() int64 {
 	var latest int64
-	entries, _ := fs.ReadDir(FS(), ".")
+	entries, _ := fs.ReadDir(migsql.Files, ".")
 	for _, e := range entries {
 		prefix, _, ok := strings.Cut(e.Name(), "_")
 		if !ok || !strings.HasSuffix(e.Name(), ".sql") {
@@ -67,7 +75,7 @@ func Check(ctx context.Context, db *sql.DB) error {
 		if schema != "" {
 			where = "the first existing schema is " + strconv.Quote(schema)
 		}
-		return outbox.Errorf(CodeSchemaNotMigrated, op,
+		return outbox.Errorf(CodeNotMigrated, op,
 			"messaging_outbox not found in search_path %q (%s); run outboxctl migrate (or migrations.Up) with this search_path",
 			searchPath, where)
 	}
@@ -79,7 +87,7 @@ func Check(ctx context.Context, db *sql.DB) error {
 		return fmt.Errorf("migrations: check schema version: %w", err)
 	}
 	if latest := Latest(); current < latest {
-		return outbox.Errorf(CodeSchemaNotMigrated, op,
+		return outbox.Errorf(CodeNotMigrated, op,
 			"schema %q (search_path %q) is at version %d, this build needs %d; run outboxctl migrate (or migrations.Up) with this search_path",
 			schema, searchPath, current, latest)
 	}

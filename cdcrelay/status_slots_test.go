@@ -1,4 +1,4 @@
-package status_test
+package cdcrelay_test
 
 import (
 	"context"
