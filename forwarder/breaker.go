@@ -38,6 +38,7 @@ type breaker struct {
 	openErr  string          // the failure that opened it: what a probe failing "like the outage" must read
 	probed   map[string]bool // messages a probe already carried while open
 	probes   int             // probes sent since it opened
+	probeSeq int64           // seq of the last probe: the next probe starts after it
 	nextAt   time.Time       // when the next probe may be claimed
 	lastErr  string
 }
@@ -233,4 +234,25 @@ func (b *breakers) holdOff(dest string, base time.Duration) time.Duration {
 		return base
 	}
 	return max(base, b.now().Sub(x.openedAt))
+}
+
+// probeFrom is where dest's next probe starts (after the last probe's row,
+// so that probes rotate through the backlog instead of retrying one row).
+func (b *breakers) probeFrom(dest string) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if x := b.m[dest]; x != nil {
+		return x.probeSeq + 1
+	}
+	return 0
+}
+
+// probed records the seq of the row a probe of dest carried (0: none found,
+// start from the beginning next time).
+func (b *breakers) probed(dest string, seq int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if x := b.m[dest]; x != nil {
+		x.probeSeq = seq
+	}
 }

@@ -634,13 +634,22 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	var probed map[string]bool
 	for _, dest := range probes {
 		pr := p
-		pr.Limit, pr.MaxChain, pr.Continue, pr.FromSeq = 1, 1, nil, 0
+		pr.Limit, pr.MaxChain, pr.Continue, pr.FromSeq = 1, 1, nil, f.breakers.probeFrom(dest)
 		pr.ExcludeDestinations, pr.OnlyDestination, pr.NoKeyWalk, pr.NoUnkeyed = nil, dest, false, false
 		rows, perr := fencing.Claim(dbctx, f.q, pr)
+		if perr == nil && len(rows) == 0 && pr.FromSeq > 1 {
+			pr.FromSeq = 0 // past the last row: wrap around
+			rows, perr = fencing.Claim(dbctx, f.q, pr)
+		}
 		if perr != nil {
 			f.logger.Error("Outbox breaker probe claim failed", perr, watermill.LogFields{"destination": dest})
 			continue
 		}
+		var seq int64
+		if len(rows) > 0 {
+			seq = rows[0].Row.Seq
+		}
+		f.breakers.probed(dest, seq)
 		for _, r := range rows {
 			if probed == nil {
 				probed = make(map[string]bool)

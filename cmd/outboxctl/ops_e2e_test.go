@@ -351,7 +351,7 @@ func TestVersionFromBuildInfo(t *testing.T) {
 	requireCode(t, r, 0)
 	var v buildInfo
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v), r.stdout)
-	require.Equal(t, "github.com/fencedoutbox/watermill-outbox", v.Module)
+	require.Equal(t, "github.com/fencedoutbox/watermill-outbox/cmd/outboxctl", v.Module)
 	require.True(t, strings.HasPrefix(v.GoVersion, "go"), v.GoVersion)
 	require.NotEmpty(t, v.Version)
 	r = cli(t, nil, "version")
