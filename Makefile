@@ -24,7 +24,11 @@ MODULES := $(shell sed -n 's/^[[:space:]]*\(\.[^[:space:]]*\)$$/\1/p' go.work)
 # (IO wait, relaymode.go:128) after the test's UPDATE messaging_relay_mode;
 # not understood yet. Reported to the lead: do not drop this skip without
 # finding why.
-PGX_SKIP := ^(TestRelayClaimsNothingWhileItsHeartbeatHasLapsed|TestHeartbeatRenewsAndACDCSwitchStopsTheRelay)$$
+# Also left to the lib/pq pass, to keep the default suite near ten minutes:
+# the long fault and outage scenarios of the relay (about two minutes under
+# -race), whose SQL is the same statements the pgx pass runs in the other
+# forwarder and fencing tests.
+PGX_SKIP := ^(TestRelayClaimsNothingWhileItsHeartbeatHasLapsed|TestHeartbeatRenewsAndACDCSwitchStopsTheRelay|TestChainsKeepEveryKeysOrderUnderFaults|TestHostileFlappingDestinationInMixedChains|TestBrokerOutageSpendsNoBudget)$$
 PGX_PACKAGES := ./internal/testdb/... ./publisher/... ./fencing/... ./forwarder/... ./inbox/...
 
 .PHONY: all db test unit unit-pgx deps fuzz lint demo bench soak services
