@@ -645,11 +645,16 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 			f.logger.Error("Outbox breaker probe claim failed", perr, watermill.LogFields{"destination": dest})
 			continue
 		}
-		var seq int64
-		if len(rows) > 0 {
-			seq = rows[0].Row.Seq
+		if len(rows) == 0 {
+			// Nothing of the destination waits (another relay delivered
+			// it, or it was parked): an open breaker has nothing left to
+			// protect. It closes; the next publish there tells again.
+			if f.breakers.success(dest) {
+				f.breakerChanged(dest, false, "")
+			}
+			continue
 		}
-		f.breakers.probed(dest, seq)
+		f.breakers.probed(dest, rows[0].Row.Seq)
 		for _, r := range rows {
 			if probed == nil {
 				probed = make(map[string]bool)
