@@ -106,9 +106,11 @@ type ClaimParams struct {
 	// when there are more claimable keys than one claim takes. "" starts at
 	// the smallest key.
 	KeyCursor string
-	// MaxChain bounds the rows taken from one key in one claim (0: Limit).
-	// Shorter chains spread a batch over more keys, which a relay publishes
-	// concurrently; longer ones cost fewer round trips on a hot key.
+	// MaxChain bounds the rows the walk takes from one key it finds (0:
+	// Limit). Shorter chains spread a batch over more keys, which a relay
+	// publishes concurrently; longer ones cost fewer round trips on a hot
+	// key. Continued chains are bounded by Limit only: they grow one row
+	// per chain per step, so a full batch is spread over them evenly.
 	MaxChain int
 	// Continue extends chains the caller already holds (see [Continuation]).
 	Continue []Continuation
@@ -219,7 +221,9 @@ func (c Claimed) Held() bool { return c.Row.Status == envelope.StatusInFlight }
 // Continuations ($9-$11) extend chains this owner already holds: for each
 // (key, after_seq, after_id), the run behind after_seq, provided the row
 // after_id is still this owner's IN_FLIGHT row or already published. Keys
-// being continued are left out of the walk.
+// being continued are left out of the walk. The runs are not capped at $8:
+// the recursion adds one row to every run per step and stops at $5 rows, so
+// one hot key fills a batch in one statement and several share it evenly.
 //
 // The chains are read without locks, then locked with SKIP LOCKED through
 // their ctids (a TID scan); a row that another relay has locked or changed
@@ -330,7 +334,7 @@ continued AS (
       UNION ALL
         SELECT ` + walkStep("y", "c.pos + 1", "false") + `
           FROM run c CROSS JOIN LATERAL (` + rowAfter("c.k", "c.seq", notParked) + `) y
-         WHERE NOT c.park AND c.pos < $8 AND ` + claimable("y") + `
+         WHERE NOT c.park AND c.pos < $5 AND ` + claimable("y") + `
     )
     SELECT row_ctid, k, seq, pos FROM run LIMIT $5
 ),

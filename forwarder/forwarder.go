@@ -17,8 +17,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
@@ -618,7 +616,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 			claimed = mergeBySeq(claimed, rows)
 		}
 	}
-	if ext := capped(claimed, f.chainCap); len(ext) > 0 && len(claimed) < p.Limit {
+	if ext := capped(claimed, f.chainCap, cont); len(ext) > 0 && len(claimed) < p.Limit {
 		room := p.Limit - len(claimed)
 		more := p
 		more.Limit, more.MaxChain, more.Continue = room, (room+len(ext)-1)/len(ext), ext
@@ -673,11 +671,13 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	return claimedBatch{claimed: claimed, claimedAt: at, after: after, probes: probed}
 }
 
-// capped are the continuations of the chains that stopped at the cap.
-func capped(claimed []fencing.Claimed, limit int) []fencing.Continuation {
+// capped are the continuations of the chains the walk found that stopped at
+// the cap (a continued chain, cont, is capped by the batch only).
+func capped(claimed []fencing.Claimed, limit int, cont []fencing.Continuation) []fencing.Continuation {
 	var rows map[string]int
 	for _, c := range claimed {
-		if k := c.Row.OrderingKey; k != "" {
+		k := c.Row.OrderingKey
+		if k != "" && !slices.ContainsFunc(cont, func(x fencing.Continuation) bool { return x.Key == k }) {
 			if rows == nil {
 				rows = make(map[string]int)
 			}
@@ -1003,86 +1003,6 @@ func (f *Forwarder) park(it *item, err error) {
 	it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: code, Detail: err.Error()}
 }
 
-// unit is what one worker publishes, in order: an unkeyed row, or the chain
-// of one ordering key (its rows of the batch in seq order).
-type unit struct {
-	items []*item
-	key   string // "" for an unkeyed row
-	// after > 0: the chain continues one of this relay's chains of an
-	// earlier batch that ended at this seq; it may go out only if that one
-	// was confirmed to its end.
-	after int64
-}
-
-// publishAll publishes the units, up to Concurrency at once, starting them
-// in order. Within a chain one publish runs at a time, each waiting for the
-// previous one's outcome; the first row that is not confirmed (ambiguous,
-// rejected, timed out, not started) cuts the chain, and the rows behind it
-// are released without an attempt, so no row of a key goes out after an
-// earlier one that did not.
-func (f *Forwarder) publishAll(units []unit, startBy time.Time, stopping, drainExpired <-chan struct{}) {
-	var taken atomic.Int64
-	var wg sync.WaitGroup
-	for range min(f.cfg.Concurrency, len(units)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := &runner{out: f.out}
-			defer r.stop()
-			for i := taken.Add(1) - 1; i < int64(len(units)); i = taken.Add(1) - 1 {
-				f.publishUnit(r, &units[i], startBy, stopping, drainExpired)
-			}
-		}()
-	}
-	wg.Wait()
-}
-
-func (f *Forwarder) publishUnit(r *runner, u *unit, startBy time.Time, stopping, drainExpired <-chan struct{}) {
-	cut := u.after > 0 && !f.chains.confirmedThrough(u.key, u.after)
-	var through int64
-	for _, it := range u.items {
-		dest := it.claimed.Row.Destination
-		switch {
-		case cut:
-			if it.msg != nil {
-				it.outcome = fencing.Outcome{To: envelope.StatusPending}
-			}
-		case it.msg == nil:
-			cut = true // parked by the claim, or unreadable: the key stops here
-		case !it.probe && f.breakers.isOpen(dest):
-			// The breaker opened while this batch was out: give the row
-			// back untouched, it costs no attempt.
-			it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: FailureDownstreamUnavailable,
-				Detail: "the destination's breaker is open: the downstream is unavailable"}
-			it.unavailable, cut = true, true
-		default:
-			f.handle(r, it, startBy, stopping, drainExpired)
-			switch {
-			case it.outcome.To == envelope.StatusPublished:
-				through = it.claimed.Row.Seq
-				if f.breakers.success(dest) {
-					f.breakerChanged(dest, false, "")
-				}
-			case it.unavailable, it.err != nil && it.outcome.To != envelope.StatusFailed:
-				// No answer about the message: unavailable, ambiguous, timed
-				// out. (A rejection is the broker answering.)
-				if f.breakers.failure(dest, it.claimed.Row.MessageID, errText(it.err)) {
-					f.breakerChanged(dest, true, errText(it.err))
-				}
-				cut = true
-			default:
-				cut = true
-			}
-		}
-	}
-	if u.key != "" {
-		if cut {
-			through = 0
-		}
-		f.chains.record(u.key, through)
-	}
-}
-
 // passEvidence applies the default classifier's pass-wide rule: when every
 // publish of the pass to a destination failed ambiguously with the same
 // error, on two messages or more (or on a probe, with the error that opened
@@ -1275,177 +1195,6 @@ func (l *chainLog) endPass() {
 		}
 	}
 }
-
-// runner runs one worker's publishes on a goroutine of its own, so that a
-// publish which overruns its time can be left behind while the worker goes
-// on. The goroutine is kept for all the worker's messages (one per message
-// would start, and grow a stack, for every one); after leaving one behind,
-// the next publish starts a new one.
-type runner struct {
-	out  message.Publisher
-	jobs chan publishJob // nil: no goroutine yet, or the last one was left behind
-	done chan error      // buffered: a goroutine left behind never blocks on its answer
-}
-
-type publishJob struct {
-	topic string
-	msg   *message.Message
-}
-
-// publish hands msg to the runner's goroutine and waits for its answer, for
-// ctx to end, or for drainExpired. It returns the publisher's error (a
-// panic turned into a *panicError), or errLeftBehind or errDrainExpired
-// when it left the publish behind.
-func (r *runner) publish(ctx context.Context, topic string, msg *message.Message, drainExpired <-chan struct{}) error {
-	if r.jobs == nil {
-		jobs, done, out := make(chan publishJob), make(chan error, 1), r.out
-		go func() {
-			for j := range jobs {
-				done <- publishRecovering(out, j)
-			}
-		}()
-		r.jobs, r.done = jobs, done
-	}
-	r.jobs <- publishJob{topic: topic, msg: msg} // the goroutine is idle: it takes the job at once
-	select {
-	case err := <-r.done:
-		return err
-	case <-ctx.Done():
-		r.stop()
-		return errLeftBehind
-	case <-drainExpired:
-		r.stop()
-		return errDrainExpired
-	}
-}
-
-var (
-	errLeftBehind   = errors.New("publish left running when its context ended")
-	errDrainExpired = errors.New("publish still running when the drain deadline passed")
-)
-
-// stop lets the runner's goroutine end once its current publish (if any)
-// returns.
-func (r *runner) stop() {
-	if r.jobs != nil {
-		close(r.jobs)
-		r.jobs = nil
-	}
-}
-
-// publishRecovering is out.Publish with a panic turned into an error.
-func publishRecovering(out message.Publisher, j publishJob) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = &panicError{value: v}
-		}
-	}()
-	return out.Publish(j.topic, j.msg)
-}
-
-// handle publishes one item on r and sets its outcome.
-func (f *Forwarder) handle(r *runner, it *item, startBy time.Time, stopping, drainExpired <-chan struct{}) {
-	row := it.claimed.Row
-	select {
-	case <-stopping:
-		it.outcome = fencing.Outcome{To: envelope.StatusPending}
-		return
-	default:
-	}
-	if f.localNow().After(startBy) {
-		it.outcome = fencing.Outcome{To: envelope.StatusPending}
-		return
-	}
-	attempt := row.Attempts + 1
-	err, code := f.publish(r, it.msg, row, attempt, drainExpired)
-	it.err = err
-	var v Verdict
-	switch {
-	case code != "":
-		v = Verdict{Outcome: Ambiguous, Code: code}
-	case err == nil:
-		v = Verdict{Outcome: Confirmed}
-	default:
-		v = f.cfg.Classifier(err)
-	}
-	switch v.Outcome {
-	case Confirmed:
-		it.outcome = fencing.Outcome{To: envelope.StatusPublished}
-		return
-	case Rejected:
-		it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: cmpOr(v.Code, FailurePublishRejected), Detail: errText(err)}
-		return
-	case Unavailable:
-		// The downstream as a whole did not take it: back without an
-		// attempt, held off so that probes take other rows; the breaker,
-		// not the budget, deals with the outage.
-		it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: cmpOr(v.Code, FailureDownstreamUnavailable), Detail: errText(err),
-			RetryAfter: f.breakers.holdOff(row.Destination, f.cfg.BreakerProbeBase)}
-		it.unavailable = true
-		return
-	case Ambiguous:
-		v.Code = cmpOr(v.Code, FailurePublishError)
-	default:
-		// Loud, but never silent: the row is written AMBIGUOUS (the safe
-		// reading of "we do not know") and the pass reports the error.
-		it.unknown = true
-		v.Code = FailureUnknownOutcome
-	}
-	if attempt >= f.cfg.MaxAttempts {
-		it.outcome = fencing.Outcome{To: envelope.StatusExhausted, Code: v.Code, Detail: errText(err)}
-		return
-	}
-	// The delay, not a local deadline: the outcome statement adds it to the
-	// clock the claim compares with (Config.Now, or the database's now()),
-	// so host clock skew neither removes nor stretches the backoff.
-	it.outcome = fencing.Outcome{
-		To: envelope.StatusAmbiguous, Code: v.Code, Detail: errText(err),
-		RetryAfter: f.RetryDelay(row.MessageID, attempt),
-	}
-}
-
-// publish sends msg downstream on r under a span continuing the row's
-// trace. It returns the publisher's error, or a failure code when the
-// publish timed out (PublishTimeout, or the drain deadline) or panicked.
-func (f *Forwarder) publish(r *runner, msg *message.Message, row envelope.Row, attempt int, drainExpired <-chan struct{}) (error, string) {
-	ctx, span := f.tracer.Start(msg.Context(), "outbox.publish "+row.Destination, trace.WithSpanKind(trace.SpanKindProducer))
-	defer span.End()
-	if span.IsRecording() { // built only for a span that keeps them: this runs once per message
-		span.SetAttributes(
-			attribute.String("messaging.message.id", row.MessageID),
-			attribute.String("messaging.destination.name", row.Destination),
-			attribute.Int("outbox.attempt", attempt),
-			attribute.Int64("outbox.lease_token", row.LeaseToken),
-		)
-	}
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
-	defer cancel()
-	msg.SetContext(ctx)
-
-	began := time.Now()
-	err := r.publish(ctx, row.Destination, msg, drainExpired)
-	var code string
-	var pe *panicError
-	switch {
-	case err == nil:
-	case errors.As(err, &pe):
-		code = FailurePublishPanic
-	case errors.Is(err, errDrainExpired):
-		code = FailurePublishTimeout
-	case errors.Is(err, errLeftBehind):
-		err, code = fmt.Errorf("publish did not return within %s", f.cfg.PublishTimeout), FailurePublishTimeout
-	}
-	f.metrics.published(row.Destination, time.Since(began))
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, cmpOr(code, "publish failed"))
-	}
-	return err, code
-}
-
-type panicError struct{ value any }
-
-func (p *panicError) Error() string { return fmt.Sprintf("downstream publisher panicked: %v", p.value) }
 
 // RetryDelay is the wait before attempt+1 of a row whose attempt-th attempt
 // was ambiguous: BackoffBase x 2^(attempt-1), capped at BackoffMax, with

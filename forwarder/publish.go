@@ -1,0 +1,323 @@
+package forwarder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+)
+
+// unit is what one worker publishes, in order: an unkeyed row, or the chain
+// of one ordering key (its rows of the batch in seq order).
+type unit struct {
+	items []*item
+	key   string // "" for an unkeyed row
+	// after > 0: the chain continues one of this relay's chains of an
+	// earlier batch that ended at this seq; it may go out only if that one
+	// was confirmed to its end.
+	after int64
+}
+
+// workers publish one pass's units, up to Concurrency at once, taking them
+// in order. Within a chain one publish runs at a time, each waiting for the
+// previous outcome; the first row that is not confirmed (ambiguous,
+// rejected, timed out, not started) cuts the chain, and the rows behind it
+// are released without an attempt, so no row of a key goes out after an
+// earlier one that did not.
+//
+// A worker publishes on its own goroutine: no hand-off per message. When a
+// publish overruns its PublishTimeout (or the drain deadline passes), the
+// worker's goroutine is left inside the publisher and a new goroutine takes
+// the worker's place at once: it settles the row as timed out, finishes the
+// unit and goes on taking units. The goroutine left behind ends when the
+// publisher returns, touching nothing of the pass.
+type workers struct {
+	f        *Forwarder
+	units    []unit
+	taken    atomic.Int64
+	wg       sync.WaitGroup // one per worker, whichever goroutine carries it
+	startBy  time.Time
+	stopping <-chan struct{}
+	drain    context.Context // ends when the drain deadline passes
+}
+
+// publishAll publishes units and returns once each has its outcomes.
+func (f *Forwarder) publishAll(units []unit, startBy time.Time, stopping, drainExpired <-chan struct{}) {
+	drain, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-drainExpired:
+			cancel()
+		case <-drain.Done():
+		}
+	}()
+	w := &workers{f: f, units: units, startBy: startBy, stopping: stopping, drain: drain}
+	n := min(f.cfg.Concurrency, len(units))
+	w.wg.Add(n)
+	for range n {
+		go w.work()
+	}
+	w.wg.Wait()
+}
+
+// work takes units until none is left. It returns early, without ending
+// the worker, when a publish was left behind: the worker goes on elsewhere.
+func (w *workers) work() {
+	for i := w.taken.Add(1) - 1; i < int64(len(w.units)); i = w.taken.Add(1) - 1 {
+		if !w.publishUnit(&w.units[i], 0, chainState{}) {
+			return
+		}
+	}
+	w.wg.Done()
+}
+
+// chainState is how far a unit got: cut once a row was not confirmed,
+// through the seq of its last confirmed row.
+type chainState struct {
+	cut     bool
+	through int64
+}
+
+// publishUnit publishes u's items from index from on. It reports false when
+// a publish was left behind: the caller's goroutine must then return at
+// once, the unit and the worker carry on in the goroutine that took over.
+func (w *workers) publishUnit(u *unit, from int, st chainState) bool {
+	f := w.f
+	if from == 0 {
+		st.cut = u.after > 0 && !f.chains.confirmedThrough(u.key, u.after)
+	}
+	for i := from; i < len(u.items); i++ {
+		it := u.items[i]
+		dest := it.claimed.Row.Destination
+		switch {
+		case st.cut:
+			if it.msg != nil {
+				it.outcome = fencing.Outcome{To: envelope.StatusPending}
+			}
+		case it.msg == nil:
+			st.cut = true // parked by the claim, or unreadable: the key stops here
+		case !it.probe && f.breakers.isOpen(dest):
+			// The breaker opened while this batch was out: give the row
+			// back untouched, it costs no attempt.
+			it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: FailureDownstreamUnavailable,
+				Detail: "the destination's breaker is open: the downstream is unavailable"}
+			it.unavailable, st.cut = true, true
+		default:
+			next, before := i+1, st
+			taken := func(s sent) {
+				// Left behind: this goroutine is the worker now.
+				if w.publishUnit(u, next, w.settle(it, s, before)) {
+					w.work()
+				}
+			}
+			s, returned := w.publish(it, taken)
+			if !returned {
+				return false
+			}
+			st = w.settle(it, s, st)
+		}
+	}
+	if u.key != "" {
+		if st.cut {
+			st.through = 0
+		}
+		f.chains.record(u.key, st.through)
+	}
+	return true
+}
+
+// settle gives it the outcome of s and updates its chain's state and its
+// destination's breaker.
+func (w *workers) settle(it *item, s sent, st chainState) chainState {
+	f := w.f
+	if !s.started {
+		it.outcome = fencing.Outcome{To: envelope.StatusPending}
+		st.cut = true
+		return st
+	}
+	f.classify(it, s)
+	dest := it.claimed.Row.Destination
+	switch {
+	case it.outcome.To == envelope.StatusPublished:
+		st.through = it.claimed.Row.Seq
+		if f.breakers.success(dest) {
+			f.breakerChanged(dest, false, "")
+		}
+	case it.unavailable, it.err != nil && it.outcome.To != envelope.StatusFailed:
+		// No answer about the message: unavailable, ambiguous, timed
+		// out. (A rejection is the broker answering.)
+		if f.breakers.failure(dest, it.claimed.Row.MessageID, errText(it.err)) {
+			f.breakerChanged(dest, true, errText(it.err))
+		}
+		st.cut = true
+	default:
+		st.cut = true
+	}
+	return st
+}
+
+// sent is what became of one publish: not started (stopping, or too late
+// for its lease), or the publisher's error with, for a publish that timed
+// out or panicked, the failure code saying so.
+type sent struct {
+	started bool
+	code    string
+	err     error
+}
+
+// Publish states, arbitrated by compare-and-swap between the worker's
+// goroutine and the watchdog: whoever moves a call out of running owns
+// what follows.
+const (
+	running int32 = iota
+	returned
+	leftBehind
+)
+
+var (
+	errLeftBehind   = errors.New("publish left running when its context ended")
+	errDrainExpired = errors.New("publish still running when the drain deadline passed")
+)
+
+// publish sends it downstream on the calling goroutine, under a span
+// continuing the row's trace. It returns what became of it and true, or,
+// when the publish overran PublishTimeout or the drain deadline, false once
+// the publisher returns: by then taken has been called, on a goroutine of
+// its own, with the timeout, and the caller must return at once.
+func (w *workers) publish(it *item, taken func(sent)) (sent, bool) {
+	f, row := w.f, it.claimed.Row
+	select {
+	case <-w.stopping:
+		return sent{}, true
+	default:
+	}
+	if f.localNow().After(w.startBy) {
+		return sent{}, true
+	}
+	attempt := row.Attempts + 1
+	ctx, span := f.tracer.Start(it.msg.Context(), "outbox.publish "+row.Destination, trace.WithSpanKind(trace.SpanKindProducer))
+	if span.IsRecording() { // built only for a span that keeps them: this runs once per message
+		span.SetAttributes(
+			attribute.String("messaging.message.id", row.MessageID),
+			attribute.String("messaging.destination.name", row.Destination),
+			attribute.Int("outbox.attempt", attempt),
+			attribute.Int64("outbox.lease_token", row.LeaseToken),
+		)
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
+	defer cancel()
+	it.msg.SetContext(ctx)
+
+	began := time.Now()
+	var state atomic.Int32
+	end := func(s sent) {
+		f.metrics.published(row.Destination, time.Since(began))
+		if s.err != nil {
+			span.RecordError(s.err)
+			span.SetStatus(codes.Error, cmpOr(s.code, "publish failed"))
+		}
+		span.End()
+	}
+	watch := func() {
+		if !state.CompareAndSwap(running, leftBehind) {
+			return
+		}
+		s := sent{started: true, code: FailurePublishTimeout, err: fmt.Errorf("publish did not return within %s", f.cfg.PublishTimeout)}
+		if w.drain.Err() != nil {
+			s.err = errDrainExpired
+		}
+		end(s)
+		taken(s)
+	}
+	stopTimeout := context.AfterFunc(ctx, watch)
+	stopDrain := context.AfterFunc(w.drain, watch)
+
+	err := publishRecovering(f.out, row.Destination, it.msg)
+	if !state.CompareAndSwap(running, returned) {
+		return sent{}, false
+	}
+	stopTimeout()
+	stopDrain()
+	s := sent{started: true, err: err}
+	var pe *panicError
+	if errors.As(err, &pe) {
+		s.code = FailurePublishPanic
+	}
+	end(s)
+	return s, true
+}
+
+// publishRecovering is out.Publish with a panic turned into an error.
+func publishRecovering(out message.Publisher, topic string, msg *message.Message) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &panicError{value: v}
+		}
+	}()
+	return out.Publish(topic, msg)
+}
+
+type panicError struct{ value any }
+
+func (p *panicError) Error() string { return fmt.Sprintf("downstream publisher panicked: %v", p.value) }
+
+// classify sets it's outcome from the publish result s.
+func (f *Forwarder) classify(it *item, s sent) {
+	row := it.claimed.Row
+	attempt := row.Attempts + 1
+	it.err = s.err
+	var v Verdict
+	switch {
+	case s.code != "":
+		v = Verdict{Outcome: Ambiguous, Code: s.code}
+	case s.err == nil:
+		v = Verdict{Outcome: Confirmed}
+	default:
+		v = f.cfg.Classifier(s.err)
+	}
+	switch v.Outcome {
+	case Confirmed:
+		it.outcome = fencing.Outcome{To: envelope.StatusPublished}
+		return
+	case Rejected:
+		it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: cmpOr(v.Code, FailurePublishRejected), Detail: errText(s.err)}
+		return
+	case Unavailable:
+		// The downstream as a whole did not take it: back without an
+		// attempt, held off so that probes take other rows; the breaker,
+		// not the budget, deals with the outage.
+		it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: cmpOr(v.Code, FailureDownstreamUnavailable), Detail: errText(s.err),
+			RetryAfter: f.breakers.holdOff(row.Destination, f.cfg.BreakerProbeBase)}
+		it.unavailable = true
+		return
+	case Ambiguous:
+		v.Code = cmpOr(v.Code, FailurePublishError)
+	default:
+		// Loud, but never silent: the row is written AMBIGUOUS (the safe
+		// reading of "we do not know") and the pass reports the error.
+		it.unknown = true
+		v.Code = FailureUnknownOutcome
+	}
+	if attempt >= f.cfg.MaxAttempts {
+		it.outcome = fencing.Outcome{To: envelope.StatusExhausted, Code: v.Code, Detail: errText(s.err)}
+		return
+	}
+	// The delay, not a local deadline: the outcome statement adds it to the
+	// clock the claim compares with (Config.Now, or the database's now()),
+	// so host clock skew neither removes nor stretches the backoff.
+	it.outcome = fencing.Outcome{
+		To: envelope.StatusAmbiguous, Code: v.Code, Detail: errText(s.err),
+		RetryAfter: f.RetryDelay(row.MessageID, attempt),
+	}
+}
