@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -206,5 +207,62 @@ func TestChainsKeepEveryKeysOrderUnderFaults(t *testing.T) {
 		for i := 1; i < len(seqs); i++ {
 			require.Less(t, seqs[i-1], seqs[i], "key %s: first deliveries out of seq order: %v", k, seqs)
 		}
+	}
+}
+
+// A relay resumes the keys it published lately behind their last confirmed
+// row instead of looking for their heads (a head lookup crosses every index
+// entry of the rows published since the last VACUUM). A row of such a key
+// that becomes claimable below that row (here: a transaction that committed
+// after later rows of its key went out, written with a lower seq) is not
+// lost. A batch that comes back short walks the keys for the rest and finds
+// it at once; while batches come back full (here BatchSize 1 and more rows
+// of the key queued), the claim that walks every key, one in walkEvery (8),
+// finds it.
+func TestResumedKeyStillFindsALateRowBelowItsPosition(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		batch   int
+		queued  int
+		maxPass int
+	}{
+		{"short batches", 100, 1, 1},
+		{"full batches", 1, 20, 8},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newDB(t)
+			insertKeyed(t, s.DB, "k01", "K")
+			rec := &recorder{}
+			f := newForwarder(t, s.DB, rec, forwarder.Config{Now: newClock().Now, BatchSize: c.batch})
+			ctx := context.Background()
+			rep, err := f.RunOnce(ctx)
+			require.NoError(t, err)
+			require.Equal(t, 1, rep.Published)
+
+			_, err = s.DB.Exec(`INSERT INTO messaging_outbox (seq, message_id, destination, payload, ordering_key)
+				OVERRIDING SYSTEM VALUE VALUES (0, 'late', 'orders', 'x', 'K')`)
+			require.NoError(t, err)
+			for i := 2; i <= 1+c.queued; i++ {
+				insertKeyed(t, s.DB, fmt.Sprintf("k%02d", i), "K")
+			}
+			passes := 0
+			for !slices.Contains(rec.ids(), "late") {
+				passes++
+				require.LessOrEqual(t, passes, c.maxPass, "the late row must be claimed within %d passes", c.maxPass)
+				_, err := f.RunOnce(ctx)
+				require.NoError(t, err)
+			}
+			got := rec.ids()
+			i := slices.Index(got, "late")
+			require.Equal(t, "PUBLISHED", state(t, s.DB, "late").Status)
+			if c.batch == 1 {
+				require.Greater(t, i, 1, "full batches: K was resumed behind its last row before the full walk (%v)", got)
+			}
+			for passes := 0; len(rec.ids()) < 2+c.queued; passes++ {
+				require.Less(t, passes, 2*(2+c.queued), "everything of K goes out")
+				_, err := f.RunOnce(ctx)
+				require.NoError(t, err)
+			}
+		})
 	}
 }

@@ -47,12 +47,29 @@ type claimStart struct {
 	keyed      bool          // the last walk found keyed rows
 	walkedOnce bool          // the first claim always walks
 	sinceWalk  int           // claims since the last walk over keys
+	// sinceFullWalk counts claims since the last that walked every key
+	// rather than resuming recently published ones.
+	sinceFullWalk int
 }
 
 // walkEvery is how many claims may skip the walk over ordering keys while
 // the last walk found none (see Forwarder.claim): a key's first row waits
 // for at most this many full batches of unkeyed rows.
 const walkEvery = 8
+
+// fullWalkDue reports whether the next claim walks every ordering key
+// instead of resuming the keys the relay published lately (chainLog), and
+// counts it: the first claim and every walkEvery-th one.
+func (c *claimStart) fullWalkDue() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sinceFullWalk++
+	if c.sinceFullWalk >= walkEvery {
+		c.sinceFullWalk = 0
+		return true
+	}
+	return false
+}
 
 // walkDue reports whether the next claim walks the ordering keys, and
 // counts it.

@@ -568,11 +568,22 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	at := f.localNow()
 	from, cursor := f.start.from(), f.start.keyCursor()
 	exclude, probes := f.breakers.forClaim()
-	walk := len(cont) > 0 || f.start.walkDue()
+	// Keys this relay published lately are resumed where their chains
+	// ended, without looking for their heads (see chainLog), except on
+	// every walkEvery-th claim, which walks every key.
+	full := f.start.fullWalkDue()
+	var resume []fencing.Continuation
+	if !full {
+		resume = f.chains.positions(cont, 2*f.cfg.BatchSize)
+	}
+	walk := full
+	if len(cont)+len(resume) == 0 {
+		walk = f.start.walkDue()
+	}
 	p := fencing.ClaimParams{
 		Owner: f.cfg.Owner, Limit: f.cfg.BatchSize, Lease: f.cfg.LeaseDuration,
 		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
-		FromSeq: from, KeyCursor: cursor, MaxChain: f.chainCap, Continue: cont,
+		FromSeq: from, KeyCursor: cursor, MaxChain: f.chainCap, Continue: append(cont[:len(cont):len(cont)], resume...),
 		ExcludeDestinations: exclude, NoKeyWalk: !walk,
 	}
 	claimed, err := fencing.Claim(dbctx, f.q, p)
@@ -608,6 +619,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		// nothing more was claimable.
 		keyed := p
 		keyed.Limit, keyed.FromSeq, keyed.NoKeyWalk, keyed.NoUnkeyed = p.Limit-len(claimed), 0, false, true
+		keyed.Continue = cont // resumed keys were claimed above: walked again, their heads are held
 		rows, kerr := fencing.Claim(dbctx, f.q, keyed)
 		if kerr != nil {
 			f.logger.Error("Outbox claim of keyed rows failed", kerr, watermill.LogFields{"held": len(claimed)})
@@ -616,7 +628,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 			claimed = mergeBySeq(claimed, rows)
 		}
 	}
-	if ext := capped(claimed, f.chainCap, cont); len(ext) > 0 && len(claimed) < p.Limit {
+	if ext := capped(claimed, f.chainCap, p.Continue); len(ext) > 0 && len(claimed) < p.Limit {
 		room := p.Limit - len(claimed)
 		more := p
 		more.Limit, more.MaxChain, more.Continue = room, (room+len(ext)-1)/len(ext), ext
@@ -662,7 +674,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		claimed = mergeBySeq(claimed, rows)
 	}
 	var after map[string]int64
-	for _, c := range cont {
+	for _, c := range p.Continue {
 		if after == nil {
 			after = make(map[string]int64, len(cont))
 		}
@@ -1121,79 +1133,6 @@ func (f *Forwarder) Ready() error {
 			"every destination this relay publishes to is unavailable (breaker open: %v); it probes them and resumes on its own", names)
 	}
 	return nil
-}
-
-// continuations are the chains of a batch that a claim made while the batch
-// is in flight may extend: per key, the batch's last row of it, when every
-// row of the key in the batch is held and readable.
-func continuations(claimed []fencing.Claimed) []fencing.Continuation {
-	var out []fencing.Continuation
-	at := map[string]int{}
-	for _, c := range claimed {
-		k := c.Row.OrderingKey
-		if k == "" {
-			continue
-		}
-		i, seen := at[k]
-		if !seen {
-			i = len(out)
-			at[k] = i
-			out = append(out, fencing.Continuation{Key: k})
-		}
-		if out[i].AfterSeq == -1 {
-			continue
-		}
-		if !c.Held() || c.Err != nil {
-			out[i].AfterSeq = -1 // the chain ends here for good
-			continue
-		}
-		out[i].AfterSeq, out[i].AfterID = c.Row.Seq, c.Row.MessageID
-	}
-	return slices.DeleteFunc(out, func(c fencing.Continuation) bool { return c.AfterSeq <= 0 })
-}
-
-// chainLog remembers, per ordering key, the seq up to which this relay's
-// last chain of the key was confirmed, so that a chain claimed ahead as its
-// continuation goes out only behind a chain that was confirmed to its end.
-// Entries older than a few batches are dropped: a continuation only ever
-// follows the batch just before it.
-type chainLog struct {
-	mu    sync.Mutex
-	pass  int64
-	until map[string]chainEnd
-}
-
-type chainEnd struct {
-	seq  int64 // confirmed through this seq; 0: cut
-	pass int64
-}
-
-func (l *chainLog) record(key string, through int64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.until == nil {
-		l.until = make(map[string]chainEnd)
-	}
-	l.until[key] = chainEnd{seq: through, pass: l.pass}
-}
-
-func (l *chainLog) confirmedThrough(key string, seq int64) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	e, ok := l.until[key]
-	return ok && e.seq == seq
-}
-
-// endPass drops what no later continuation can need.
-func (l *chainLog) endPass() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.pass++
-	for k, e := range l.until {
-		if l.pass-e.pass > 3 {
-			delete(l.until, k)
-		}
-	}
 }
 
 // RetryDelay is the wait before attempt+1 of a row whose attempt-th attempt

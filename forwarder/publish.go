@@ -83,10 +83,11 @@ func (w *workers) work() {
 }
 
 // chainState is how far a unit got: cut once a row was not confirmed,
-// through the seq of its last confirmed row.
+// through the seq (and throughID the message id) of its last confirmed row.
 type chainState struct {
-	cut     bool
-	through int64
+	cut       bool
+	through   int64
+	throughID string
 }
 
 // publishUnit publishes u's items from index from on. It reports false when
@@ -132,7 +133,7 @@ func (w *workers) publishUnit(u *unit, from int, st chainState) bool {
 		if st.cut {
 			st.through = 0
 		}
-		f.chains.record(u.key, st.through)
+		f.chains.record(u.key, st.through, st.throughID)
 	}
 	return true
 }
@@ -150,7 +151,7 @@ func (w *workers) settle(it *item, s sent, st chainState) chainState {
 	dest := it.claimed.Row.Destination
 	switch {
 	case it.outcome.To == envelope.StatusPublished:
-		st.through = it.claimed.Row.Seq
+		st.through, st.throughID = it.claimed.Row.Seq, it.claimed.Row.MessageID
 		if f.breakers.success(dest) {
 			f.breakerChanged(dest, false, "")
 		}
