@@ -48,34 +48,42 @@ type workers struct {
 	wg       sync.WaitGroup // one per worker, whichever goroutine carries it
 	startBy  time.Time
 	stopping <-chan struct{}
-	drain    context.Context // ends when the drain deadline passes
+	// calls holds each worker's publish in flight, for the drain deadline
+	// to leave them all behind at once.
+	calls   []atomic.Pointer[call]
+	drained atomic.Bool
 }
 
 // publishAll publishes units and returns once each has its outcomes.
 func (f *Forwarder) publishAll(units []unit, startBy time.Time, stopping, drainExpired <-chan struct{}) {
-	drain, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	n := min(f.cfg.Concurrency, len(units))
+	w := &workers{f: f, units: units, startBy: startBy, stopping: stopping, calls: make([]atomic.Pointer[call], n)}
+	done := make(chan struct{})
+	defer close(done)
 	go func() {
 		select {
 		case <-drainExpired:
-			cancel()
-		case <-drain.Done():
+			w.drained.Store(true)
+			for i := range w.calls {
+				if c := w.calls[i].Load(); c != nil {
+					c.expire()
+				}
+			}
+		case <-done:
 		}
 	}()
-	w := &workers{f: f, units: units, startBy: startBy, stopping: stopping, drain: drain}
-	n := min(f.cfg.Concurrency, len(units))
 	w.wg.Add(n)
-	for range n {
-		go w.work()
+	for slot := range n {
+		go w.work(slot)
 	}
 	w.wg.Wait()
 }
 
 // work takes units until none is left. It returns early, without ending
 // the worker, when a publish was left behind: the worker goes on elsewhere.
-func (w *workers) work() {
+func (w *workers) work(slot int) {
 	for i := w.taken.Add(1) - 1; i < int64(len(w.units)); i = w.taken.Add(1) - 1 {
-		if !w.publishUnit(&w.units[i], 0, chainState{}) {
+		if !w.publishUnit(slot, &w.units[i], 0, chainState{}) {
 			return
 		}
 	}
@@ -93,7 +101,7 @@ type chainState struct {
 // publishUnit publishes u's items from index from on. It reports false when
 // a publish was left behind: the caller's goroutine must then return at
 // once, the unit and the worker carry on in the goroutine that took over.
-func (w *workers) publishUnit(u *unit, from int, st chainState) bool {
+func (w *workers) publishUnit(slot int, u *unit, from int, st chainState) bool {
 	f := w.f
 	if from == 0 {
 		st.cut = u.after > 0 && !f.chains.confirmedThrough(u.key, u.after)
@@ -115,14 +123,7 @@ func (w *workers) publishUnit(u *unit, from int, st chainState) bool {
 				Detail: "the destination's breaker is open: the downstream is unavailable"}
 			it.unavailable, st.cut = true, true
 		default:
-			next, before := i+1, st
-			taken := func(s sent) {
-				// Left behind: this goroutine is the worker now.
-				if w.publishUnit(u, next, w.settle(it, s, before)) {
-					w.work()
-				}
-			}
-			s, returned := w.publish(it, taken)
+			s, returned := w.publish(&call{w: w, slot: slot, u: u, at: i, st: st})
 			if !returned {
 				return false
 			}
@@ -191,19 +192,34 @@ var (
 	errDrainExpired = errors.New("publish still running when the drain deadline passed")
 )
 
-// publish sends it downstream on the calling goroutine, under a span
+// call is one publish in flight: item at of unit u, on worker slot, with
+// the chain's state st before it.
+type call struct {
+	w     *workers
+	slot  int
+	u     *unit
+	at    int
+	st    chainState
+	state atomic.Int32
+	span  trace.Span
+	began time.Time
+	timer *time.Timer
+}
+
+// publish sends c's item downstream on the calling goroutine, under a span
 // continuing the row's trace. It returns what became of it and true, or,
 // when the publish overran PublishTimeout or the drain deadline, false once
-// the publisher returns: by then taken has been called, on a goroutine of
-// its own, with the timeout, and the caller must return at once.
-func (w *workers) publish(it *item, taken func(sent)) (sent, bool) {
-	f, row := w.f, it.claimed.Row
+// the publisher returns: by then a new goroutine has taken the worker's
+// place (c.expire), and the caller must return at once.
+func (w *workers) publish(c *call) (sent, bool) {
+	f, it := w.f, c.u.items[c.at]
+	row := it.claimed.Row
 	select {
 	case <-w.stopping:
 		return sent{}, true
 	default:
 	}
-	if f.localNow().After(w.startBy) {
+	if w.drained.Load() || f.localNow().After(w.startBy) {
 		return sent{}, true
 	}
 	attempt := row.Attempts + 1
@@ -220,43 +236,55 @@ func (w *workers) publish(it *item, taken func(sent)) (sent, bool) {
 	defer cancel()
 	it.msg.SetContext(ctx)
 
-	began := time.Now()
-	var state atomic.Int32
-	end := func(s sent) {
-		f.metrics.published(row.Destination, time.Since(began))
-		if s.err != nil {
-			span.RecordError(s.err)
-			span.SetStatus(codes.Error, cmpOr(s.code, "publish failed"))
-		}
-		span.End()
+	c.span, c.began = span, time.Now()
+	w.calls[c.slot].Store(c)
+	c.timer = time.AfterFunc(f.cfg.PublishTimeout, c.expire)
+	if w.drained.Load() {
+		c.expire() // the drain deadline passed before this call was registered
 	}
-	watch := func() {
-		if !state.CompareAndSwap(running, leftBehind) {
-			return
-		}
-		s := sent{started: true, code: FailurePublishTimeout, err: fmt.Errorf("publish did not return within %s", f.cfg.PublishTimeout)}
-		if w.drain.Err() != nil {
-			s.err = errDrainExpired
-		}
-		end(s)
-		taken(s)
-	}
-	stopTimeout := context.AfterFunc(ctx, watch)
-	stopDrain := context.AfterFunc(w.drain, watch)
-
 	err := publishRecovering(f.out, row.Destination, it.msg)
-	if !state.CompareAndSwap(running, returned) {
+	if !c.state.CompareAndSwap(running, returned) {
 		return sent{}, false
 	}
-	stopTimeout()
-	stopDrain()
+	c.timer.Stop()
 	s := sent{started: true, err: err}
 	var pe *panicError
 	if errors.As(err, &pe) {
 		s.code = FailurePublishPanic
 	}
-	end(s)
+	c.end(s)
 	return s, true
+}
+
+// expire leaves c behind if it is still running: the row is settled as
+// timed out and a new goroutine carries on with the worker's unit and the
+// units after it.
+func (c *call) expire() {
+	if !c.state.CompareAndSwap(running, leftBehind) {
+		return
+	}
+	w := c.w
+	s := sent{started: true, code: FailurePublishTimeout, err: fmt.Errorf("publish did not return within %s", w.f.cfg.PublishTimeout)}
+	if w.drained.Load() {
+		s.err = errDrainExpired
+	}
+	c.end(s)
+	go func() {
+		if w.publishUnit(c.slot, c.u, c.at+1, w.settle(c.u.items[c.at], s, c.st)) {
+			w.work(c.slot)
+		}
+	}()
+}
+
+// end records the publish's time and ends its span.
+func (c *call) end(s sent) {
+	row := c.u.items[c.at].claimed.Row
+	c.w.f.metrics.published(row.Destination, time.Since(c.began))
+	if s.err != nil {
+		c.span.RecordError(s.err)
+		c.span.SetStatus(codes.Error, cmpOr(s.code, "publish failed"))
+	}
+	c.span.End()
 }
 
 // publishRecovering is out.Publish with a panic turned into an error.
