@@ -42,6 +42,11 @@ const (
 	// CodeDownstreamUnavailable: Ready's answer when the breaker of every
 	// destination the relay publishes to is open.
 	CodeDownstreamUnavailable outbox.Code = "FORWARDER_DOWNSTREAM_UNAVAILABLE"
+	// CodeOutcomesNotWritten: a pass could not write its outcomes (the
+	// database gone); its rows stay IN_FLIGHT until their leases expire. Run
+	// and Close return it when it happens to the pass that drains on the way
+	// out; otherwise the loop logs it and goes on.
+	CodeOutcomesNotWritten outbox.Code = "FORWARDER_OUTCOMES_NOT_WRITTEN"
 )
 
 // Sentinels for errors.Is.
@@ -52,7 +57,13 @@ var (
 	ErrHeartbeatLapsed = &outbox.Error{Code: CodeHeartbeatLapsed}
 	// ErrDownstreamUnavailable matches Ready's refusal.
 	ErrDownstreamUnavailable = &outbox.Error{Code: CodeDownstreamUnavailable}
+	// ErrOutcomesNotWritten matches a pass's failed outcome write.
+	ErrOutcomesNotWritten = &outbox.Error{Code: CodeOutcomesNotWritten}
 )
+
+// errReleaseFailed marks the failed release of a batch claimed ahead on the
+// way out; Close returns it like ErrOutcomesNotWritten.
+var errReleaseFailed = errors.New("release failed")
 
 const tracerName = "github.com/fencedoutbox/watermill-outbox/forwarder"
 
@@ -128,6 +139,9 @@ type Forwarder struct {
 	stopOnce sync.Once
 	running  chan struct{}
 	done     chan struct{}
+	// drainErr is what Run returned when the drain on its way out failed to
+	// write outcomes; Close returns it. Written before done is closed.
+	drainErr error
 }
 
 // New builds a forwarder. It refuses a nil database or publisher and any
@@ -194,32 +208,37 @@ func (f *Forwarder) Running() chan struct{} { return f.running }
 // drained: publishes already started get up to DrainTimeout to finish,
 // rows not yet started are released, and every outcome is written, so no
 // row is left IN_FLIGHT under this relay's name — unless that last write
-// fails (database gone), which Run returns. Safe to call twice, or
-// before Run (Run then returns FORWARDER_CLOSED).
+// fails (database gone), which Run and Close both return (errors.Is
+// ErrOutcomesNotWritten; the rows stay IN_FLIGHT until their leases
+// expire). Safe to call twice, or before Run (Run then returns
+// FORWARDER_CLOSED).
 func (f *Forwarder) Close() error {
 	f.mu.Lock()
 	f.closed = true
 	started := f.started
 	f.mu.Unlock()
 	f.stopOnce.Do(func() { close(f.stop) })
+	var err error
 	if started {
 		<-f.done
+		err = f.drainErr
 	}
 	if p, ok := f.q.(*fencing.Prepared); ok {
 		// Releases the statements on the pool's connections; a RunOnce
 		// after Close still works, unprepared.
 		_ = p.Close()
 	}
-	return nil
+	return err
 }
 
 // Run relays until ctx is cancelled or Close is called; both drain the pass
 // in progress. It refuses to start with RELAY_MODE_CONFLICT when the database
 // records CDC mode, and stops with that error if a heartbeat finds the mode
 // switched. A failing pass is logged and counted and the loop goes on. If
-// the last pass on the way out (releasing a batch claimed ahead) fails, Run
-// returns that error too: those rows stay IN_FLIGHT until their leases
-// expire.
+// the pass that drains on the way out cannot write its outcomes (or the
+// release of a batch claimed ahead fails), Run returns that error
+// (errors.Is ErrOutcomesNotWritten for the former), and so does Close:
+// those rows stay IN_FLIGHT until their leases expire.
 func (f *Forwarder) Run(ctx context.Context) (err error) {
 	f.mu.Lock()
 	switch {
@@ -233,6 +252,11 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	f.started = true
 	f.mu.Unlock()
 	defer close(f.done)
+	defer func() {
+		if errors.Is(err, ErrOutcomesNotWritten) || errors.Is(err, errReleaseFailed) {
+			f.drainErr = err
+		}
+	}()
 
 	// An unmigrated search_path is named with its remedy, not a raw 42P01.
 	if err := schema.Check(ctx, f.db); err != nil {
@@ -332,7 +356,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			err = errors.Join(err, berr)
 		}
 		if _, rerr := t.wait(); rerr != nil {
-			rerr = fmt.Errorf("forwarder: release the batch claimed ahead: %w", rerr)
+			rerr = fmt.Errorf("forwarder: release the batch claimed ahead: %w: %w", errReleaseFailed, rerr)
 			f.logger.Error("Outbox final release failed; its rows stay IN_FLIGHT until their leases expire", rerr, nil)
 			err = errors.Join(err, rerr)
 		}
@@ -376,6 +400,11 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			delay = f.jittered(f.cfg.PollInterval, f.cfg.MaxPollInterval, idle, 1)
 		}
 		if f.stopRequested(ctx, stopping) {
+			if errors.Is(err, ErrOutcomesNotWritten) {
+				// The pass that drained on the way out could not write its
+				// outcomes: its rows stay IN_FLIGHT, and the caller is told.
+				return fmt.Errorf("forwarder: the last pass before stopping: %w", err)
+			}
 			f.logger.Info("Outbox forwarder stopped", nil)
 			return nil
 		}
@@ -891,7 +920,7 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []item) {
 		f.logger.Error("Outbox outcomes not written: these rows stay IN_FLIGHT until their leases expire and are then claimed again, so those already published may be published twice", err, watermill.LogFields{
 			"rows": len(outcomes), "message_ids": ids, "lease_tokens": tokens,
 		})
-		f.end(t, fmt.Errorf("forwarder: write outcomes of %d rows: %w", len(outcomes), err))
+		f.end(t, outbox.Wrap(CodeOutcomesNotWritten, "forwarder.pass", err, fmt.Sprintf("write outcomes of %d rows", len(outcomes))))
 		return
 	}
 	var stale map[*item]bool
