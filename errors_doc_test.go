@@ -182,3 +182,44 @@ func TestEveryClassifierCodeIsDocumented(t *testing.T) {
 		t.Fatalf("checked only %d classifier codes; the scan is broken", checked)
 	}
 }
+
+// TestEveryFuzzTargetIsListed keeps docs/BAD_INPUT.md's list of fuzz targets
+// complete: every Fuzz* function in a test file of the repository is named
+// there.
+func TestEveryFuzzTargetIsListed(t *testing.T) {
+	doc, err := os.ReadFile("docs/BAD_INPUT.md")
+	if err != nil {
+		t.Fatalf("read docs/BAD_INPUT.md: %v", err)
+	}
+	var found int
+	err = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") && path != ".") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+		if err != nil {
+			return err
+		}
+		for _, decl := range f.Decls {
+			if fd, ok := decl.(*ast.FuncDecl); ok && fd.Recv == nil && strings.HasPrefix(fd.Name.Name, "Fuzz") {
+				found++
+				if !strings.Contains(string(doc), "`"+fd.Name.Name+"`") {
+					t.Errorf("fuzz target %s (%s) is not listed in docs/BAD_INPUT.md", fd.Name.Name, path)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found == 0 {
+		t.Fatal("found no fuzz target; the scan is broken")
+	}
+}

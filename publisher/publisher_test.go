@@ -72,7 +72,9 @@ func TestOneCallWritesAllMessagesInOrder(t *testing.T) {
 		want = append(want, m.UUID)
 	}
 	require.NoError(t, pub.Publish("t", msgs...))
-	require.NoError(t, pub.Publish("t")) // no messages: a no-op
+	require.NoError(t, pub.Publish("t")) // no messages: writes nothing
+	// ... but the topic is still checked (Publish's doc says so).
+	require.ErrorIs(t, pub.Publish(""), outbox.ErrTopicRequired)
 	require.NoError(t, tx.Commit())
 
 	rows, err := s.DB.Query(`SELECT message_id, payload FROM messaging_outbox ORDER BY seq`)

@@ -88,7 +88,10 @@ type Batch struct {
 	Removed int    // rows deleted or archived by this batch
 }
 
-// Result reports one Run.
+// Result reports one Run. More false does not promise that no row past the
+// horizon remains under ByCreatedAt: an old stream row behind a younger one
+// (its transaction started before the horizon and inserted later) waits for
+// a later run.
 type Result struct {
 	// Skipped is true when another Cleaner held the run lock: the run did
 	// nothing, by design, and is not an error.

@@ -122,11 +122,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		// cobra's own refusal (unknown command or flag, bad argument count
 		// or value): a usage error with its code, like the CLI's own.
 		err = outbox.Wrap(CodeUsage, "outboxctl", err, "")
+		// cobra may refuse before it parsed --json (an unknown command, or
+		// a bad flag ahead of it): the caller asked for JSON all the same.
+		a.json = a.json || jsonRequested(args)
 	}
 	if err != nil {
 		a.printError(err, code)
 	}
 	return code
+}
+
+// jsonRequested reports whether args ask for --json before a "--".
+func jsonRequested(args []string) bool {
+	for _, arg := range args {
+		switch arg {
+		case "--":
+			return false
+		case "--json", "--json=true", "--json=1", "--json=t", "--json=TRUE", "--json=True", "--json=T":
+			return true
+		}
+	}
+	return false
 }
 
 // redactError masks, in err's text, every secret of the database URL and of
