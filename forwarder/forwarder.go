@@ -61,6 +61,10 @@ var (
 	ErrOutcomesNotWritten = &outbox.Error{Code: CodeOutcomesNotWritten}
 )
 
+// wakeGapDivisor: passes started by notifications begin at least
+// PollInterval/wakeGapDivisor apart (50ms by default).
+const wakeGapDivisor = 10
+
 // errReleaseFailed marks the failed release of a batch claimed ahead on the
 // way out; Close returns it like ErrOutcomesNotWritten.
 var errReleaseFailed = errors.New("release failed")
@@ -362,6 +366,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		}
 	}()
 	var idle, failures int
+	var lastWoken time.Time // when the last pass a notification started began
 	for {
 		cur, pre := f.pass(ctx, stopping, drainExpired, next, !f.cfg.DisablePrefetch, behind)
 		var err error
@@ -420,20 +425,41 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		if delay == 0 {
 			continue
 		}
+		// Any login may NOTIFY the channel, so a notification never cuts a
+		// failure backoff, and passes it starts begin at least wakeGap apart
+		// (a NOTIFY flood cannot turn the relay into a busy loop).
+		wakeCh := wake
+		if failures > 0 {
+			wakeCh = nil
+		}
 		t := time.NewTimer(delay)
-		select {
-		case <-stopping:
-			t.Stop()
-			f.logger.Info("Outbox forwarder stopped", nil)
-			return nil
-		case err := <-fatal:
-			t.Stop()
-			f.stopOnce.Do(func() { close(f.stop) })
-			return err
-		case <-wake:
-			t.Stop()
-			idle = 0
-		case <-t.C:
+		deadline := time.Now().Add(delay)
+		woken := false
+	wait:
+		for {
+			select {
+			case <-stopping:
+				t.Stop()
+				f.logger.Info("Outbox forwarder stopped", nil)
+				return nil
+			case err := <-fatal:
+				t.Stop()
+				f.stopOnce.Do(func() { close(f.stop) })
+				return err
+			case <-wakeCh:
+				wakeCh, woken, idle = nil, true, 0
+				if d := time.Until(lastWoken.Add(f.cfg.PollInterval / wakeGapDivisor)); d > 0 {
+					t.Reset(min(d, time.Until(deadline)))
+					continue
+				}
+				t.Stop()
+				break wait
+			case <-t.C:
+				break wait
+			}
+		}
+		if woken {
+			lastWoken = time.Now()
 		}
 	}
 }
