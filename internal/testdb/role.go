@@ -2,6 +2,7 @@ package testdb
 
 import (
 	"context"
+	"errors"
 	neturl "net/url"
 	"strings"
 	"testing"
@@ -39,10 +40,20 @@ func (s *Schema) Role(t testing.TB, grants ...string) (name, url string) {
 		_, _ = drop.ExecContext(context.Background(), "DROP OWNED BY "+name)
 		_, _ = drop.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+name)
 	})
-	u, err := neturl.Parse(s.URL)
-	if err != nil || !strings.HasPrefix(u.Scheme, "postgres") {
-		t.Fatalf("testdb: Role needs OUTBOX_TEST_DATABASE_URL in URL form (postgres://...)")
+	url, err = RoleURL(s.URL, name)
+	if err != nil {
+		t.Fatal(err)
 	}
-	u.User = neturl.User(name)
-	return name, u.String()
+	return name, url
+}
+
+// RoleURL returns base (a postgres:// URL) connecting as role, without a
+// password (the test server trusts local logins).
+func RoleURL(base, role string) (string, error) {
+	u, err := neturl.Parse(base)
+	if err != nil || !strings.HasPrefix(u.Scheme, "postgres") {
+		return "", errors.New("testdb: a login role needs OUTBOX_TEST_DATABASE_URL in URL form (postgres://...)")
+	}
+	u.User = neturl.User(role)
+	return u.String(), nil
 }
