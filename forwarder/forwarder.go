@@ -269,7 +269,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 
 	ttl := 3 * f.cfg.HeartbeatInterval
 	sent := time.Since(f.beatEpoch)
-	if err := debezium.Beat(ctx, f.db, f.cfg.Owner, ttl); err != nil {
+	if err := debezium.BeatBudget(ctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts); err != nil {
 		return err
 	}
 	f.lastBeat.Store(int64(sent))
@@ -316,7 +316,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			case <-t.C:
 				hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HeartbeatInterval)
 				sent := time.Since(f.beatEpoch)
-				err := debezium.Beat(hctx, f.db, f.cfg.Owner, ttl)
+				err := debezium.BeatBudget(hctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts)
 				cancel()
 				if err == nil {
 					f.lastBeat.Store(int64(sent))

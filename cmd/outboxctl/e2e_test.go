@@ -448,3 +448,27 @@ VALUES ('recent', 'orders', 'x', 'PUBLISHED', now() - interval '1 hour')`)
 	require.Equal(t, true, doc["skipped"])
 	require.Contains(t, doc["held_by"], "lock-squatter")
 }
+
+// README: each relay's MaxAttempts decides, and `outboxctl status` lists the
+// live relays' budgets and warns when they differ.
+func TestStatusWarnsWhenRelayBudgetsDiffer(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	ctx := context.Background()
+	require.NoError(t, debezium.BeatBudget(ctx, s.DB, "relay-a", time.Minute, 25))
+	r := db(t, s, "status")
+	requireCode(t, r, 0)
+	require.Regexp(t, `(?m)^relay-a\s+.*\s25$`, r.stdout)
+	require.NotContains(t, r.stdout, "different MaxAttempts")
+
+	require.NoError(t, debezium.BeatBudget(ctx, s.DB, "relay-b", time.Minute, 3))
+	r = db(t, s, "status")
+	requireCode(t, r, 0)
+	require.Regexp(t, `(?m)^relay-b\s+.*\s3$`, r.stdout)
+	require.Contains(t, r.stdout, "warning: live relays have different MaxAttempts")
+	r = db(t, s, "--json", "status")
+	requireCode(t, r, 0)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &doc))
+	require.Equal(t, true, doc["budgets_differ"])
+}
