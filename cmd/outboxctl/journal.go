@@ -243,6 +243,14 @@ func (a *app) journalRun(ctx context.Context, db *sql.DB, op string, f *journalF
 	if f.approve {
 		return a.approve(ctx, j, op, filter, f)
 	}
+	// Refused before the plan is printed: nothing runs without an approval
+	// (the journal checks again, and binds the approved rows, when it runs).
+	if _, err := j.FindApproval(ctx, f.ticket); outbox.CodeOf(err) == journal.CodeNotApproved {
+		return outbox.Errorf(journal.CodeNotApproved, "outboxctl "+op,
+			"ticket %s has no recorded approval: the approver reviews the --dry-run and records it with: %s --approve", f.ticket, f.command(op, digest, f.ticket, ""))
+	} else if err != nil {
+		return err
+	}
 	if !a.json {
 		// The operator sees the plan before it runs, so the human output
 		// keeps this pre-run count (the journal counts again).
