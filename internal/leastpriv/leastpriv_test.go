@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/inbox"
@@ -40,7 +41,7 @@ func grants(t *testing.T) map[string]string {
 	for _, m := range blockRe.FindAllStringSubmatch(string(doc), -1) {
 		out[m[1]] = m[2]
 	}
-	for _, c := range []string{"migrate", "app", "relay", "reader", "approver", "operator", "cleanup"} {
+	for _, c := range []string{"migrate", "app", "relay", "reader", "approver", "operator", "cleanup", "mode"} {
 		require.Contains(t, out, c, "docs/SECURITY.md has no grants block for %s", c)
 	}
 	return out
@@ -150,6 +151,7 @@ func TestEveryComponentRunsWithExactlyItsGrants(t *testing.T) {
 	_, approver := e.login("approver", g["approver"])
 	operatorRole, operator := e.login("operator", g["operator"])
 	_, cleanup := e.login("cleanup", g["cleanup"])
+	_, mode := e.login("mode", g["mode"])
 
 	// app: publish (ordering key, lock, notify) and an inbox delivery.
 	cfg := publisher.Config{LockOrderingKeys: true, Notify: true}
@@ -190,6 +192,10 @@ func TestEveryComponentRunsWithExactlyItsGrants(t *testing.T) {
 	// The relay login cannot switch the relay mode.
 	_, err = relay.Exec(`UPDATE messaging_relay_mode SET mode = 'CDC'`)
 	require.True(t, insufficient(err), "a relay login switched the relay mode: %v", err)
+
+	// The mode login switches to CDC and back (no relay is alive now).
+	require.NoError(t, debezium.Enable(ctx, mode, "lp-test", time.Time{}), "debezium enable under the mode login")
+	require.NoError(t, debezium.Disable(ctx, mode, "lp-test"), "debezium disable under the mode login")
 
 	// status and inspect, read only.
 	_, err = status.Collect(ctx, reader)
