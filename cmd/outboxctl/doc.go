@@ -20,17 +20,22 @@
 //	migrate                     apply the embedded migrations; print the versions applied
 //	status                      backlog by status, destination and tenant; oldest pending age;
 //	                            ambiguous/failed/exhausted counts and top failure codes;
-//	                            stuck correlations; live relays; relay mode (package status)
+//	                            stuck correlations; live relays and their MaxAttempts (warns when
+//	                            they differ); relay mode (package status)
 //	inspect <message-id>        every column of one row, headers, lease, failure, and a bounded
 //	                            payload preview (--payload-bytes); --payload-to FILE|- for the raw bytes
 //	redrive | purge             parked rows (EXHAUSTED/FAILED) matching --status, --destination,
 //	                            --tenant, --failure-code, --message-id, --since/--until (RFC 3339),
 //	                            through the admin journal: --dry-run prints plan, count and digest;
-//	                            executing requires --ticket and the approved --expect-digest;
+//	                            --approve records the approval of that digest under --ticket
+//	                            (approver: the database login; binds the rows matching now);
+//	                            executing requires --ticket, the approved --expect-digest and that
+//	                            recorded approval; --force-takeover takes a live operation (recorded);
 //	                            not bounded by --timeout; a cut run prints the command that
 //	                            resumes it; progress per batch on stderr (package journal)
 //	cleanup                     one retention run (package retention): --horizon, --batch-size,
-//	                            --max-batches, --archive, --inbox-horizon, --by-created-at (CDC only)
+//	                            --max-batches, --archive, --inbox-horizon, --by-created-at (CDC only);
+//	                            horizons below 72h / 7 days need --allow-short-horizons
 //	relay --to <sink>           a standalone forwarder until SIGINT/SIGTERM (drains the pass);
 //	                            --metrics-addr serves /metrics (forwarder metrics + backlog gauges),
 //	                            /healthz and /readyz; every flag also from OUTBOX_<FLAG> (flags win);
