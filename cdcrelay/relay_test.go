@@ -326,7 +326,7 @@ func TestRelay(t *testing.T) {
 		require.Equal(t, 2, e.s.Count(t, "status = 'PUBLISHED'"))
 
 		e.enableCDC(t)
-		cl, err := retention.New(e.s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, Horizon: time.Hour, Now: func() time.Time { return time.Now().Add(2 * time.Hour) }})
+		cl, err := retention.New(e.s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, Horizon: time.Hour, AllowShortHorizons: true, Now: func() time.Time { return time.Now().Add(2 * time.Hour) }})
 		require.NoError(t, err)
 		res, err := cl.Run(context.Background())
 		require.NoError(t, err)

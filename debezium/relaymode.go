@@ -48,13 +48,14 @@ const (
 	// CDC consumer's heartbeat is live (a Debezium connector started in
 	// POLLING mode registers itself through its heartbeat action query).
 	sqlBeat = `
-INSERT INTO messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at)
-SELECT $1, now(), now(), now() + make_interval(secs => $2)
+INSERT INTO messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at, max_attempts)
+SELECT $1, now(), now(), now() + make_interval(secs => $2), nullif($3::integer, 0)
 WHERE EXISTS (SELECT 1 FROM messaging_relay_mode WHERE id AND mode = 'POLLING' FOR SHARE)
   AND NOT EXISTS (SELECT 1 FROM messaging_relay_heartbeat
                    WHERE kind = 'CDC' AND expires_at > now() AND owner <> $1)
 ON CONFLICT (owner) DO UPDATE
-   SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at, kind = 'POLLING', slot_name = NULL`
+   SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at, kind = 'POLLING', slot_name = NULL,
+       max_attempts = EXCLUDED.max_attempts`
 
 	sqlLeave = `DELETE FROM messaging_relay_heartbeat WHERE owner = $1`
 
@@ -64,7 +65,7 @@ ON CONFLICT (owner) DO UPDATE
 	// it takes a fresh snapshot, so it sees every heartbeat committed before
 	// the lock was granted.
 	sqlLiveHeartbeats = `
-SELECT owner, started_at, heartbeat_at, expires_at, kind, coalesce(slot_name, '') FROM messaging_relay_heartbeat
+SELECT owner, started_at, heartbeat_at, expires_at, kind, coalesce(slot_name, ''), coalesce(max_attempts, 0) FROM messaging_relay_heartbeat
 WHERE expires_at > coalesce($1::timestamptz, now()) AND kind = $2
 ORDER BY owner`
 
@@ -144,7 +145,15 @@ func RequireMode(ctx context.Context, db *sql.DB, want Mode, op, hint string) er
 // live (see [BeatCDC] and [HeartbeatActionQuery]): a connector streaming in
 // POLLING mode would deliver every row a second time.
 func Beat(ctx context.Context, db *sql.DB, owner string, ttl time.Duration) error {
-	res, err := db.ExecContext(ctx, sqlBeat, owner, ttl.Seconds())
+	return BeatBudget(ctx, db, owner, ttl, 0)
+}
+
+// BeatBudget is Beat that also records the relay's attempt budget
+// (forwarder.Config.MaxAttempts; 0 records none), so `outboxctl status` can
+// show the live relays' budgets and warn when they differ: the budget is
+// each relay's configuration, not the row's.
+func BeatBudget(ctx context.Context, db *sql.DB, owner string, ttl time.Duration, maxAttempts int) error {
+	res, err := db.ExecContext(ctx, sqlBeat, owner, ttl.Seconds(), maxAttempts)
 	if err != nil {
 		return fmt.Errorf("debezium: relay heartbeat: %w", err)
 	}
@@ -223,6 +232,7 @@ type Heartbeat struct {
 	ExpiresAt   time.Time
 	Kind        Mode   // ModePolling or ModeCDC
 	SlotName    string // the replication slot of a CDC consumer; "" for polling relays
+	MaxAttempts int    // the polling relay's attempt budget (BeatBudget); 0 when it did not say
 }
 
 // LiveRelays lists the polling relays whose heartbeat has not expired at now
@@ -250,7 +260,7 @@ func liveHeartbeats(ctx context.Context, q Querier, now time.Time, kind Mode) ([
 	for rows.Next() {
 		var h Heartbeat
 		var k string
-		if err := rows.Scan(&h.Owner, &h.StartedAt, &h.HeartbeatAt, &h.ExpiresAt, &k, &h.SlotName); err != nil {
+		if err := rows.Scan(&h.Owner, &h.StartedAt, &h.HeartbeatAt, &h.ExpiresAt, &k, &h.SlotName, &h.MaxAttempts); err != nil {
 			return nil, fmt.Errorf("debezium: read heartbeats: %w", err)
 		}
 		h.Kind = Mode(k)

@@ -183,7 +183,7 @@ func TestEnableConcurrentWithBeatSeesTheHeartbeat(t *testing.T) {
 	t.Cleanup(func() { _ = beatTx.Rollback() })
 	// Beat's own statement, held open in a transaction so the switch has to
 	// wait for it.
-	res, err := beatTx.ExecContext(ctx, debezium.SQLBeat, "slow-relay", time.Minute.Seconds())
+	res, err := beatTx.ExecContext(ctx, debezium.SQLBeat, "slow-relay", time.Minute.Seconds(), 0)
 	require.NoError(t, err)
 	n, _ := res.RowsAffected()
 	require.EqualValues(t, 1, n)

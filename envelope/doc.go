@@ -13,7 +13,8 @@
 //
 // Read side ([ToMessage]): the same message comes back, with each canonical
 // column as metadata under its key, occurred_at defaulting to created_at,
-// producer defaulting to the relay's identity, and the stored trace context in
+// producer defaulting to Options.Producer (empty unless the caller sets it,
+// e.g. forwarder.Config.Producer), and the stored trace context in
 // msg.Context(). A stored header with a reserved name is refused, never
 // overwritten.
 //

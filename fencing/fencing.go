@@ -62,7 +62,8 @@ type OrderingPolicy int
 const (
 	// BlockKey (the default): a FAILED or EXHAUSTED row blocks every later row
 	// with the same ordering key until it is redriven and published, or
-	// purged. Consumers never see a gap in a key's sequence.
+	// purged. No later row of the key overtakes a parked one; purging the
+	// parked row does leave a gap in what consumers see.
 	BlockKey OrderingPolicy = iota
 	// SkipParked: parked rows do not block their key; later rows are published
 	// and the parked one, if redriven, arrives out of order.

@@ -92,7 +92,8 @@
 // longer than their lifetime, 3 x HeartbeatInterval, a CDC switch could go
 // through, so passes claim nothing and fail with FORWARDER_HEARTBEAT_LAPSED
 // until one succeeds again), wakes on LISTEN/NOTIFY when
-// ListenURL is set, polls otherwise (at once again while batches come back
+// ListenURL is set (never during a failure backoff, and at most one woken
+// pass per PollInterval/10: any login can NOTIFY), polls otherwise (at once again while batches come back
 // full, backing off with jitter while they come back empty), and keeps going
 // after a failing pass (logged, counted, backed off). While a full batch is
 // being published, Run already claims the next one on a second connection
@@ -113,7 +114,8 @@
 // cancelling Run's context, drains the pass in progress: publishes already
 // started get DrainTimeout to finish, rows not yet started are released (a
 // prefetched batch is released whole), every outcome statement still running
-// finishes, and the heartbeat is removed. RouterPlugin ties all of this to a
+// finishes, and the heartbeat is removed; if the drain cannot write its
+// outcomes (database gone), Run and Close return FORWARDER_OUTCOMES_NOT_WRITTEN. RouterPlugin ties all of this to a
 // watermill Router.
 //
 // # Where a claim starts

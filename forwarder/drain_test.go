@@ -95,3 +95,32 @@ func TestRunOnceWithACancelledContextLeavesNoRowInFlight(t *testing.T) {
 		require.Equal(t, 3-len(rec.ids()), s.Count(t, "status = 'PENDING' AND attempts = 0"))
 	}
 }
+
+// The Close and README promise: when the database is gone while the pass on
+// the way out drains, its outcome write fails, and Run and Close both return
+// that error (on main both returned nil with the rows left IN_FLIGHT).
+func TestRunAndCloseReturnTheDrainsFailedOutcomeWrite(t *testing.T) {
+	s := newDB(t)
+	insertN(t, s.DB, "orders", "g1", "g2")
+	relayDB := s.Open(t) // the relay's own pool, closed below: its database is gone
+	h := newHanger(t)
+	f, err := forwarder.New(relayDB, h, nil, forwarder.Config{
+		Owner: "gone", Concurrency: 2, PublishTimeout: 5 * time.Second, DrainTimeout: 5 * time.Second,
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() { runErr <- f.Run(ctx) }()
+	waitOrFail(t, f.Running(), "Run reaching its loop")
+	waitOrFail(t, h.entered, "a first publish")
+	waitOrFail(t, h.entered, "a second publish")
+	require.NoError(t, relayDB.Close())
+	cancel() // stop requested before the publishes end: this pass is the drain
+	h.release <- struct{}{}
+	h.release <- struct{}{}
+	err = waitOrFail(t, runErr, "Run returning")
+	require.ErrorIs(t, err, forwarder.ErrOutcomesNotWritten)
+	require.ErrorIs(t, f.Close(), forwarder.ErrOutcomesNotWritten, "Close returns it too")
+	require.Equal(t, 2, s.Count(t, "status = 'IN_FLIGHT' AND lease_owner = 'gone'"), "what the error says: the rows stay IN_FLIGHT")
+}

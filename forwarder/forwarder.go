@@ -40,6 +40,11 @@ const (
 	// CodeDownstreamUnavailable: Ready's answer when the breaker of every
 	// destination the relay publishes to is open.
 	CodeDownstreamUnavailable outbox.Code = "FORWARDER_DOWNSTREAM_UNAVAILABLE"
+	// CodeOutcomesNotWritten: a pass could not write its outcomes (the
+	// database gone); its rows stay IN_FLIGHT until their leases expire. Run
+	// and Close return it when it happens to the pass that drains on the way
+	// out; otherwise the loop logs it and goes on.
+	CodeOutcomesNotWritten outbox.Code = "FORWARDER_OUTCOMES_NOT_WRITTEN"
 )
 
 // Sentinels for errors.Is.
@@ -50,7 +55,17 @@ var (
 	ErrHeartbeatLapsed = &outbox.Error{Code: CodeHeartbeatLapsed}
 	// ErrDownstreamUnavailable matches Ready's refusal.
 	ErrDownstreamUnavailable = &outbox.Error{Code: CodeDownstreamUnavailable}
+	// ErrOutcomesNotWritten matches a pass's failed outcome write.
+	ErrOutcomesNotWritten = &outbox.Error{Code: CodeOutcomesNotWritten}
 )
+
+// wakeGapDivisor: passes started by notifications begin at least
+// PollInterval/wakeGapDivisor apart (50ms by default).
+const wakeGapDivisor = 10
+
+// errReleaseFailed marks the failed release of a batch claimed ahead on the
+// way out; Close returns it like ErrOutcomesNotWritten.
+var errReleaseFailed = errors.New("release failed")
 
 const tracerName = "github.com/fencedoutbox/watermill-outbox/forwarder"
 
@@ -126,6 +141,9 @@ type Forwarder struct {
 	stopOnce sync.Once
 	running  chan struct{}
 	done     chan struct{}
+	// drainErr is what Run returned when the drain on its way out failed to
+	// write outcomes; Close returns it. Written before done is closed.
+	drainErr error
 }
 
 // New builds a forwarder. It refuses a nil database or publisher and any
@@ -192,32 +210,37 @@ func (f *Forwarder) Running() chan struct{} { return f.running }
 // drained: publishes already started get up to DrainTimeout to finish,
 // rows not yet started are released, and every outcome is written, so no
 // row is left IN_FLIGHT under this relay's name — unless that last write
-// fails (database gone), which Run returns. Safe to call twice, or
-// before Run (Run then returns FORWARDER_CLOSED).
+// fails (database gone), which Run and Close both return (errors.Is
+// ErrOutcomesNotWritten; the rows stay IN_FLIGHT until their leases
+// expire). Safe to call twice, or before Run (Run then returns
+// FORWARDER_CLOSED).
 func (f *Forwarder) Close() error {
 	f.mu.Lock()
 	f.closed = true
 	started := f.started
 	f.mu.Unlock()
 	f.stopOnce.Do(func() { close(f.stop) })
+	var err error
 	if started {
 		<-f.done
+		err = f.drainErr
 	}
 	if p, ok := f.q.(*fencing.Prepared); ok {
 		// Releases the statements on the pool's connections; a RunOnce
 		// after Close still works, unprepared.
 		_ = p.Close()
 	}
-	return nil
+	return err
 }
 
 // Run relays until ctx is cancelled or Close is called; both drain the pass
 // in progress. It refuses to start with RELAY_MODE_CONFLICT when the database
 // records CDC mode, and stops with that error if a heartbeat finds the mode
 // switched. A failing pass is logged and counted and the loop goes on. If
-// the last pass on the way out (releasing a batch claimed ahead) fails, Run
-// returns that error too: those rows stay IN_FLIGHT until their leases
-// expire.
+// the pass that drains on the way out cannot write its outcomes (or the
+// release of a batch claimed ahead fails), Run returns that error
+// (errors.Is ErrOutcomesNotWritten for the former), and so does Close:
+// those rows stay IN_FLIGHT until their leases expire.
 func (f *Forwarder) Run(ctx context.Context) (err error) {
 	f.mu.Lock()
 	switch {
@@ -231,6 +254,11 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	f.started = true
 	f.mu.Unlock()
 	defer close(f.done)
+	defer func() {
+		if errors.Is(err, ErrOutcomesNotWritten) || errors.Is(err, errReleaseFailed) {
+			f.drainErr = err
+		}
+	}()
 
 	// An unmigrated search_path is named with its remedy, not a raw 42P01.
 	if err := schema.Check(ctx, f.db); err != nil {
@@ -239,7 +267,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 
 	ttl := 3 * f.cfg.HeartbeatInterval
 	sent := time.Since(f.beatEpoch)
-	if err := debezium.Beat(ctx, f.db, f.cfg.Owner, ttl); err != nil {
+	if err := debezium.BeatBudget(ctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts); err != nil {
 		return err
 	}
 	f.lastBeat.Store(int64(sent))
@@ -286,7 +314,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			case <-t.C:
 				hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HeartbeatInterval)
 				sent := time.Since(f.beatEpoch)
-				err := debezium.Beat(hctx, f.db, f.cfg.Owner, ttl)
+				err := debezium.BeatBudget(hctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts)
 				cancel()
 				if err == nil {
 					f.lastBeat.Store(int64(sent))
@@ -330,12 +358,13 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			err = errors.Join(err, berr)
 		}
 		if _, rerr := t.wait(); rerr != nil {
-			rerr = fmt.Errorf("forwarder: release the batch claimed ahead: %w", rerr)
+			rerr = fmt.Errorf("forwarder: release the batch claimed ahead: %w: %w", errReleaseFailed, rerr)
 			f.logger.Error("Outbox final release failed; its rows stay IN_FLIGHT until their leases expire", rerr, nil)
 			err = errors.Join(err, rerr)
 		}
 	}()
 	var idle, failures int
+	var lastWoken time.Time // when the last pass a notification started began
 	for {
 		cur, pre := f.pass(ctx, stopping, drainExpired, next, !f.cfg.DisablePrefetch, behind)
 		var err error
@@ -374,6 +403,11 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			delay = f.jittered(f.cfg.PollInterval, f.cfg.MaxPollInterval, idle, 1)
 		}
 		if f.stopRequested(ctx, stopping) {
+			if errors.Is(err, ErrOutcomesNotWritten) {
+				// The pass that drained on the way out could not write its
+				// outcomes: its rows stay IN_FLIGHT, and the caller is told.
+				return fmt.Errorf("forwarder: the last pass before stopping: %w", err)
+			}
 			f.logger.Info("Outbox forwarder stopped", nil)
 			return nil
 		}
@@ -389,20 +423,41 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		if delay == 0 {
 			continue
 		}
+		// Any login may NOTIFY the channel, so a notification never cuts a
+		// failure backoff, and passes it starts begin at least wakeGap apart
+		// (a NOTIFY flood cannot turn the relay into a busy loop).
+		wakeCh := wake
+		if failures > 0 {
+			wakeCh = nil
+		}
 		t := time.NewTimer(delay)
-		select {
-		case <-stopping:
-			t.Stop()
-			f.logger.Info("Outbox forwarder stopped", nil)
-			return nil
-		case err := <-fatal:
-			t.Stop()
-			f.stopOnce.Do(func() { close(f.stop) })
-			return err
-		case <-wake:
-			t.Stop()
-			idle = 0
-		case <-t.C:
+		deadline := time.Now().Add(delay)
+		woken := false
+	wait:
+		for {
+			select {
+			case <-stopping:
+				t.Stop()
+				f.logger.Info("Outbox forwarder stopped", nil)
+				return nil
+			case err := <-fatal:
+				t.Stop()
+				f.stopOnce.Do(func() { close(f.stop) })
+				return err
+			case <-wakeCh:
+				wakeCh, woken, idle = nil, true, 0
+				if d := time.Until(lastWoken.Add(f.cfg.PollInterval / wakeGapDivisor)); d > 0 {
+					t.Reset(min(d, time.Until(deadline)))
+					continue
+				}
+				t.Stop()
+				break wait
+			case <-t.C:
+				break wait
+			}
+		}
+		if woken {
+			lastWoken = time.Now()
 		}
 	}
 }
@@ -903,7 +958,7 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []item) {
 		f.logger.Error("Outbox outcomes not written: these rows stay IN_FLIGHT until their leases expire and are then claimed again, so those already published may be published twice", err, watermill.LogFields{
 			"rows": len(outcomes), "message_ids": ids, "lease_tokens": tokens,
 		})
-		f.end(t, fmt.Errorf("forwarder: write outcomes of %d rows: %w", len(outcomes), err))
+		f.end(t, outbox.Wrap(CodeOutcomesNotWritten, "forwarder.pass", err, fmt.Sprintf("write outcomes of %d rows", len(outcomes))))
 		return
 	}
 	var stale map[*item]bool

@@ -20,7 +20,10 @@ import (
 //
 // Notifications only shorten the wait: polling continues whatever the
 // listener does, so a lost notification delays a message by at most
-// MaxPollInterval.
+// MaxPollInterval. Any login may NOTIFY the channel, so a notification never
+// shortens a failure backoff, and passes started by notifications begin at
+// least PollInterval/10 apart (TestANotifyFloodStartsOneWokenPassPerGap,
+// TestNotificationsDoNotCutTheFailureBackoff).
 type Listener interface {
 	// Listen listens on channel until ctx is done, then returns. It calls
 	// wake after every notification and after every (re)connection, since

@@ -12,12 +12,31 @@
 // one plan: beginning a second digest under the same ticket is refused with
 // JOURNAL_PLAN_MISMATCH, by the database rather than by a check-then-act.
 //
+// # Approvals
+//
+// [Journal.Approve] records an approval in messaging_admin_approval before
+// anything runs: the ticket, the operation and plan digest, the approver
+// (session_user, set by a trigger: the client cannot name someone else),
+// the time, and the row set the approver saw: the highest matching seq and
+// the instant of approval (only rows parked before it), with the count as a
+// ceiling. Redrive and Purge under a ticket with an approval touch only
+// that row set, and refuse with JOURNAL_APPROVAL_EXCEEDED, giving the
+// current count, while more rows of it match than were approved; another
+// plan under the ticket is JOURNAL_PLAN_MISMATCH. With
+// Config.RequireApproval (outboxctl always sets it) a ticket without an
+// approval is refused (JOURNAL_NOT_APPROVED). The journal row lists the
+// login of every begin and takeover (executed_by) and of every forced
+// takeover (forced_by), kept by a trigger.
+//
 // # Who runs it
 //
 // [Journal.Begin] inserts the row with INSERT ... ON CONFLICT DO NOTHING:
 // exactly one replica wins. The others read the row and are refused with
 // JOURNAL_ALREADY_EXECUTED (it is COMPLETED: an approval never runs twice) or
-// JOURNAL_IN_FLIGHT (STARTED under another owner's live lease), or take over
+// JOURNAL_IN_FLIGHT (STARTED under another owner's live lease, or under the
+// same owner name but another database login: a live operation resumes at
+// once only for its owner under the login that last ran it, and for anyone
+// else only with Config.ForceTakeover, recorded in forced_by), or take over
 // a FAILED or lease-expired operation with a conditional UPDATE ... RETURNING
 // that bumps the lease token and that itself matches nothing (again
 // JOURNAL_IN_FLIGHT) when another replica took it over, or the owner
@@ -34,7 +53,8 @@
 // changed twice and none is skipped. An owner whose lease was taken over gets
 // JOURNAL_LEASE_LOST and its batch rolls back.
 //
-// Rows that become parked after the operation started are included only if
+// Without an approval, rows that become parked after the operation started
+// are included only if
 // their seq is past the cursor when the walk reaches them; the plan's count
 // (the dry run, [Journal.PlanRedrive]) is a snapshot, not a promise. An
 // executing call counts again right after Begin, from the checkpoint it

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -44,6 +45,15 @@ const (
 	// fails for a reason other than a lost lease or a cancelled context. The
 	// operation is then FAILED and any replica may resume it at once.
 	CodeBatchFailed outbox.Code = "JOURNAL_BATCH_FAILED"
+	// CodeNotApproved: Redrive or Purge with Config.RequireApproval and no
+	// approval recorded for the ticket ([Journal.Approve]).
+	CodeNotApproved outbox.Code = "JOURNAL_NOT_APPROVED"
+	// CodeApprovalExceeded: more rows match the approved plan now than were
+	// approved; the error gives both counts.
+	CodeApprovalExceeded outbox.Code = "JOURNAL_APPROVAL_EXCEEDED"
+	// CodeAlreadyApproved: Approve for a ticket that already has an
+	// approval (one ticket, one approval, one row set).
+	CodeAlreadyApproved outbox.Code = "JOURNAL_ALREADY_APPROVED"
 )
 
 // Sentinels for errors.Is.
@@ -56,6 +66,9 @@ var (
 	ErrPlanMismatch      = &outbox.Error{Code: CodePlanMismatch}
 	ErrInvalidFilter     = &outbox.Error{Code: CodeInvalidFilter}
 	ErrOperationRequired = &outbox.Error{Code: CodeOperationRequired}
+	ErrNotApproved       = &outbox.Error{Code: CodeNotApproved}
+	ErrApprovalExceeded  = &outbox.Error{Code: CodeApprovalExceeded}
+	ErrAlreadyApproved   = &outbox.Error{Code: CodeAlreadyApproved}
 )
 
 // Operation states (the state column).
@@ -87,6 +100,16 @@ type Config struct {
 	// Now is the clock for leases and timestamps. Nil means the database's
 	// now().
 	Now func() time.Time
+	// RequireApproval makes Redrive and Purge refuse (JOURNAL_NOT_APPROVED)
+	// a ticket with no approval recorded by [Journal.Approve]. With or
+	// without it, a recorded approval binds its ticket's execution to the
+	// approved row set and count. outboxctl always sets it.
+	RequireApproval bool
+	// ForceTakeover lets Begin take over an operation whose lease is still
+	// live. The takeover is recorded (forced_by, with the login). Without it
+	// a live operation resumes at once only for its owner under the login
+	// that last ran it, and for anyone else once its lease ends.
+	ForceTakeover bool
 }
 
 func (c Config) withDefaults() Config {
@@ -173,6 +196,11 @@ type Record struct {
 	CompletedAt    time.Time // zero unless COMPLETED
 	FailureCode    string
 	FailureDetail  string
+	// ExecutedBy lists the database login (session_user) of every begin
+	// and takeover, in order; ForcedBy those that forced a takeover of a
+	// live lease. A trigger keeps both: no client writes them.
+	ExecutedBy []string
+	ForcedBy   []string
 }
 
 // Every statement takes the clock as coalesce($now::timestamptz, now()), so
@@ -192,7 +220,9 @@ RETURNING lease_token, lease_expires_at, items_completed, coalesce(checkpoint, '
 SELECT approval_ticket, plan_digest, operation, plan, state, owner, lease_token, lease_expires_at,
        items_completed, coalesce(checkpoint, ''), started_at, updated_at, completed_at,
        coalesce(failure_code, ''), coalesce(failure_detail, ''),
-       lease_expires_at > coalesce($2::timestamptz, now())
+       lease_expires_at > coalesce($2::timestamptz, now()),
+       array_to_json(executed_by)::text, array_to_json(forced_by)::text,
+       coalesce(executed_by[cardinality(executed_by)] = session_user, false)
   FROM messaging_admin_operation WHERE approval_ticket = $1`
 
 	// The takeover is conditional on what Begin read (state, owner, token)
@@ -204,10 +234,13 @@ UPDATE messaging_admin_operation
    SET owner = $3, lease_token = lease_token + 1,
        lease_expires_at = coalesce($6::timestamptz, now()) + make_interval(secs => $7),
        state = 'STARTED', updated_at = coalesce($6::timestamptz, now()),
-       failure_code = NULL, failure_detail = NULL
+       failure_code = NULL, failure_detail = NULL,
+       forced_by = CASE WHEN $9 AND state = 'STARTED' AND lease_expires_at > coalesce($6::timestamptz, now())
+                        THEN forced_by || session_user::text ELSE forced_by END
  WHERE approval_ticket = $1 AND plan_digest = $2
    AND state = $4 AND lease_token = $5 AND owner = $8
-   AND (state = 'FAILED' OR lease_expires_at <= coalesce($6::timestamptz, now()) OR owner = $3)
+   AND ($9 OR state = 'FAILED' OR lease_expires_at <= coalesce($6::timestamptz, now())
+        OR (owner = $3 AND executed_by[cardinality(executed_by)] = session_user))
 RETURNING lease_token, lease_expires_at, items_completed, coalesce(checkpoint, '')`
 
 	// Fenced by owner + token + STARTED. items_completed only grows.
@@ -291,7 +324,7 @@ func (j *Journal) begin(ctx context.Context, ticket, op, digest string, canonica
 		if !errors.Is(err, sql.ErrNoRows) {
 			return nil, fmt.Errorf("journal: begin %s/%s: %w", ticket, op, err)
 		}
-		rec, live, err := j.find(ctx, ticket)
+		rec, live, mine, err := j.find(ctx, ticket)
 		if outbox.CodeOf(err) == CodeNotFound {
 			continue
 		}
@@ -306,15 +339,15 @@ func (j *Journal) begin(ctx context.Context, ticket, op, digest string, canonica
 		case rec.State == StateCompleted:
 			return nil, outbox.Errorf(CodeAlreadyExecuted, opName,
 				"ticket %q already ran %s to completion (%d items) at %s", ticket, op, rec.ItemsCompleted, rec.CompletedAt.Format(time.RFC3339))
-		case rec.State == StateStarted && live && rec.Owner != j.cfg.Owner:
+		case rec.State == StateStarted && live && !j.cfg.ForceTakeover && (rec.Owner != j.cfg.Owner || !mine):
 			return nil, outbox.Errorf(CodeInFlight, opName,
-				"ticket %q is running on %s until %s; that owner resumes it at once (from its checkpoint), any other owner once the lease ends",
-				ticket, rec.Owner, rec.LeaseExpiresAt.Format(time.RFC3339Nano))
+				"ticket %q is running on %s (login %s) until %s; that owner under that login resumes it at once (from its checkpoint), any other once the lease ends, or now by forcing a takeover, which is recorded",
+				ticket, rec.Owner, lastOf(rec.ExecutedBy), rec.LeaseExpiresAt.Format(time.RFC3339Nano))
 		}
 		if j.afterRead != nil {
 			j.afterRead()
 		}
-		err = j.db.QueryRowContext(ctx, sqlTakeOver, ticket, digest, j.cfg.Owner, rec.State, rec.LeaseToken, j.now(), lease, rec.Owner).
+		err = j.db.QueryRowContext(ctx, sqlTakeOver, ticket, digest, j.cfg.Owner, rec.State, rec.LeaseToken, j.now(), lease, rec.Owner, j.cfg.ForceTakeover).
 			Scan(&run.LeaseToken, &run.LeaseExpiresAt, &run.ItemsCompleted, &run.Checkpoint)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, outbox.Errorf(CodeInFlight, opName,
@@ -334,27 +367,41 @@ func (j *Journal) Find(ctx context.Context, ticket string) (Record, error) {
 	if ticket == "" {
 		return Record{}, outbox.Errorf(CodeTicketRequired, "journal.Find", "an approval ticket is required")
 	}
-	rec, _, err := j.find(ctx, ticket)
+	rec, _, _, err := j.find(ctx, ticket)
 	return rec, err
 }
 
-func (j *Journal) find(ctx context.Context, ticket string) (Record, bool, error) {
+func lastOf(s []string) string {
+	if len(s) == 0 {
+		return "?"
+	}
+	return s[len(s)-1]
+}
+
+func (j *Journal) find(ctx context.Context, ticket string) (Record, bool, bool, error) {
 	var (
-		r         Record
-		completed sql.NullTime
-		live      bool
+		r                Record
+		completed        sql.NullTime
+		live, mine       bool
+		executed, forced string
 	)
 	err := j.db.QueryRowContext(ctx, sqlFind, ticket, j.now()).Scan(&r.Ticket, &r.Digest, &r.Operation, &r.Plan,
 		&r.State, &r.Owner, &r.LeaseToken, &r.LeaseExpiresAt, &r.ItemsCompleted, &r.Checkpoint,
-		&r.StartedAt, &r.UpdatedAt, &completed, &r.FailureCode, &r.FailureDetail, &live)
+		&r.StartedAt, &r.UpdatedAt, &completed, &r.FailureCode, &r.FailureDetail, &live, &executed, &forced, &mine)
 	if errors.Is(err, sql.ErrNoRows) {
-		return Record{}, false, outbox.Errorf(CodeNotFound, "journal.Find", "no operation for ticket %q", ticket)
+		return Record{}, false, false, outbox.Errorf(CodeNotFound, "journal.Find", "no operation for ticket %q", ticket)
 	}
 	if err != nil {
-		return Record{}, false, fmt.Errorf("journal: find %q: %w", ticket, err)
+		return Record{}, false, false, fmt.Errorf("journal: find %q: %w", ticket, err)
+	}
+	if err := json.Unmarshal([]byte(executed), &r.ExecutedBy); err != nil {
+		return Record{}, false, false, fmt.Errorf("journal: find %q: executed_by: %w", ticket, err)
+	}
+	if err := json.Unmarshal([]byte(forced), &r.ForcedBy); err != nil {
+		return Record{}, false, false, fmt.Errorf("journal: find %q: forced_by: %w", ticket, err)
 	}
 	r.CompletedAt = completed.Time
-	return r, live, nil
+	return r, live, mine, nil
 }
 
 type execQuerier interface {

@@ -121,7 +121,7 @@ func (f Filter) bind() []any {
 		ids = pq.Array(f.MessageIDs)
 	}
 	return []any{pq.Array(statuses), nullString(f.Destination), nullString(f.Tenant), nullString(f.FailureCode),
-		ids, nullTime(f.CreatedAfter), nullTime(f.CreatedBefore)}
+		ids, nullTime(f.CreatedAfter), nullTime(f.CreatedBefore), nil, nil}
 }
 
 func nullString(s string) any {
@@ -138,8 +138,9 @@ func nullTime(t time.Time) any {
 	return t
 }
 
-// filterWhere is the filter as SQL over $1..$7 (see Filter.args); $8 is the
-// keyset cursor. A NULL parameter does not filter. "parked_at IS NOT NULL" is
+// filterWhere is the filter as SQL over $1..$7 (see Filter.args), bounded
+// by an approval's row set over $8 (highest seq) and $9 (parked before);
+// $10 is the keyset cursor. A NULL parameter does not filter. "parked_at IS NOT NULL" is
 // the predicate of messaging_outbox_parked_idx (parked_at is set exactly when
 // status is FAILED or EXHAUSTED, a table CHECK), so the walk reads parked rows
 // only.
@@ -150,13 +151,15 @@ const filterWhere = `
    AND ($4::text IS NULL OR last_failure_code = $4)
    AND ($5::text[] IS NULL OR message_id = ANY($5::text[]))
    AND ($6::timestamptz IS NULL OR created_at >= $6)
-   AND ($7::timestamptz IS NULL OR created_at < $7)`
+   AND ($7::timestamptz IS NULL OR created_at < $7)
+   AND ($8::bigint IS NULL OR seq <= $8)
+   AND ($9::timestamptz IS NULL OR parked_at < $9)`
 
 const (
-	// Counts what a walk from cursor $8 would still reach: the dry run
+	// Counts what a walk from cursor $10 would still reach: the dry run
 	// passes 0 (seq is an identity from 1), an executing call its checkpoint.
 	sqlCount = `SELECT count(*) FROM messaging_outbox WHERE` + filterWhere + `
-   AND seq > $8`
+   AND seq > $10`
 
 	// The picked ids reach the UPDATE/DELETE as an array (= ANY), which
 	// plans as a primary-key Index Scan; a join with the CTE was planned as a
@@ -169,33 +172,33 @@ const (
 WITH picked AS (
     SELECT message_id FROM messaging_outbox
      WHERE` + filterWhere + `
-       AND seq > $8
+       AND seq > $10
      ORDER BY seq
-     LIMIT $9
+     LIMIT $11
        FOR UPDATE
 ), changed AS (
     UPDATE messaging_outbox o
-       SET status = 'PENDING', attempts = 0, next_attempt_at = coalesce($10::timestamptz, now()),
+       SET status = 'PENDING', attempts = 0, next_attempt_at = coalesce($12::timestamptz, now()),
            parked_at = NULL, lease_owner = NULL, lease_expires_at = NULL
      WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked))
     RETURNING o.seq
 )
-SELECT count(*), coalesce(max(seq), $8) FROM changed`
+SELECT count(*), coalesce(max(seq), $10) FROM changed`
 
 	sqlPurgeBatch = `
 WITH picked AS (
     SELECT message_id FROM messaging_outbox
      WHERE` + filterWhere + `
-       AND seq > $8
+       AND seq > $10
      ORDER BY seq
-     LIMIT $9
+     LIMIT $11
        FOR UPDATE
 ), gone AS (
     DELETE FROM messaging_outbox o
      WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked))
     RETURNING o.seq
 )
-SELECT count(*), coalesce(max(seq), $8) FROM gone`
+SELECT count(*), coalesce(max(seq), $10) FROM gone`
 )
 
 // Plan is what an operation would do: its identity (operation, canonical
@@ -268,7 +271,7 @@ func (j *Journal) plan(ctx context.Context, op string, f Filter) (Plan, error) {
 type prepared struct {
 	plan      Plan // Matching not counted yet
 	canonical []byte
-	args      []any // $1..$7
+	args      []any // $1..$9
 }
 
 func prepare(op string, f Filter) (prepared, error) {
@@ -323,6 +326,9 @@ func (j *Journal) execute(ctx context.Context, op, batchSQL, ticket string, f Fi
 		return Outcome{}, err
 	}
 	out := Outcome{Plan: p.plan}
+	if err := j.bindApproval(ctx, ticket, &p); err != nil {
+		return out, err
+	}
 	run, err := j.begin(ctx, ticket, op, p.plan.Digest, p.canonical)
 	if err != nil {
 		return out, err
@@ -397,7 +403,7 @@ func (j *Journal) batch(ctx context.Context, batchSQL string, run *Run, filterAr
 	}
 	args := append(append(make([]any, 0, len(filterArgs)+3), filterArgs...), cursor, j.cfg.BatchSize)
 	if run.Operation == OpRedrive {
-		args = append(args, j.now()) // $10, the redriven rows' next_attempt_at
+		args = append(args, j.now()) // $12, the redriven rows' next_attempt_at
 	}
 	var n, next int64
 	if err := tx.QueryRowContext(ctx, batchSQL, args...).Scan(&n, &next); err != nil {
@@ -413,4 +419,127 @@ func (j *Journal) batch(ctx context.Context, batchSQL string, run *Run, filterAr
 	}
 	*run = staged
 	return n, next, nil
+}
+
+// Approval is a plan recorded in the database before it runs
+// (messaging_admin_approval): the ticket, the operation and filter digest,
+// the row set the approver saw (MaxSeq, ParkedBefore) and the count approved
+// as a ceiling, with the approver's login and the time, both written by the
+// database.
+type Approval struct {
+	Ticket       string
+	Operation    string
+	Digest       string // the plan digest (operation and normalized filter)
+	Filter       Filter
+	MaxSeq       int64     // the highest seq matching at approval (0: none matched)
+	ParkedBefore time.Time // only rows parked before this instant
+	Count        int64     // rows matching at approval: the ceiling
+	ApprovedBy   string    // session_user of the approving connection
+	ApprovedAt   time.Time
+}
+
+const (
+	sqlApprove = `
+WITH m AS (
+    SELECT coalesce(max(seq), 0) AS max_seq, count(*) AS n FROM messaging_outbox
+     WHERE` + filterWhere + `
+       AND seq > $10
+)
+INSERT INTO messaging_admin_approval (approval_ticket, operation, plan_digest, plan, max_seq, parked_before, approved_count)
+SELECT $11, $12, $13, $14, m.max_seq, coalesce($15::timestamptz, now()), m.n FROM m
+ON CONFLICT (approval_ticket) DO NOTHING
+RETURNING max_seq, parked_before, approved_count, approved_by, approved_at`
+
+	sqlFindApproval = `
+SELECT approval_ticket, operation, plan_digest, plan, max_seq, parked_before, approved_count, approved_by, approved_at
+  FROM messaging_admin_approval WHERE approval_ticket = $1`
+)
+
+// Approve records the approval of running op (OpRedrive or OpPurge) with
+// filter under ticket: it counts the matching rows and records, in one
+// statement, the highest matching seq, the instant (only rows parked before
+// it are approved) and the count, as the login running it. The execution
+// under this ticket then touches only those rows, and refuses
+// (JOURNAL_APPROVAL_EXCEEDED) while more of them match than were approved.
+// A ticket is approved once (JOURNAL_ALREADY_APPROVED). Grant INSERT on
+// messaging_admin_approval to an approver role only, and the operators who
+// execute cannot approve (docs/SECURITY.md).
+func (j *Journal) Approve(ctx context.Context, ticket, op string, f Filter) (Approval, error) {
+	const opName = "journal.Approve"
+	if ticket == "" {
+		return Approval{}, outbox.Errorf(CodeTicketRequired, opName, "an approval ticket is required")
+	}
+	if op != OpRedrive && op != OpPurge {
+		return Approval{}, outbox.Errorf(CodeOperationRequired, opName, "operation %q is not %s or %s", op, OpRedrive, OpPurge)
+	}
+	p, err := prepare(op, f)
+	if err != nil {
+		return Approval{}, err
+	}
+	a := Approval{Ticket: ticket, Operation: op, Digest: p.plan.Digest, Filter: p.plan.Filter}
+	args := append(append(make([]any, 0, len(p.args)+6), p.args...), 0, ticket, op, p.plan.Digest, p.canonical, j.now())
+	err = j.db.QueryRowContext(ctx, sqlApprove, args...).Scan(&a.MaxSeq, &a.ParkedBefore, &a.Count, &a.ApprovedBy, &a.ApprovedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		prev, ferr := j.FindApproval(ctx, ticket)
+		if ferr != nil {
+			return Approval{}, ferr
+		}
+		return prev, outbox.Errorf(CodeAlreadyApproved, opName, "ticket %q was approved by %s at %s (%s, %d rows, digest %s); a ticket is approved once",
+			ticket, prev.ApprovedBy, prev.ApprovedAt.Format(time.RFC3339), prev.Operation, prev.Count, prev.Digest)
+	}
+	if err != nil {
+		return Approval{}, fmt.Errorf("journal: approve %s: %w", ticket, err)
+	}
+	return a, nil
+}
+
+// FindApproval returns the approval recorded for ticket, or JOURNAL_NOT_APPROVED.
+func (j *Journal) FindApproval(ctx context.Context, ticket string) (Approval, error) {
+	var (
+		a    Approval
+		plan []byte
+	)
+	err := j.db.QueryRowContext(ctx, sqlFindApproval, ticket).Scan(&a.Ticket, &a.Operation, &a.Digest, &plan,
+		&a.MaxSeq, &a.ParkedBefore, &a.Count, &a.ApprovedBy, &a.ApprovedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Approval{}, outbox.Errorf(CodeNotApproved, "journal.FindApproval", "no approval is recorded for ticket %q", ticket)
+	}
+	if err != nil {
+		return Approval{}, fmt.Errorf("journal: find approval %q: %w", ticket, err)
+	}
+	if err := json.Unmarshal(plan, &a.Filter); err != nil {
+		return Approval{}, fmt.Errorf("journal: approval %q: plan: %w", ticket, err)
+	}
+	return a, nil
+}
+
+// bindApproval binds p to the approval recorded for ticket: the same plan,
+// only its row set, and no more rows than approved. Without an approval it
+// refuses when RequireApproval is set and binds nothing otherwise.
+func (j *Journal) bindApproval(ctx context.Context, ticket string, p *prepared) error {
+	opName := "journal." + p.plan.Operation
+	a, err := j.FindApproval(ctx, ticket)
+	if outbox.CodeOf(err) == CodeNotApproved {
+		if j.cfg.RequireApproval {
+			return outbox.Errorf(CodeNotApproved, opName, "ticket %q has no recorded approval: an approver records it first (outboxctl %s ... --approve, or Journal.Approve)", ticket, p.plan.Operation)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if a.Operation != p.plan.Operation || a.Digest != p.plan.Digest {
+		return outbox.Errorf(CodePlanMismatch, opName, "ticket %q approved plan %s (%s); this plan is %s (%s): get a new approval for a different plan",
+			ticket, a.Digest, a.Operation, p.plan.Digest, p.plan.Operation)
+	}
+	p.args[7], p.args[8] = a.MaxSeq, a.ParkedBefore
+	n, err := j.count(ctx, *p, 0)
+	if err != nil {
+		return err
+	}
+	if n > a.Count {
+		return outbox.Errorf(CodeApprovalExceeded, opName, "ticket %q: %d rows match the approved row set now, %d were approved by %s at %s; get a new approval",
+			ticket, n, a.Count, a.ApprovedBy, a.ApprovedAt.Format(time.RFC3339))
+	}
+	return nil
 }

@@ -56,6 +56,20 @@ type Config struct {
 	// planning per call. The transaction must belong to the *sql.DB it was
 	// prepared on. Nil (the default) sends the statement unprepared.
 	Prepared *Prepared
+
+	// MaxPayloadBytes refuses a message whose payload is longer
+	// (OUTBOX_PAYLOAD_TOO_LARGE). Zero means DefaultMaxPayloadBytes (10 MiB),
+	// negative means no limit.
+	MaxPayloadBytes int
+	// MaxHeaderBytes refuses a message whose metadata, every key and value
+	// counted (canonical msg.* ones too), is longer
+	// (OUTBOX_HEADERS_TOO_LARGE). Zero means DefaultMaxHeaderBytes (64 KiB),
+	// negative means no limit.
+	MaxHeaderBytes int
+	// MaxDestinationLength refuses a longer topic
+	// (OUTBOX_DESTINATION_TOO_LONG). Zero means DefaultMaxDestinationLength
+	// (249 bytes), negative means no limit.
+	MaxDestinationLength int
 }
 
 // withDefaults is the one place defaults are filled in.

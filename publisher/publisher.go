@@ -127,7 +127,8 @@ func bind(tx *sql.Tx, cfg Config, logger watermill.LoggerAdapter) *Publisher {
 // A refusal by the database (a duplicate id from an earlier call) aborts the
 // caller's transaction, as every failed statement does in PostgreSQL: the
 // business change cannot commit any more and the caller must roll back.
-// Publishing no messages is a no-op.
+// Publishing no messages writes nothing, but the topic is still checked:
+// an empty topic is refused (OUTBOX_TOPIC_REQUIRED) even with no messages.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	const op = "publisher.Publish"
 	p.mu.Lock()

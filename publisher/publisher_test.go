@@ -72,7 +72,9 @@ func TestOneCallWritesAllMessagesInOrder(t *testing.T) {
 		want = append(want, m.UUID)
 	}
 	require.NoError(t, pub.Publish("t", msgs...))
-	require.NoError(t, pub.Publish("t")) // no messages: a no-op
+	require.NoError(t, pub.Publish("t")) // no messages: writes nothing
+	// ... but the topic is still checked (Publish's doc says so).
+	require.ErrorIs(t, pub.Publish(""), outbox.ErrTopicRequired)
 	require.NoError(t, tx.Commit())
 
 	rows, err := s.DB.Query(`SELECT message_id, payload FROM messaging_outbox ORDER BY seq`)
@@ -299,6 +301,30 @@ func TestRefusalsWriteNothing(t *testing.T) {
 			m.Metadata.Set(envelope.KeyAggregateVersion, "v9")
 			return m
 		}, outbox.ErrInvalidMetadata},
+		// Issue 21: text that outboxctl prints and relays log is printable.
+		{"ESC in topic", "orders\x1b[2J", func() *message.Message { return newMsg(t, "x") }, publisher.ErrControlCharacter},
+		{"newline in topic", "orders\nmsg=forged", func() *message.Message { return newMsg(t, "x") }, publisher.ErrControlCharacter},
+		{"C1 control in topic", "orders\u009b", func() *message.Message { return newMsg(t, "x") }, publisher.ErrControlCharacter},
+		{"BEL in correlation id", "t", func() *message.Message {
+			m := newMsg(t, "x")
+			m.Metadata.Set(envelope.KeyCorrelationID, "\x1b]0;owned\x07")
+			return m
+		}, publisher.ErrControlCharacter},
+		{"newline in ordering key", "t", func() *message.Message {
+			m := newMsg(t, "x")
+			m.Metadata.Set(envelope.KeyOrderingKey, "a\nb")
+			return m
+		}, publisher.ErrControlCharacter},
+		{"ESC in message id", "t", func() *message.Message { return message.NewMessage("id\x1b[2J", nil) }, publisher.ErrControlCharacter},
+		{"topic over the default length", strings.Repeat("t", publisher.DefaultMaxDestinationLength+1), func() *message.Message { return newMsg(t, "x") }, publisher.ErrDestinationTooLong},
+		{"payload over the default limit", "t", func() *message.Message {
+			return message.NewMessage(randomID(t), make([]byte, publisher.DefaultMaxPayloadBytes+1))
+		}, publisher.ErrPayloadTooLarge},
+		{"headers over the default limit", "t", func() *message.Message {
+			m := newMsg(t, "x")
+			m.Metadata.Set("big", strings.Repeat("h", publisher.DefaultMaxHeaderBytes))
+			return m
+		}, publisher.ErrHeadersTooLarge},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -552,4 +578,39 @@ func TestPublishUsesTheFirstMessageContext(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.NoError(t, tx.Rollback())
 	require.Zero(t, s.Count(t, ""))
+}
+
+// The limits are configurable: a lower limit refuses what the default takes,
+// a negative one lifts it, and header values stay free text (control
+// characters other than NUL round-trip there).
+func TestConfiguredInputLimits(t *testing.T) {
+	s := newSchema(t)
+	publish := func(cfg publisher.Config, topic string, m *message.Message) error {
+		tx := begin(t, s.DB, nil)
+		pub, err := publisher.New(tx, cfg, nil)
+		require.NoError(t, err)
+		err = pub.Publish(topic, m)
+		if err != nil {
+			require.NoError(t, tx.Rollback())
+			return err
+		}
+		return tx.Commit()
+	}
+	m := message.NewMessage(randomID(t), []byte("0123456789"))
+	err := publish(publisher.Config{MaxPayloadBytes: 9}, "t", m)
+	require.ErrorIs(t, err, publisher.ErrPayloadTooLarge)
+	require.Contains(t, err.Error(), "MaxPayloadBytes")
+	require.ErrorIs(t, publish(publisher.Config{MaxDestinationLength: 3}, "four", newMsg(t, "x")), publisher.ErrDestinationTooLong)
+	h := newMsg(t, "x")
+	h.Metadata.Set("k", "0123456789")
+	require.ErrorIs(t, publish(publisher.Config{MaxHeaderBytes: 10}, "t", h), publisher.ErrHeadersTooLarge)
+	require.Zero(t, s.Count(t, ""), "refusals write nothing")
+
+	long := strings.Repeat("t", publisher.DefaultMaxDestinationLength+1)
+	require.NoError(t, publish(publisher.Config{MaxDestinationLength: -1, MaxPayloadBytes: 10, MaxHeaderBytes: 11}, long, h))
+	free := newMsg(t, "x")
+	free.Metadata.Set("note", "line one\nline two\x1b[1m")
+	require.NoError(t, publish(publisher.Config{}, "t", free))
+	require.Equal(t, "line one\nline two\x1b[1m", readRow(t, s.DB, free.UUID).Headers["note"])
+	require.Equal(t, 2, s.Count(t, ""))
 }

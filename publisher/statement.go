@@ -215,6 +215,10 @@ func buildInsert(topic string, msgs []*message.Message, cfg Config) (Statement, 
 	if topic == "" {
 		return Statement{}, outbox.Errorf(outbox.CodeTopicRequired, op, "topic must not be empty")
 	}
+	lim := cfg.limits()
+	if err := checkTopic(topic, lim); err != nil {
+		return Statement{}, err
+	}
 	rows := make([]envelope.Row, len(msgs))
 	headers := make([][]byte, len(msgs))
 	ids := make([]string, len(msgs))
@@ -222,8 +226,14 @@ func buildInsert(topic string, msgs []*message.Message, cfg Config) (Statement, 
 	opts := envelope.Options{Producer: cfg.Producer}
 	v := variantMinimal
 	for i, msg := range msgs {
+		if err := checkMessage(msg, i, lim); err != nil {
+			return Statement{}, err
+		}
 		r, err := envelope.ToRow(topic, msg, opts)
 		if err != nil {
+			return Statement{}, err
+		}
+		if err := checkRow(r, i); err != nil {
 			return Statement{}, err
 		}
 		if j, dup := seen[r.MessageID]; dup {

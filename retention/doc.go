@@ -43,6 +43,14 @@
 // Inbox rows (messaging_inbox) are removed by processed_at when InboxHorizon
 // is set, in the same bounded form; zero leaves the inbox alone.
 //
+// # Floors
+//
+// Horizon below DefaultHorizon (72h) and InboxHorizon below MinInboxHorizon
+// (7 days, the default redelivery window of Pub/Sub and Kafka: an inbox id
+// removed sooner lets a redelivered message repeat its effect) are refused
+// with RETENTION_HORIZON_BELOW_FLOOR unless Config.AllowShortHorizons is
+// set; New logs every Cleaner built with such an override.
+//
 // # One run at a time
 //
 // Run takes a session-level PostgreSQL advisory lock (pg_try_advisory_lock)
@@ -50,7 +58,9 @@
 // outbox table the connection resolves, so replicas of one deployment
 // exclude each other and deployments in other schemas do not. When the lock
 // is taken, Run returns at once with Result.Skipped = true and a nil error:
-// an overlapping scheduled run is expected, not a failure. Scheduling is the
+// an overlapping scheduled run is expected, not a failure; Result.HeldBy
+// names the sessions holding the lock (a login that keeps it stops
+// retention, and outboxctl cleanup exits 5 then). Scheduling is the
 // application's choice: call Run from its own scheduler, use
 // [Cleaner.Every], or run `outboxctl cleanup`.
 //

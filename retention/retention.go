@@ -41,7 +41,20 @@ const (
 	DefaultMaxBatches       = 100
 	DefaultStatementTimeout = 5 * time.Second
 	DefaultMode             = ByPublishedAt
+	// MinInboxHorizon is the shortest InboxHorizon accepted without
+	// AllowShortHorizons: a week, the default redelivery window of Pub/Sub
+	// (message retention) and of Kafka (log retention). A consumer handed a
+	// message again within that window must still find its id in the inbox,
+	// or the message's effect is repeated.
+	MinInboxHorizon = 7 * 24 * time.Hour
 )
+
+// CodeHorizonBelowFloor: Horizon is below DefaultHorizon, or InboxHorizon
+// below MinInboxHorizon, and AllowShortHorizons is not set.
+const CodeHorizonBelowFloor outbox.Code = "RETENTION_HORIZON_BELOW_FLOOR"
+
+// ErrHorizonBelowFloor matches [CodeHorizonBelowFloor] with errors.Is.
+var ErrHorizonBelowFloor = &outbox.Error{Code: CodeHorizonBelowFloor}
 
 // Config configures a [Cleaner]. Zero fields take the documented default;
 // negative values are refused by Validate.
@@ -69,6 +82,11 @@ type Config struct {
 	// removed. Zero disables inbox cleanup: keep inbox ids at least as long as
 	// a broker can redeliver a message, or its effect may be repeated.
 	InboxHorizon time.Duration
+	// AllowShortHorizons accepts a Horizon below DefaultHorizon and an
+	// InboxHorizon below MinInboxHorizon, which Validate refuses otherwise
+	// (RETENTION_HORIZON_BELOW_FLOOR): one typo (1ns for 1h) would delete
+	// every published row and every inbox id. New logs each such Cleaner.
+	AllowShortHorizons bool
 	// Now is the clock the horizons are measured from. Nil means the
 	// database's now().
 	Now func() time.Time
@@ -88,10 +106,14 @@ type Batch struct {
 	Removed int    // rows deleted or archived by this batch
 }
 
-// Result reports one Run.
+// Result reports one Run. More false does not promise that no row past the
+// horizon remains under ByCreatedAt: an old stream row behind a younger one
+// (its transaction started before the horizon and inserted later) waits for
+// a later run.
 type Result struct {
-	// Skipped is true when another Cleaner held the run lock: the run did
-	// nothing, by design, and is not an error.
+	// Skipped is true when another session held the run lock: the run did
+	// nothing and is not an error, but a session that keeps the lock stops
+	// retention; HeldBy names it (outboxctl cleanup exits 5).
 	Skipped      bool
 	Batches      int  // outbox batches executed
 	Deleted      int  // outbox rows deleted (0 in archive mode)
@@ -100,6 +122,9 @@ type Result struct {
 	InboxDeleted int  // inbox rows deleted
 	More         bool // a table hit MaxBatches with a full last batch: rows past the horizon remain
 	Duration     time.Duration
+	// HeldBy, when Skipped, names the sessions holding the run lock ("pid N
+	// (role, application)"), as far as pg_stat_activity shows them.
+	HeldBy string
 }
 
 func (c Config) withDefaults() Config {
@@ -139,6 +164,10 @@ func (c Config) Validate() error {
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "StatementTimeout is %s; PostgreSQL counts it in whole milliseconds, use at least 1ms", c.StatementTimeout)
 	case c.InboxHorizon < 0:
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "InboxHorizon is %s; use a positive duration, or 0 to disable inbox cleanup", c.InboxHorizon)
+	case !c.AllowShortHorizons && c.Horizon < DefaultHorizon:
+		return outbox.Errorf(CodeHorizonBelowFloor, op, "Horizon is %s, below the floor of %s; set AllowShortHorizons (outboxctl: --allow-short-horizons) if that is meant", c.Horizon, DefaultHorizon)
+	case !c.AllowShortHorizons && c.InboxHorizon > 0 && c.InboxHorizon < MinInboxHorizon:
+		return outbox.Errorf(CodeHorizonBelowFloor, op, "InboxHorizon is %s, below the floor of %s (keep inbox ids as long as a broker can redeliver); set AllowShortHorizons (outboxctl: --allow-short-horizons) if that is meant", c.InboxHorizon, MinInboxHorizon)
 	case c.Mode != ByPublishedAt && c.Mode != ByCreatedAt:
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "Mode %q is unknown; use %s (polling relay) or %s (CDC relay)", c.Mode, ByPublishedAt, ByCreatedAt)
 	}
@@ -166,7 +195,14 @@ func New(db *sql.DB, logger watermill.LoggerAdapter, cfg Config) (*Cleaner, erro
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	return &Cleaner{db: db, logger: logger, cfg: cfg.withDefaults()}, nil
+	c := &Cleaner{db: db, logger: logger, cfg: cfg.withDefaults()}
+	if c.cfg.Horizon < DefaultHorizon || (c.cfg.InboxHorizon > 0 && c.cfg.InboxHorizon < MinInboxHorizon) {
+		logger.Info("retention horizons below the floor, allowed by AllowShortHorizons", watermill.LogFields{
+			"severity": "warn", "horizon": c.cfg.Horizon, "inbox_horizon": c.cfg.InboxHorizon,
+			"floor": DefaultHorizon, "inbox_floor": MinInboxHorizon,
+		})
+	}
+	return c, nil
 }
 
 // Config returns the effective configuration (defaults filled in).
@@ -178,6 +214,13 @@ func (c *Cleaner) Config() Config { return c.cfg }
 const (
 	sqlTryLock = `SELECT pg_try_advisory_lock(hashtextextended('watermill-outbox/retention/' || 'messaging_outbox'::regclass::oid::text, 0))`
 	sqlUnlock  = `SELECT pg_advisory_unlock(hashtextextended('watermill-outbox/retention/' || 'messaging_outbox'::regclass::oid::text, 0))`
+	// A bigint advisory key shows in pg_locks as classid (high half) and
+	// objid (low half), objsubid 1.
+	sqlLockHolder = `
+SELECT coalesce(string_agg(format('pid %s (%s, %s)', l.pid, coalesce(a.usename::text, '?'), coalesce(nullif(a.application_name, ''), '-')), ', ' ORDER BY l.pid), '')
+  FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended('watermill-outbox/retention/' || 'messaging_outbox'::regclass::oid::text, 0)`
 
 	// set_config(..., true) is SET LOCAL with a bindable value.
 	sqlStatementTimeout = `SELECT set_config('statement_timeout', $1, true)`
@@ -330,7 +373,8 @@ func (c *Cleaner) Run(ctx context.Context) (res Result, err error) {
 	}
 	if !locked {
 		res.Skipped = true
-		c.logger.Debug("retention run skipped: another run holds the lock", nil)
+		_ = conn.QueryRowContext(ctx, sqlLockHolder).Scan(&res.HeldBy)
+		c.logger.Info("retention run skipped: another session holds the retention lock", watermill.LogFields{"held_by": res.HeldBy})
 		return res, nil
 	}
 	defer func() {

@@ -392,7 +392,7 @@ func TestByCreatedAtIsRefusedUnlessRelayModeIsCDC(t *testing.T) {
 	require.NoError(t, err)
 
 	for _, archive := range []bool{false, true} {
-		c, err := retention.New(s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, Archive: archive, InboxHorizon: time.Hour, Now: clock})
+		c, err := retention.New(s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, Archive: archive, InboxHorizon: time.Hour, AllowShortHorizons: true, Now: clock})
 		require.NoError(t, err, "the mode is the database's state at run time, not a configuration error")
 		res, err := c.Run(context.Background())
 		require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
@@ -438,7 +438,7 @@ SELECT 'billing', 'recent-' || g, $1::timestamptz FROM generate_series(1, 10) g`
 
 	var inboxBatches []int
 	c, err := retention.New(s.DB, nil, retention.Config{
-		BatchSize: 1000, InboxHorizon: 24 * time.Hour, Now: clock,
+		BatchSize: 1000, InboxHorizon: 24 * time.Hour, AllowShortHorizons: true, Now: clock,
 		OnBatch: func(b retention.Batch) {
 			if b.Table == "messaging_inbox" {
 				inboxBatches = append(inboxBatches, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_inbox`))

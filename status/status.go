@@ -106,6 +106,9 @@ type Relay struct {
 	HeartbeatAt time.Time `json:"heartbeat_at"`
 	ExpiresAt   time.Time `json:"expires_at"`
 	SlotName    string    `json:"slot_name,omitempty"`
+	// MaxAttempts is a polling relay's attempt budget, from its heartbeat
+	// (0: not reported).
+	MaxAttempts int `json:"max_attempts,omitempty"`
 }
 
 // Slot is one logical replication slot of the database, as
@@ -164,6 +167,10 @@ type Snapshot struct {
 	// len(StuckCorrelations) when Options.MaxStuck cut the list.
 	StuckTotal int64   `json:"stuck_total"`
 	Relays     []Relay `json:"live_relays"`
+	// BudgetsDiffer is true when live relays report different MaxAttempts:
+	// the budget is each relay's configuration, so the lowest parks the
+	// others' rows EXHAUSTED.
+	BudgetsDiffer bool `json:"budgets_differ"`
 	// Breakers are the open breakers of live relays: destinations a relay
 	// found unavailable as a whole (their rows wait without spending
 	// attempts while it probes).
@@ -348,8 +355,15 @@ func readRelays(ctx context.Context, tx *sql.Tx, s *Snapshot) error {
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}
+	var budget int // the last non-zero budget seen
 	for _, h := range live {
-		s.Relays = append(s.Relays, Relay{Owner: h.Owner, StartedAt: h.StartedAt, HeartbeatAt: h.HeartbeatAt, ExpiresAt: h.ExpiresAt})
+		s.Relays = append(s.Relays, Relay{Owner: h.Owner, StartedAt: h.StartedAt, HeartbeatAt: h.HeartbeatAt, ExpiresAt: h.ExpiresAt, MaxAttempts: h.MaxAttempts})
+		if h.MaxAttempts != 0 {
+			if budget != 0 && budget != h.MaxAttempts {
+				s.BudgetsDiffer = true
+			}
+			budget = h.MaxAttempts
+		}
 	}
 	cdc, err := debezium.LiveCDCConsumers(ctx, tx, s.At)
 	if err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -21,7 +22,7 @@ func (a *app) cleanupCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Run retention once: delete (or archive) old rows in bounded batches",
-		Long: `Run one retention pass: remove PUBLISHED rows whose published_at is past the
+		Long: fmt.Sprintf(`Run one retention pass: remove PUBLISHED rows whose published_at is past the
 horizon, in batches of --batch-size rows, at most --max-batches batches, each
 batch in its own transaction under its own statement timeout. Parked and
 pending rows are never touched. --archive moves rows to
@@ -30,7 +31,11 @@ messaging_outbox_archive instead of deleting them.
 In CDC relay mode nothing marks rows PUBLISHED, so retention goes by
 created_at instead: --by-created-at, which removes rows of ANY status past the
 horizon. It is refused unless the database's relay mode is CDC (exit 3).
-Progress is printed per batch on stderr.`,
+Horizons below the floors (--horizon %s, --inbox-horizon %s: the
+brokers' default redelivery window) are refused unless --allow-short-horizons
+is given, which is printed as a warning. A run that finds another session
+holding the retention lock removes nothing and exits 5, naming that session.
+Progress is printed per batch on stderr.`, retention.DefaultHorizon, retention.MinInboxHorizon),
 		Args: cobra.NoArgs,
 		RunE: a.withDB(func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
 			if byCreatedAt {
@@ -45,6 +50,10 @@ Progress is printed per batch on stderr.`,
 				if mode == debezium.ModeCDC {
 					a.progress("warning: relay mode is CDC: rows are never marked PUBLISHED, so this run removes nothing; use --by-created-at")
 				}
+			}
+			if cfg.AllowShortHorizons && (cfg.Horizon < retention.DefaultHorizon || (cfg.InboxHorizon > 0 && cfg.InboxHorizon < retention.MinInboxHorizon)) {
+				a.progress("warning: --allow-short-horizons: horizon %s (floor %s), inbox horizon %s (floor %s)",
+					cfg.Horizon, retention.DefaultHorizon, cfg.InboxHorizon, retention.MinInboxHorizon)
 			}
 			cfg.OnBatch = func(b retention.Batch) {
 				a.progress("batch %d on %s: %d rows", b.Number, b.Table, b.Removed)
@@ -61,16 +70,20 @@ Progress is printed per batch on stderr.`,
 			if err != nil {
 				return err
 			}
+			skipped := outbox.Errorf(CodeCleanupSkipped, "outboxctl cleanup",
+				"skipped: another session holds the retention lock (%s); retention does not run while it does", cmp.Or(res.HeldBy, "holder not visible"))
 			if a.json {
-				return a.printJSON(map[string]any{
-					"skipped": res.Skipped, "batches": res.Batches, "deleted": res.Deleted, "archived": res.Archived,
+				if err := a.printJSON(map[string]any{
+					"skipped": res.Skipped, "held_by": res.HeldBy, "batches": res.Batches, "deleted": res.Deleted, "archived": res.Archived,
 					"inbox_batches": res.InboxBatches, "inbox_deleted": res.InboxDeleted, "more": res.More,
 					"duration_seconds": res.Duration.Seconds(), "mode": string(c.Config().Mode),
-				})
+				}); err != nil || !res.Skipped {
+					return err
+				}
+				return skipped
 			}
 			if res.Skipped {
-				fmt.Fprintln(a.stdout, "skipped: another cleaner holds the retention lock")
-				return nil
+				return skipped
 			}
 			t := newTable(a.stdout)
 			t.row("mode", string(c.Config().Mode))
@@ -91,6 +104,7 @@ Progress is printed per batch on stderr.`,
 	f.DurationVar(&cfg.StatementTimeout, "statement-timeout", retention.DefaultStatementTimeout, "statement timeout of each batch")
 	f.BoolVar(&cfg.Archive, "archive", false, "move rows to messaging_outbox_archive instead of deleting them")
 	f.DurationVar(&cfg.InboxHorizon, "inbox-horizon", 0, "also remove inbox rows processed longer ago than this (0 = leave the inbox alone)")
+	f.BoolVar(&cfg.AllowShortHorizons, "allow-short-horizons", false, fmt.Sprintf("allow --horizon below %s and --inbox-horizon below %s (logged)", retention.DefaultHorizon, retention.MinInboxHorizon))
 	f.BoolVar(&byCreatedAt, "by-created-at", false, "CDC mode: remove rows by created_at whatever their status (refused unless the relay mode is CDC)")
 	return cmd
 }

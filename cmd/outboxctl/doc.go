@@ -20,17 +20,22 @@
 //	migrate                     apply the embedded migrations; print the versions applied
 //	status                      backlog by status, destination and tenant; oldest pending age;
 //	                            ambiguous/failed/exhausted counts and top failure codes;
-//	                            stuck correlations; live relays; relay mode (package status)
+//	                            stuck correlations; live relays and their MaxAttempts (warns when
+//	                            they differ); relay mode (package status)
 //	inspect <message-id>        every column of one row, headers, lease, failure, and a bounded
 //	                            payload preview (--payload-bytes); --payload-to FILE|- for the raw bytes
 //	redrive | purge             parked rows (EXHAUSTED/FAILED) matching --status, --destination,
 //	                            --tenant, --failure-code, --message-id, --since/--until (RFC 3339),
 //	                            through the admin journal: --dry-run prints plan, count and digest;
-//	                            executing requires --ticket and the approved --expect-digest;
+//	                            --approve records the approval of that digest under --ticket
+//	                            (approver: the database login; binds the rows matching now);
+//	                            executing requires --ticket, the approved --expect-digest and that
+//	                            recorded approval; --force-takeover takes a live operation (recorded);
 //	                            not bounded by --timeout; a cut run prints the command that
 //	                            resumes it; progress per batch on stderr (package journal)
 //	cleanup                     one retention run (package retention): --horizon, --batch-size,
-//	                            --max-batches, --archive, --inbox-horizon, --by-created-at (CDC only)
+//	                            --max-batches, --archive, --inbox-horizon, --by-created-at (CDC only);
+//	                            horizons below 72h / 7 days need --allow-short-horizons
 //	relay --to <sink>           a standalone forwarder until SIGINT/SIGTERM (drains the pass);
 //	                            --metrics-addr serves /metrics (forwarder metrics + backlog gauges),
 //	                            /healthz and /readyz; every flag also from OUTBOX_<FLAG> (flags win);
@@ -63,11 +68,13 @@
 //	2  usage error: unknown command or flag, bad argument count or value, a configuration the
 //	   package refuses (OUTBOX_INVALID_CONFIG), JOURNAL_INVALID_FILTER, JOURNAL_TICKET_REQUIRED,
 //	   OUTBOXCTL_DIGEST_REQUIRED, OUTBOXCTL_DATABASE_URL_REQUIRED, OUTBOXCTL_INVALID_DATABASE_URL,
-//	   OUTBOX_SCHEMA_NOT_MIGRATED
+//	   OUTBOX_SCHEMA_NOT_MIGRATED, RETENTION_HORIZON_BELOW_FLOOR
 //	3  refused by a guard: JOURNAL_ALREADY_EXECUTED, JOURNAL_IN_FLIGHT, JOURNAL_LEASE_LOST,
 //	   JOURNAL_PLAN_MISMATCH, OUTBOXCTL_DIGEST_MISMATCH, RELAY_MODE_CONFLICT,
-//	   OUTBOXCTL_RETENTION_MODE_MISMATCH
+//	   OUTBOXCTL_RETENTION_MODE_MISMATCH, JOURNAL_NOT_APPROVED, JOURNAL_APPROVAL_EXCEEDED,
+//	   JOURNAL_ALREADY_APPROVED
 //	4  OUTBOXCTL_DATABASE_UNREACHABLE: the first ping failed; safe to retry
+//	5  OUTBOXCTL_CLEANUP_SKIPPED: another session holds the retention lock; the error names it
 //
 // Every typed refusal prints its stable code on a line of its own
 // ("code: RELAY_MODE_CONFLICT").

@@ -401,3 +401,74 @@ func TestResolvedURLTrimsAndFallsBackToEnv(t *testing.T) {
 	require.Equal(t, "postgres://env", (&app{databaseURL: "  ", getenv: env(" postgres://env ")}).resolvedURL())
 	require.Empty(t, (&app{databaseURL: " ", getenv: env(" ")}).resolvedURL())
 }
+
+// Issue 21: `cleanup --horizon 1ns --inbox-horizon 1ns` deleted everything,
+// exit 0. Below the floors it is refused (exit 2) unless
+// --allow-short-horizons, which is printed; a run skipped because another
+// session holds the retention lock exits 5 naming it.
+func TestCleanupFloorAndVisibleSkip(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	exec1(t, s.DB, `
+INSERT INTO messaging_outbox (message_id, destination, payload, status, published_at)
+VALUES ('recent', 'orders', 'x', 'PUBLISHED', now() - interval '1 hour')`)
+	exec1(t, s.DB, `INSERT INTO messaging_inbox (message_id, consumer, processed_at) VALUES ('m1', 'billing', now() - interval '1 hour')`)
+	for _, args := range [][]string{{"--horizon", "1ns"}, {"--inbox-horizon", "1ns"}, {"--inbox-horizon", "24h"}} {
+		r := db(t, s, append([]string{"cleanup"}, args...)...)
+		requireCode(t, r, ExitUsage)
+		require.Contains(t, r.stderr, "code: RETENTION_HORIZON_BELOW_FLOOR", "%q", args)
+		require.Contains(t, r.stderr, "--allow-short-horizons")
+	}
+	inbox := func() int { return testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_inbox`) }
+	require.Equal(t, 1, s.Count(t, ""))
+	require.Equal(t, 1, inbox())
+	r := db(t, s, "cleanup", "--horizon", "1m", "--inbox-horizon", "1m", "--allow-short-horizons")
+	requireCode(t, r, 0)
+	require.Contains(t, r.stderr, "warning: --allow-short-horizons: horizon 1m0s")
+	require.Zero(t, s.Count(t, ""))
+	require.Zero(t, inbox())
+
+	// A login holding the retention lock: the run is skipped, visibly.
+	holder, err := s.DB.Conn(context.Background())
+	require.NoError(t, err)
+	defer holder.Close()
+	_, err = holder.ExecContext(context.Background(), `SET application_name = 'lock-squatter'`)
+	require.NoError(t, err)
+	_, err = holder.ExecContext(context.Background(),
+		`SELECT pg_advisory_lock(hashtextextended('watermill-outbox/retention/' || 'messaging_outbox'::regclass::oid::text, 0))`)
+	require.NoError(t, err)
+	r = db(t, s, "cleanup")
+	requireCode(t, r, ExitSkipped)
+	require.Contains(t, r.stderr, "code: OUTBOXCTL_CLEANUP_SKIPPED")
+	require.Contains(t, r.stderr, "lock-squatter")
+	r = db(t, s, "--json", "cleanup")
+	requireCode(t, r, ExitSkipped)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &doc))
+	require.Equal(t, true, doc["skipped"])
+	require.Contains(t, doc["held_by"], "lock-squatter")
+}
+
+// README: each relay's MaxAttempts decides, and `outboxctl status` lists the
+// live relays' budgets and warns when they differ.
+func TestStatusWarnsWhenRelayBudgetsDiffer(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	ctx := context.Background()
+	require.NoError(t, debezium.BeatBudget(ctx, s.DB, "relay-a", time.Minute, 25))
+	r := db(t, s, "status")
+	requireCode(t, r, 0)
+	require.Regexp(t, `(?m)^relay-a\s+.*\s25$`, r.stdout)
+	require.NotContains(t, r.stdout, "different MaxAttempts")
+
+	require.NoError(t, debezium.BeatBudget(ctx, s.DB, "relay-b", time.Minute, 3))
+	r = db(t, s, "status")
+	requireCode(t, r, 0)
+	require.Regexp(t, `(?m)^relay-b\s+.*\s3$`, r.stdout)
+	require.Contains(t, r.stdout, "warning: live relays have different MaxAttempts")
+	r = db(t, s, "--json", "status")
+	requireCode(t, r, 0)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &doc))
+	require.Equal(t, true, doc["budgets_differ"])
+}

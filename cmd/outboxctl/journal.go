@@ -37,7 +37,8 @@ var ErrDigestMismatch = &outbox.Error{Code: CodeDigestMismatch}
 
 func init() {
 	for _, c := range []outbox.Code{journal.CodeAlreadyExecuted, journal.CodeInFlight, journal.CodeLeaseLost,
-		journal.CodePlanMismatch, CodeDigestMismatch} {
+		journal.CodePlanMismatch, CodeDigestMismatch, journal.CodeNotApproved, journal.CodeApprovalExceeded,
+		journal.CodeAlreadyApproved} {
 		guardCodes[c] = true
 	}
 	for _, c := range []outbox.Code{journal.CodeInvalidFilter, journal.CodeTicketRequired, CodeDigestRequired} {
@@ -58,6 +59,8 @@ type journalFlags struct {
 	expectDigest string
 	batchSize    int
 	owner        string
+	approve      bool
+	force        bool
 }
 
 func (f *journalFlags) register(cmd *cobra.Command) {
@@ -73,6 +76,8 @@ func (f *journalFlags) register(cmd *cobra.Command) {
 	fl.BoolVar(&f.dryRun, "dry-run", false, "print the plan, the matching count and its digest; change nothing")
 	fl.StringVar(&f.expectDigest, "expect-digest", "", "the digest of the approved dry run; required to execute, refused (exit 3) when the flags describe another plan")
 	fl.IntVar(&f.batchSize, "batch-size", journal.DefaultBatchSize, "rows per batch (one transaction with its checkpoint)")
+	fl.BoolVar(&f.approve, "approve", false, "record the approval of this plan under --ticket (needs --expect-digest, the reviewed dry run's digest): the approver is your database login, and the rows matching now, with their count as a ceiling, are what the execution may touch")
+	fl.BoolVar(&f.force, "force-takeover", false, "take over the ticket's operation although its lease is live (another process may still be running it); recorded in the journal with your login")
 	fl.StringVar(&f.owner, "owner", "", "journal owner of this run (default outboxctl:<user>@<host>:<ticket>: the same operator re-running the same command resumes it at once; an operation left by another owner resumes with that --owner, or by anyone once its lease ends)")
 }
 
@@ -153,10 +158,16 @@ const journalLong = `
 
 Runbook: plan, approve, execute.
   1. outboxctl <op> <filter> --dry-run      prints the plan, the matching count and its digest
-  2. the approver reviews that output and approves the digest under a ticket
+  2. the approver reviews that output and records the approval in the database:
+     outboxctl <op> <filter> --ticket T --expect-digest D --approve
+     (the approver is the database login; the rows matching now and their
+     count are what the execution may touch)
   3. outboxctl <op> <filter> --ticket T --expect-digest D
-Execution requires both --ticket and --expect-digest; flags that describe a
-different plan are refused (exit 3) with the digest they describe.
+Execution requires --ticket, --expect-digest and a recorded approval of that
+plan under that ticket (exit 3 otherwise); rows parked after the approval are
+left alone, and more matching rows than approved is refused (exit 3) with the
+count. Flags that describe a different plan are refused (exit 3) with the
+digest they describe.
 
 An execution is not bounded by --timeout (a dry run is). If it is cut (a
 signal, a lost connection, a failed batch) it reports the ticket, the items
@@ -188,13 +199,16 @@ func (a *app) journalRun(ctx context.Context, db *sql.DB, op string, f *journalF
 		return err
 	}
 	if !f.dryRun && f.ticket == "" {
-		return outbox.Errorf(journal.CodeTicketRequired, "outboxctl "+op, "--ticket is required to execute (or use --dry-run to see the plan)")
+		return outbox.Errorf(journal.CodeTicketRequired, "outboxctl "+op, "--ticket is required to approve or execute (or use --dry-run to see the plan)")
+	}
+	if f.dryRun && (f.approve || f.force) {
+		return outbox.Errorf(CodeUsage, "outboxctl "+op, "--dry-run changes nothing: it takes neither --approve nor --force-takeover")
 	}
 	owner := f.owner
 	if owner == "" && !f.dryRun {
 		owner = defaultJournalOwner(f.ticket)
 	}
-	j, err := journal.New(db, journal.Config{BatchSize: f.batchSize, Owner: owner})
+	j, err := journal.New(db, journal.Config{BatchSize: f.batchSize, Owner: owner, RequireApproval: true, ForceTakeover: f.force})
 	if err != nil {
 		return err
 	}
@@ -225,6 +239,17 @@ func (a *app) journalRun(ctx context.Context, db *sql.DB, op string, f *journalF
 	}
 	if f.expectDigest != digest {
 		return outbox.Errorf(CodeDigestMismatch, "outboxctl "+op, "the flags describe plan %s, not the approved %s: run --dry-run with these flags and get that plan approved, or use the flags of the approved plan", digest, f.expectDigest)
+	}
+	if f.approve {
+		return a.approve(ctx, j, op, filter, f)
+	}
+	// Refused before the plan is printed: nothing runs without an approval
+	// (the journal checks again, and binds the approved rows, when it runs).
+	if _, err := j.FindApproval(ctx, f.ticket); outbox.CodeOf(err) == journal.CodeNotApproved {
+		return outbox.Errorf(journal.CodeNotApproved, "outboxctl "+op,
+			"ticket %s has no recorded approval: the approver reviews the --dry-run and records it with: %s --approve", f.ticket, f.command(op, digest, f.ticket, ""))
+	} else if err != nil {
+		return err
 	}
 	if !a.json {
 		// The operator sees the plan before it runs, so the human output
@@ -278,9 +303,13 @@ func (a *app) journalError(ctx context.Context, j *journal.Journal, op string, f
 		}
 		ends := rec.LeaseExpiresAt.UTC().Format(time.RFC3339)
 		cmd := f.command(op, digest, f.ticket, rec.Owner)
+		login := "?"
+		if len(rec.ExecutedBy) > 0 {
+			login = rec.ExecutedBy[len(rec.ExecutedBy)-1]
+		}
 		return &resumeError{cause: err, resume: cmd, err: outbox.Errorf(journal.CodeInFlight, "outboxctl "+op,
-			"owner %s holds ticket %s (%s done) until %s. If that process is still running, let it finish; if it is gone, run this command again after %s, or resume it now as that owner: %s",
-			rec.Owner, f.ticket, items(rec.ItemsCompleted), ends, ends, cmd)}
+			"owner %s (database login %s) holds ticket %s (%s done) until %s. If that process is still running, let it finish; if it is gone, run this command again after %s; that login resumes it now as that owner with: %s (any other login only with --force-takeover, which is recorded)",
+			rec.Owner, login, f.ticket, items(rec.ItemsCompleted), ends, ends, cmd)}
 	case out.Run == nil, code == journal.CodeLeaseLost:
 		// Refused before it began, or another owner took it over: nothing
 		// of ours to resume.
@@ -357,6 +386,32 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// approve records the approval of the plan under f.ticket and prints it.
+func (a *app) approve(ctx context.Context, j *journal.Journal, op string, filter journal.Filter, f *journalFlags) error {
+	ap, err := j.Approve(ctx, f.ticket, op, filter)
+	if err != nil {
+		return err
+	}
+	if a.json {
+		return a.printJSON(map[string]any{"approved": true, "ticket": ap.Ticket, "operation": ap.Operation, "digest": ap.Digest,
+			"approved_count": ap.Count, "max_seq": ap.MaxSeq, "parked_before": ap.ParkedBefore.UTC().Format(time.RFC3339Nano),
+			"approved_by": ap.ApprovedBy, "approved_at": ap.ApprovedAt.UTC().Format(time.RFC3339Nano)})
+	}
+	t := newTable(a.stdout)
+	t.row("ticket", ap.Ticket)
+	t.row("operation", ap.Operation)
+	t.row("digest", ap.Digest)
+	t.row("approved count", ap.Count)
+	t.row("highest seq", ap.MaxSeq)
+	t.row("parked before", ap.ParkedBefore.UTC().Format(time.RFC3339))
+	t.row("approved by", ap.ApprovedBy)
+	if err := t.flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "\napproved: at most these %d rows may be touched; execute with:\n  %s\n", ap.Count, f.command(op, ap.Digest, f.ticket, f.owner))
+	return nil
 }
 
 func planJSON(p journal.Plan) map[string]any {

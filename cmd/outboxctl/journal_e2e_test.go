@@ -65,7 +65,8 @@ func TestRedriveDryRunThenExactlyOnce(t *testing.T) {
 	require.Contains(t, r.stderr, "code: OUTBOXCTL_DIGEST_MISMATCH")
 	require.Equal(t, 30, s.Count(t, "status = 'EXHAUSTED'"))
 
-	// Execution: plan first, progress per batch on stderr.
+	// Execution: approved first, then plan, progress per batch on stderr.
+	approve(t, s, "redrive", "CHG-1", digest, filter...)
 	r = db(t, s, append([]string{"redrive", "--ticket", "CHG-1", "--expect-digest", digest, "--batch-size", "10"}, filter...)...)
 	requireCode(t, r, 0)
 	require.Regexp(t, `(?m)^digest\s+`+digest+`$`, r.stdout)
@@ -101,6 +102,7 @@ func TestPurgeDeletesOnlyParkedMatchingRows(t *testing.T) {
 
 	ids := []string{"--message-id", "fa-1", "--message-id", "ex-30", "--message-id", "pending-1"}
 	digest := dryRunDigest(t, s, "purge", ids...)
+	approve(t, s, "purge", "CHG-9", digest, ids...)
 	r := db(t, s, append([]string{"--json", "purge", "--ticket", "CHG-9", "--expect-digest", digest}, ids...)...)
 	requireCode(t, r, 0)
 	var out struct {
@@ -138,6 +140,15 @@ func TestPurgeDeletesOnlyParkedMatchingRows(t *testing.T) {
 
 // dryRunDigest runs `op --dry-run --json` with filter and returns the plan
 // digest it prints.
+// approve records the approval of op with filter under ticket (the dry
+// run's digest), as the test's database login.
+func approve(t *testing.T, s *testdb.Schema, op, ticket, digest string, filter ...string) {
+	t.Helper()
+	r := db(t, s, append([]string{op, "--ticket", ticket, "--expect-digest", digest, "--approve"}, filter...)...)
+	requireCode(t, r, 0)
+	require.Contains(t, r.stdout, "approved: at most")
+}
+
 func dryRunDigest(t *testing.T, s *testdb.Schema, op string, filter ...string) string {
 	t.Helper()
 	r := db(t, s, append([]string{"--json", op, "--dry-run"}, filter...)...)
@@ -150,4 +161,55 @@ func dryRunDigest(t *testing.T, s *testdb.Schema, op string, filter ...string) s
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &dry), r.stdout)
 	require.NotEmpty(t, dry.Plan.Digest)
 	return dry.Plan.Digest
+}
+
+// Issue 21: `purge --ticket made-up-anything` deleted every parked row, and
+// a dry run's digest that counted 3 later purged 103. An execution needs an
+// approval recorded in the database (the approver is the database login),
+// and touches only the rows that approval saw.
+func TestPurgeNeedsARecordedApprovalBoundToItsRows(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	exec1(t, s.DB, `INSERT INTO messaging_outbox (message_id, destination, payload, status, attempts, last_failure_code, parked_at)
+SELECT 'a-' || g, 'orders', 'x', 'EXHAUSTED', 10, 'PUBLISH_TIMEOUT', now() - interval '1 hour' FROM generate_series(1, 3) g`)
+	digest := dryRunDigest(t, s, "purge", "--status", "exhausted")
+
+	r := db(t, s, "purge", "--status", "exhausted", "--ticket", "made-up-anything", "--expect-digest", digest)
+	requireCode(t, r, ExitRefused)
+	require.Contains(t, r.stderr, "code: JOURNAL_NOT_APPROVED")
+	require.Equal(t, 3, s.Count(t, ""))
+
+	r = db(t, s, "--json", "purge", "--status", "exhausted", "--ticket", "CHG-7", "--expect-digest", digest, "--approve")
+	requireCode(t, r, 0)
+	var ap map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &ap), r.stdout)
+	var login string
+	require.NoError(t, s.DB.QueryRow(`SELECT session_user`).Scan(&login))
+	require.Equal(t, login, ap["approved_by"])
+	require.EqualValues(t, 3, ap["approved_count"])
+	r = db(t, s, "purge", "--status", "exhausted", "--ticket", "CHG-7", "--expect-digest", digest, "--approve")
+	requireCode(t, r, ExitRefused)
+	require.Contains(t, r.stderr, "code: JOURNAL_ALREADY_APPROVED")
+
+	// 100 more rows parked after the approval: the same digest purges 3.
+	exec1(t, s.DB, `INSERT INTO messaging_outbox (message_id, destination, payload, status, attempts, last_failure_code, parked_at)
+SELECT 'b-' || g, 'orders', 'x', 'EXHAUSTED', 10, 'PUBLISH_TIMEOUT', now() + interval '1 second' FROM generate_series(1, 100) g`)
+	r = db(t, s, "purge", "--status", "exhausted", "--ticket", "CHG-7", "--expect-digest", digest)
+	requireCode(t, r, 0)
+	require.Contains(t, r.stdout, "purge complete under ticket CHG-7: 3 of 3 items")
+	require.Zero(t, s.Count(t, "message_id LIKE 'a-%'"))
+	require.Equal(t, 100, s.Count(t, "message_id LIKE 'b-%'"))
+	require.Equal(t, []string{login}, journalExecutors(t, s, "CHG-7"), "the journal records the login that executed")
+
+	r = db(t, s, "purge", "--dry-run", "--force-takeover")
+	requireCode(t, r, ExitUsage)
+}
+
+func journalExecutors(t *testing.T, s *testdb.Schema, ticket string) []string {
+	t.Helper()
+	var raw string
+	require.NoError(t, s.DB.QueryRow(`SELECT array_to_json(executed_by)::text FROM messaging_admin_operation WHERE approval_ticket = $1`, ticket).Scan(&raw))
+	var out []string
+	require.NoError(t, json.Unmarshal([]byte(raw), &out))
+	return out
 }

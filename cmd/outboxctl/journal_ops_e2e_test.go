@@ -64,6 +64,7 @@ func TestJournalExecutionCutIsResumable(t *testing.T) {
 	seedParked(t, s)
 	filter := []string{"--status", "exhausted", "--batch-size", "5"}
 	digest := dryRunDigest(t, s, "redrive", "--status", "exhausted")
+	approve(t, s, "redrive", "CHG-CUT", digest, "--status", "exhausted")
 
 	// Cut after the second batch (10 of 30 rows).
 	args := append([]string{"--database-url", s.URL, "redrive", "--ticket", "CHG-CUT", "--expect-digest", digest}, filter...)
@@ -91,9 +92,9 @@ func TestJournalExecutionCutIsResumable(t *testing.T) {
 	r := db(t, s, append([]string{"redrive", "--ticket", "CHG-CUT", "--expect-digest", digest, "--owner", "someone-else"}, filter...)...)
 	requireCode(t, r, ExitRefused)
 	require.Contains(t, r.stderr, "code: JOURNAL_IN_FLIGHT")
-	require.Regexp(t, `owner outboxctl:\S+ holds ticket CHG-CUT \(20 items done\) until \S+Z`, r.stderr)
+	require.Regexp(t, `owner outboxctl:\S+ \(database login \S+\) holds ticket CHG-CUT \(20 items done\) until \S+Z`, r.stderr)
 	require.Contains(t, r.stderr, "run this command again after ")
-	require.Contains(t, r.stderr, "or resume it now as that owner: outboxctl redrive --status exhausted --batch-size 5 --ticket CHG-CUT --expect-digest "+digest+" --owner outboxctl:")
+	require.Contains(t, r.stderr, "resumes it now as that owner with: outboxctl redrive --status exhausted --batch-size 5 --ticket CHG-CUT --expect-digest "+digest+" --owner outboxctl:")
 
 	// The printed resume command, as printed (plus the database URL),
 	// finishes the ticket: 30 rows redriven in all, none twice.
@@ -112,6 +113,7 @@ func TestJournalExecutionNotCutByTimeout(t *testing.T) {
 	s := newSchema(t)
 	seedParked(t, s)
 	digest := dryRunDigest(t, s, "purge", "--status", "exhausted")
+	approve(t, s, "purge", "CHG-T", digest, "--status", "exhausted")
 	r := db(t, s, "--timeout", "1ms", "purge", "--status", "exhausted", "--batch-size", "1", "--ticket", "CHG-T", "--expect-digest", digest)
 	requireCode(t, r, 0)
 	require.Contains(t, r.stdout, "purge complete under ticket CHG-T: 30 of 30 items (31 batches in this run)")
@@ -149,6 +151,7 @@ func TestJournalExecutionNeedsApprovedDigest(t *testing.T) {
 
 	// Zero matches: the ticket is consumed, and says so.
 	none := dryRunDigest(t, s, "purge", "--tenant", "nobody")
+	approve(t, s, "purge", "CHG-0", none, "--tenant", "nobody")
 	r = db(t, s, "purge", "--tenant", "nobody", "--ticket", "CHG-0", "--expect-digest", none)
 	requireCode(t, r, 0)
 	require.Contains(t, r.stdout, "purge matched no rows: ticket CHG-0 is consumed (recorded COMPLETED with 0 items)")
@@ -169,6 +172,7 @@ func TestJournalResumesAfterKill9(t *testing.T) {
 INSERT INTO messaging_outbox (message_id, destination, payload, status, attempts, last_failure_code, parked_at)
 SELECT 'k-' || g, 'orders', 'x', 'EXHAUSTED', 10, 'PUBLISH_TIMEOUT', now() FROM generate_series(1, 1000) g`)
 	digest := dryRunDigest(t, s, "redrive", "--status", "exhausted")
+	approve(t, s, "redrive", "CHG-KILL", digest, "--status", "exhausted")
 	args := []string{"--database-url", s.URL, "redrive", "--status", "exhausted", "--batch-size", "1", "--ticket", "CHG-KILL", "--expect-digest", digest}
 
 	p := startRelayProc(t, nil, args...) // any long-running outboxctl with its stderr read line by line

@@ -19,6 +19,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/internal/redact"
 	"github.com/fencedoutbox/watermill-outbox/migrations"
+	"github.com/fencedoutbox/watermill-outbox/retention"
 )
 
 // Exit codes. They are part of the CLI's contract (see doc.go and --help).
@@ -28,6 +29,7 @@ const (
 	ExitUsage       = 2 // bad flags or arguments, invalid configuration, missing --database-url
 	ExitRefused     = 3 // a guard refused: journal already executed / in flight, plan mismatch, relay mode conflict
 	ExitUnreachable = 4 // the database could not be reached
+	ExitSkipped     = 5 // cleanup did nothing: another session holds the retention lock
 )
 
 // Codes of the refusals the CLI itself makes.
@@ -37,6 +39,9 @@ const (
 	CodeDatabaseUnreachable outbox.Code = "OUTBOXCTL_DATABASE_UNREACHABLE"
 	CodeUsage               outbox.Code = "OUTBOXCTL_USAGE"
 	CodeRetentionMode       outbox.Code = "OUTBOXCTL_RETENTION_MODE_MISMATCH"
+	// CodeCleanupSkipped: cleanup removed nothing because another session
+	// holds the retention lock (exit 5); the error names the holder.
+	CodeCleanupSkipped outbox.Code = "OUTBOXCTL_CLEANUP_SKIPPED"
 )
 
 // guardCodes are refusals by a guard (exit 3): the request was well formed
@@ -48,13 +53,14 @@ var guardCodes = map[outbox.Code]bool{
 
 // usageCodes are typed errors that mean "change the command line" (exit 2).
 var usageCodes = map[outbox.Code]bool{
-	outbox.CodeInvalidConfig:      true,
-	outbox.CodeLeaseTooShort:      true,
-	outbox.CodeMessageIDRequired:  true,
-	debezium.CodeOperatorRequired: true,
-	CodeDatabaseURLRequired:       true,
-	CodeInvalidDatabaseURL:        true,
-	CodeUsage:                     true,
+	outbox.CodeInvalidConfig:        true,
+	outbox.CodeLeaseTooShort:        true,
+	outbox.CodeMessageIDRequired:    true,
+	debezium.CodeOperatorRequired:   true,
+	CodeDatabaseURLRequired:         true,
+	CodeInvalidDatabaseURL:          true,
+	CodeUsage:                       true,
+	retention.CodeHorizonBelowFloor: true,
 	// The search_path reaches no migrated schema: the configuration (the
 	// URL's search_path) or the deployment (migrate not run) must change.
 	migrations.CodeSchemaNotMigrated: true,
@@ -101,6 +107,8 @@ func exitCode(err error) int {
 	switch {
 	case code == CodeDatabaseUnreachable:
 		return ExitUnreachable
+	case code == CodeCleanupSkipped:
+		return ExitSkipped
 	case guardCodes[code]:
 		return ExitRefused
 	case usageCodes[code]:
@@ -122,11 +130,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		// cobra's own refusal (unknown command or flag, bad argument count
 		// or value): a usage error with its code, like the CLI's own.
 		err = outbox.Wrap(CodeUsage, "outboxctl", err, "")
+		// cobra may refuse before it parsed --json (an unknown command, or
+		// a bad flag ahead of it): the caller asked for JSON all the same.
+		a.json = a.json || jsonRequested(args)
 	}
 	if err != nil {
 		a.printError(err, code)
 	}
 	return code
+}
+
+// jsonRequested reports whether args ask for --json before a "--".
+func jsonRequested(args []string) bool {
+	for _, arg := range args {
+		switch arg {
+		case "--":
+			return false
+		case "--json", "--json=true", "--json=1", "--json=t", "--json=TRUE", "--json=True", "--json=T":
+			return true
+		}
+	}
+	return false
 }
 
 // redactError masks, in err's text, every secret of the database URL and of
@@ -193,6 +217,7 @@ Exit codes:
   3  refused by a guard: journal already executed or in flight, plan mismatch,
      relay mode conflict, retention mode that does not match the relay mode
   4  the database is unreachable
+  5  cleanup skipped: another session holds the retention lock (named)
 Typed refusals print their stable code ("code: JOURNAL_ALREADY_EXECUTED").`
 
 func (a *app) rootCommand() *cobra.Command {

@@ -362,7 +362,10 @@ func TestVersionFromBuildInfo(t *testing.T) {
 // cobra's own refusals carry OUTBOXCTL_USAGE like the CLI's, in JSON too.
 func TestCommandLineErrorsHaveUsageCode(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"--json", "status", "--no-such-flag"}, {"--json", "migrate", "extra-arg"}, {"--json", "status", "--max-stuck", "many"}} {
+	for _, args := range [][]string{{"--json", "status", "--no-such-flag"}, {"--json", "migrate", "extra-arg"}, {"--json", "status", "--max-stuck", "many"},
+		// cobra refuses these before it has parsed --json: an unknown
+		// command, and a bad flag ahead of --json.
+		{"--json", "no-such-command"}, {"status", "--no-such-flag", "--json"}} {
 		r := cli(t, nil, args...)
 		requireCode(t, r, ExitUsage)
 		var e map[string]any

@@ -179,12 +179,16 @@ SELECT 'old-' || g, 'orders.placed', '{}', 'PUBLISHED', now() - interval '5 days
 	r.run("", "", "inspect", "evt-4")
 
 	r.comment("4. Plan, approve, execute. The dry run changes nothing and prints the plan's digest;",
-		"the approver approves that digest under a ticket; execution needs both.")
+		"the approver records the approval of that digest under a ticket in the database (the approver",
+		"is the database login; the rows matching now, and their count, are all it approves);",
+		"execution needs the ticket, the digest and that approval.")
 	filter := []string{"--status", "failed", "--failure-code", "PUBSUB_TOPIC_NOT_FOUND"}
 	_, out := r.run("", "", append([]string{"redrive"}, append(filter, "--dry-run")...)...)
 	digest := digestRe.FindStringSubmatch(out)
 	require.NotNil(t, digest, out)
 	r.run("", "", append([]string{"redrive"}, append(filter, "--ticket", "CHG-1042")...)...)
+	r.run("not approved yet", "", append([]string{"redrive"}, append(filter, "--ticket", "CHG-1042", "--expect-digest", digest[1])...)...)
+	r.run("the approver", "", append([]string{"redrive"}, append(filter, "--ticket", "CHG-1042", "--expect-digest", digest[1], "--approve")...)...)
 	r.run("", "", append([]string{"redrive"}, append(filter, "--ticket", "CHG-1042", "--expect-digest", digest[1])...)...)
 	r.run("the same approval never runs twice", "", append([]string{"redrive"}, append(filter, "--ticket", "CHG-1042", "--expect-digest", digest[1])...)...)
 
@@ -194,6 +198,7 @@ SELECT 'old-' || g, 'orders.placed', '{}', 'PUBLISHED', now() - interval '5 days
 	_, out = r.run("", "", "purge", "--status", "exhausted", "--dry-run")
 	pd := digestRe.FindStringSubmatch(out)
 	require.NotNil(t, pd, out)
+	r.run("the approver", "", "purge", "--status", "exhausted", "--ticket", "CHG-1043", "--expect-digest", pd[1], "--approve")
 	_, out = r.run("Ctrl-C after the first batch", "batch 1 committed", "purge", "--status", "exhausted", "--batch-size", "1", "--ticket", "CHG-1043", "--expect-digest", pd[1])
 	resume := resumeRe.FindStringSubmatch(out)
 	require.NotNil(t, resume, out)

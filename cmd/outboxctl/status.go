@@ -118,12 +118,19 @@ func (a *app) printStatus(s status.Snapshot) error {
 
 	section(out, "LIVE RELAYS")
 	t = newTable(out)
-	t.row("OWNER", "STARTED", "HEARTBEAT", "EXPIRES")
+	t.row("OWNER", "STARTED", "HEARTBEAT", "EXPIRES", "MAX_ATTEMPTS")
 	for _, r := range s.Relays {
-		t.row(r.Owner, r.StartedAt, r.HeartbeatAt, r.ExpiresAt)
+		budget := any(r.MaxAttempts)
+		if r.MaxAttempts == 0 {
+			budget = "-"
+		}
+		t.row(r.Owner, r.StartedAt, r.HeartbeatAt, r.ExpiresAt, budget)
 	}
 	if err := t.flush(); err != nil {
 		return err
+	}
+	if s.BudgetsDiffer {
+		fmt.Fprintln(out, "warning: live relays have different MaxAttempts: the budget is each relay's configuration, not the row's, so the lowest parks the others' rows EXHAUSTED; give every replica the same")
 	}
 
 	section(out, "CDC CONSUMERS")

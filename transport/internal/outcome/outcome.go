@@ -26,15 +26,21 @@ type Result struct {
 	Code string
 }
 
+// Codes every classifier writes for a publish whose context ended first.
+const (
+	CodeContextDeadlineExceeded = "CONTEXT_DEADLINE_EXCEEDED"
+	CodeContextCanceled         = "CONTEXT_CANCELED"
+)
+
 // Context reports the verdict for cancellation and deadlines. They are
 // always ambiguous: the request may have reached the broker before the
 // caller stopped waiting for its answer.
 func Context(err error) (Result, bool) {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
-		return Result{Ambiguous, "CONTEXT_DEADLINE_EXCEEDED"}, true
+		return Result{Ambiguous, CodeContextDeadlineExceeded}, true
 	case errors.Is(err, context.Canceled):
-		return Result{Ambiguous, "CONTEXT_CANCELED"}, true
+		return Result{Ambiguous, CodeContextCanceled}, true
 	}
 	return Result{}, false
 }

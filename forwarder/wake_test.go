@@ -1,0 +1,70 @@
+package forwarder_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
+)
+
+// Any login may NOTIFY the wake-up channel (issue 21: a role with no table
+// privileges took the relay from 2 to 645 passes per 5 s). Passes started
+// by notifications begin at least PollInterval/10 apart: with a PollInterval
+// of an hour, a flood of notifications after the first pass starts exactly
+// one more pass.
+func TestANotifyFloodStartsOneWokenPassPerGap(t *testing.T) {
+	s := newDB(t)
+	var passes atomic.Int32
+	first := make(chan struct{}, 100)
+	l := &chanListener{notify: make(chan struct{}), stopped: make(chan struct{})}
+	f := newForwarder(t, s.DB, &recorder{}, forwarder.Config{
+		Listener: l, PollInterval: time.Hour, MaxPollInterval: time.Hour,
+		OnReport: func(forwarder.Report) { passes.Add(1); first <- struct{}{} },
+	})
+	done := make(chan error, 1)
+	go func() { done <- f.Run(context.Background()) }()
+	waitOrFail(t, f.Running(), "Run reaching its loop")
+	waitOrFail(t, first, "the first pass")
+	for range 1000 {
+		l.notify <- struct{}{} // each send returns once the listener called wake
+	}
+	waitOrFail(t, first, "the pass the first notification started")
+	require.NoError(t, f.Close())
+	require.NoError(t, waitOrFail(t, done, "Run returning"))
+	require.EqualValues(t, 2, passes.Load(), "the first pass and one woken pass; the other 999 notifications wait for the gap")
+}
+
+// A notification never cuts the failure backoff: after a failed pass
+// (BackoffBase an hour), notifications start no pass.
+func TestNotificationsDoNotCutTheFailureBackoff(t *testing.T) {
+	s := newDB(t)
+	// The claim fails while the column is renamed; the schema check passes.
+	_, err := s.DB.Exec(`ALTER TABLE messaging_outbox RENAME COLUMN lease_token TO lease_token_hidden`)
+	require.NoError(t, err)
+	var passes atomic.Int32
+	reports := make(chan struct{}, 100)
+	l := &chanListener{notify: make(chan struct{}), stopped: make(chan struct{})}
+	f := newForwarder(t, s.DB, &recorder{}, forwarder.Config{
+		Listener: l, PollInterval: time.Millisecond, MaxPollInterval: time.Millisecond,
+		BackoffBase: time.Hour, BackoffMax: time.Hour, DisablePreparedStatements: true,
+		OnReport: func(forwarder.Report) { passes.Add(1); reports <- struct{}{} },
+	})
+	done := make(chan error, 1)
+	go func() { done <- f.Run(context.Background()) }()
+	waitOrFail(t, f.Running(), "Run reaching its loop")
+	waitOrFail(t, reports, "the first, failing, pass")
+	_, err = s.DB.Exec(`ALTER TABLE messaging_outbox RENAME COLUMN lease_token_hidden TO lease_token`)
+	require.NoError(t, err)
+	insertN(t, s.DB, "orders", "w1")
+	for range 1000 {
+		l.notify <- struct{}{}
+	}
+	require.NoError(t, f.Close())
+	require.NoError(t, waitOrFail(t, done, "Run returning"))
+	require.EqualValues(t, 1, passes.Load(), "no notification started a pass during the backoff")
+	require.Equal(t, "PENDING", state(t, s.DB, "w1").Status)
+}
