@@ -91,7 +91,10 @@ type Config struct {
 	// statement stops adding rows (in seq order) once their payloads and
 	// headers, as stored, would exceed it; a single row larger than the
 	// budget is still claimed, alone. Rows are still at most BatchSize.
-	// With prefetch a relay holds up to two batches. Default 8 MiB.
+	// With prefetch a relay holds up to two batches. After a claim that
+	// failed (for example one that could not be read within DBTimeout over
+	// a slow link) the next claim gets half the budget, down to a single
+	// row, and each successful claim doubles it back. Default 8 MiB.
 	MaxBatchBytes int64
 	// DBTimeout bounds each of the forwarder's own statements (a claim, an
 	// outcome write). A claim that cannot be read within it is given up and

@@ -217,6 +217,31 @@ func TestMaxBatchBytesBoundsAPass(t *testing.T) {
 	require.Equal(t, []string{"a", "b", "c", "huge", "d"}, rec.ids())
 }
 
+// A claim that fails halves the next claim's byte budget (a link too slow
+// to read a full batch within DBTimeout would otherwise fail the same claim
+// forever), and each successful claim doubles it back.
+func TestFailedClaimHalvesTheNextClaimsBytes(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	for i := range 6 {
+		insert(t, s.DB, "orders", message.NewMessage(string(rune('a'+i)), make([]byte, 300)))
+	}
+	rec := &recorder{}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{MaxBatchBytes: 1000, Concurrency: 1})
+	d := withFaults(t, f)
+	d.failClaims.Store(1)
+	rep, err := f.RunOnce(ctx)
+	require.ErrorIs(t, err, errInjected)
+	require.Equal(t, 3, rep.ClaimReleased, "the failed claim held three rows of 300 bytes")
+	rep, err = f.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Claimed, "half the budget: one row of 300 bytes and its headers, not two")
+	rep, err = f.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, rep.Claimed, "the whole budget again")
+	require.Equal(t, []string{"a", "b", "c", "d"}, rec.ids())
+}
+
 // hangCounter is a downstream that hangs forever on every message,
 // ignoring its context, and counts the publishes still hanging.
 type hangCounter struct {

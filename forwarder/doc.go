@@ -133,6 +133,9 @@
 //   - A claim takes at most Config.MaxBatchBytes (default 8 MiB) of payload
 //     and headers, cut in the statement in seq order; a single larger row
 //     goes out alone. With prefetch a relay holds up to two such batches.
+//     Each failed claim halves the next claim's budget (down to one row) and
+//     each successful one doubles it back, so a link too slow to read a full
+//     batch within DBTimeout still delivers, a few rows at a time.
 //   - A publish that overruns PublishTimeout is left behind (AMBIGUOUS). A
 //     downstream that ignores its context keeps such publishes running:
 //     while more than Config.MaxAbandoned (default 2 x Concurrency) still

@@ -139,6 +139,11 @@ type Forwarder struct {
 	heldMu    sync.Mutex
 	held      map[string]time.Time
 	abandoned atomic.Int64
+	// budgetShift halves the claims' byte budget once per failed claim and
+	// doubles it back once per successful one (guarded by claimMu): a link
+	// too slow to read MaxBatchBytes within DBTimeout still makes progress,
+	// down to one row per claim, instead of failing the same claim forever.
+	budgetShift int
 
 	// Claims of Run wait for a fresh heartbeat: once it has lapsed,
 	// debezium.Enable may switch the database to CDC, and a relay still
@@ -608,6 +613,15 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	// released (releaseUnheld), so a claimed batch is never dropped to wait
 	// for its leases to expire.
 	var failures, released int
+	defer func() {
+		switch {
+		case failures > 0:
+			f.budgetShift = min(f.budgetShift+1, 40)
+		case f.budgetShift > 0:
+			f.budgetShift--
+		}
+	}()
+	maxBytes := max(1, f.cfg.MaxBatchBytes>>f.budgetShift)
 	claimFn := func(p fencing.ClaimParams) ([]fencing.Claimed, error) {
 		p.MaxBytes = f.byteBudget(p.MaxBytes)
 		rows, err := fencing.Claim(dbctx, f.q, p)
@@ -628,7 +642,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		Owner: f.cfg.Owner, Limit: f.cfg.BatchSize, Lease: f.cfg.LeaseDuration,
 		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
 		FromSeq: from, KeyCursor: cursor, MaxChain: f.chainCap, Continue: cont,
-		ExcludeDestinations: exclude, NoKeyWalk: !walk, MaxBytes: f.cfg.MaxBatchBytes,
+		ExcludeDestinations: exclude, NoKeyWalk: !walk, MaxBytes: maxBytes,
 	}
 	claimed, err := claimFn(p)
 	if err != nil {
@@ -637,7 +651,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	}
 	// What is left of the byte budget for the statements that complete the
 	// batch (payloads only, as the client sees them: headers are small).
-	budget := func() int64 { return f.cfg.MaxBatchBytes - payloadBytes(claimed) }
+	budget := func() int64 { return maxBytes - payloadBytes(claimed) }
 	if walk {
 		f.start.walked(fencing.NextKeyCursor(cursor, claimed, cont), hasKeyed(claimed))
 	}
