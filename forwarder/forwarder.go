@@ -85,12 +85,13 @@ type Report struct {
 	// whose outcome nobody knew (ambiguous, timed out, an expired lease):
 	// the broker may have had them already.
 	PossibleDuplicates int
-	// ClaimFailures counts claim statements of the pass that failed on
-	// this side after they were sent (a row that could not be read, a
-	// timeout, a cancelled context, a connection lost while reading): such
-	// a claim may have committed. ClaimReleased counts the rows then put
-	// back at once, without an attempt, instead of waiting for their
-	// leases to expire (each expiry spends one).
+	// ClaimFailures counts claim statements of the pass that failed (a row
+	// that could not be read, a timeout, a cancelled context, a connection
+	// lost while reading, or one that never reached the server: the client
+	// cannot tell them apart, and such a claim may have committed).
+	// ClaimReleased counts the rows then put back at once, without an
+	// attempt, instead of waiting for their leases to expire (each expiry
+	// spends one).
 	ClaimFailures int
 	ClaimReleased int
 	// UnrecordedPublishes counts rows the downstream confirmed in this pass

@@ -14,8 +14,8 @@ const (
 	MetricPublishDuration = "outbox_forwarder_publish_duration_seconds"
 	MetricClaimBatchSize  = "outbox_forwarder_claim_batch_size"
 	MetricBreakerOpen     = "outbox_forwarder_breaker_open"
-	// MetricFailedClaims counts claim statements that failed after they
-	// were sent, MetricFailedClaimReleased the rows released because of
+	// MetricFailedClaims counts claim statements that failed (and may have
+	// committed), MetricFailedClaimReleased the rows released because of
 	// them (Report.ClaimFailures, Report.ClaimReleased).
 	MetricFailedClaims        = "outbox_forwarder_failed_claims_total"
 	MetricFailedClaimReleased = "outbox_forwarder_failed_claim_released_total"

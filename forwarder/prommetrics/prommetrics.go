@@ -125,7 +125,7 @@ func New(reg prometheus.Registerer, o Options) (*Metrics, error) {
 		}, []string{"destination"}),
 		failedClaims: prometheus.NewCounter(prometheus.CounterOpts{
 			Name:        name(forwarder.MetricFailedClaims),
-			Help:        "Claim statements that failed after they were sent (a row that could not be read, a timeout, a lost connection): they may have committed.",
+			Help:        "Claim statements that failed (a row that could not be read, a timeout, a lost connection): they may have committed, so the rows they may hold are released.",
 			ConstLabels: o.ConstLabels,
 		}),
 		claimReleased: prometheus.NewCounter(prometheus.CounterOpts{
