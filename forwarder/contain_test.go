@@ -131,14 +131,14 @@ func TestFailingSecondClaimKeepsTheFirstClaimsRows(t *testing.T) {
 	require.Equal(t, 1, rep.ClaimFailures)
 	require.Equal(t, 1, rep.ClaimReleased)
 	require.Equal(t, 2, rep.Published)
-	require.Equal(t, []string{"a", "k1"}, rec.ids())
+	require.ElementsMatch(t, []string{"a", "k1"}, rec.ids(), "published concurrently")
 	st := state(t, s.DB, "k2")
 	require.Equal(t, "PENDING", st.Status)
 	require.Zero(t, st.Attempts)
 	rep, err = f.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, rep.Published)
-	require.Equal(t, []string{"a", "k1", "k2"}, rec.ids())
+	require.Equal(t, "k2", rec.ids()[2], "after k1")
 }
 
 type secondClaimFails struct {
