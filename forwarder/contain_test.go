@@ -300,5 +300,8 @@ func TestHangingDownstreamLeavesBoundedGoroutines(t *testing.T) {
 	require.Equal(t, 9, s.Count(t, "status = 'PENDING'"))
 	require.Equal(t, float64(paused), counter(t, reg, forwarder.MetricClaimsPaused))
 	require.Equal(t, float64(maxAbandoned+1), counter(t, reg, forwarder.MetricAbandonedPublishes))
-	require.LessOrEqual(t, runtime.NumGoroutine(), goroutinesAtPause, "passes while paused start no goroutine that stays")
+	// Passes while paused leave no goroutine behind (transient ones, such
+	// as database/sql's per-query watchers, end on their own).
+	require.Eventually(t, func() bool { return runtime.NumGoroutine() <= goroutinesAtPause }, 10*time.Second, 5*time.Millisecond,
+		"goroutines grew while the relay was paused: %d, at the first paused pass %d", runtime.NumGoroutine(), goroutinesAtPause)
 }
