@@ -40,7 +40,7 @@ func TestRelayDocClaims(t *testing.T) {
 
 		// UPDATEs: the relay's own marking of what it delivered PUBLISHED
 		// (the same change the forwarder's fenced outcome makes).
-		require.Eventually(t, func() bool { return e.s.Count(t, "status = 'PUBLISHED'") == 3 }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return e.s.Count(t, "status = 'PUBLISHED'") == 3 }, patience(t), 10*time.Millisecond)
 		// A DELETE, a plain UPDATE, a TRUNCATE, and the same on the other
 		// schema's outbox.
 		_, err = e.s.DB.Exec(`DELETE FROM messaging_outbox WHERE message_id = 'ins-1'`)
@@ -57,7 +57,7 @@ func TestRelayDocClaims(t *testing.T) {
 
 		// The marker commits last: once it is out, every change above was
 		// streamed before it and ignored.
-		require.Eventually(t, func() bool { return len(out.ids()) >= 4 }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) >= 4 }, patience(t), 10*time.Millisecond)
 		require.Equal(t, []string{"ins-1", "ins-2", "ins-3", "marker"}, out.ids())
 		for _, id := range out.ids() {
 			require.Equal(t, 1, out.attemptsOf(id), id)
@@ -111,18 +111,18 @@ func TestRelayDocClaims(t *testing.T) {
 		errc := make(chan error, 1)
 		go func() { errc <- r.Run(context.Background()) }()
 		t.Cleanup(func() { _ = r.Close() })
-		require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
 
 		e.publish(t, "orders", msg("held", "h", nil))
 		e.publish(t, "orders", msg("next", "n", nil))
-		require.Eventually(t, func() bool { return out.attemptsOf("held") > 0 }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return out.attemptsOf("held") > 0 }, patience(t), 10*time.Millisecond)
 		// Not Disable (it refuses while the relay's heartbeat is live): an
 		// UPDATE that bypasses it, as a hand-made switch would.
 		_, err = e.s.DB.Exec(`UPDATE messaging_relay_mode SET mode = 'POLLING' WHERE id`)
 		require.NoError(t, err)
 		select {
 		case err = <-errc:
-		case <-time.After(20 * time.Second):
+		case <-time.After(patience(t)):
 			t.Fatal("relay kept running after the mode left CDC")
 		}
 		require.ErrorIs(t, err, debezium.ErrRelayModeConflict)

@@ -133,7 +133,7 @@ func (w *writer) all() []string {
 func (w *writer) waitWritten(t *testing.T, n int64) {
 	t.Helper()
 	target := w.written.Load() + n
-	require.Eventually(t, func() bool { return w.written.Load() >= target }, 60*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return w.written.Load() >= target }, patience(t), 5*time.Millisecond)
 }
 
 func startForwarder(t *testing.T, db *sql.DB, out message.Publisher, owner string) (stop func()) {
@@ -181,13 +181,13 @@ func TestHandoverRoundTrip(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, known)
 		return n == 0
-	}, 60*time.Second, 10*time.Millisecond, "the forwarders deliver the rows older than the slot")
+	}, patience(t), 10*time.Millisecond, "the forwarders deliver the rows older than the slot")
 	w.waitWritten(t, 50) // rows in the slot that the forwarders publish: the relay must skip them
 	stopFw1()
 	require.NoError(t, debezium.Enable(ctx, e.s.DB, "test", time.Time{}))
 	waitRelay := e.streaming(t, relay)
 	w.waitWritten(t, 200)
-	require.Eventually(t, func() bool { return sink.deliveries("cdc") >= 100 }, 60*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return sink.deliveries("cdc") >= 100 }, patience(t), 10*time.Millisecond)
 
 	// And back: the relay stops (marking what it delivered), then Disable.
 	require.NoError(t, waitRelay())
@@ -197,7 +197,7 @@ func TestHandoverRoundTrip(t *testing.T) {
 	w.halt()
 
 	ids := w.all()
-	require.Eventually(t, func() bool { return sink.has(ids) }, 60*time.Second, 10*time.Millisecond, "every committed row is delivered")
+	require.Eventually(t, func() bool { return sink.has(ids) }, patience(t), 10*time.Millisecond, "every committed row is delivered")
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
 	var twice []string
@@ -240,12 +240,12 @@ func TestHandOverToPollingAfterAConsumerThatDoesNotMark(t *testing.T) {
 		n, _, err := cdcrelay.UndeliveredBeforeSlot(ctx, e.s.DB, cfg.SlotName)
 		require.NoError(t, err)
 		return n == 0
-	}, 60*time.Second, 10*time.Millisecond)
+	}, patience(t), 10*time.Millisecond)
 	stopFw1()
 	require.NoError(t, debezium.Enable(ctx, e.s.DB, "test", time.Time{}))
 	waitConnector := e.streaming(t, connector)
 	w.waitWritten(t, 150)
-	require.Eventually(t, func() bool { return sink.deliveries("connector") >= 100 }, 60*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return sink.deliveries("connector") >= 100 }, patience(t), 10*time.Millisecond)
 	require.NoError(t, waitConnector())
 	res, err := e.s.DB.Exec(`UPDATE messaging_outbox SET status = 'PENDING', published_at = NULL, attempts = 0, lease_owner = NULL WHERE lease_owner = $1`, "cdc:"+cfg.SlotName)
 	require.NoError(t, err)
@@ -273,7 +273,7 @@ func TestHandOverToPollingAfterAConsumerThatDoesNotMark(t *testing.T) {
 	w.waitWritten(t, 100)
 	w.halt()
 	ids := w.all()
-	require.Eventually(t, func() bool { return sink.has(ids) }, 60*time.Second, 10*time.Millisecond, "every committed row is delivered")
+	require.Eventually(t, func() bool { return sink.has(ids) }, patience(t), 10*time.Millisecond, "every committed row is delivered")
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
 	var twice []string

@@ -272,7 +272,7 @@ func TestDecodeAgreesWithScanRow(t *testing.T) {
 	}
 	require.NotEmpty(t, deliverable)
 	e.enableCDC(t)
-	require.Eventually(t, func() bool { return !e.slotActive(t) }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return !e.slotActive(t) }, patience(t), 10*time.Millisecond)
 	err = r.Run(context.Background())
 	require.ErrorIs(t, err, outbox.ErrCorruptRow)
 	require.ErrorContains(t, err, "unknown-status")

@@ -84,22 +84,49 @@ func newEnv(t *testing.T, base string) *env {
 	t.Helper()
 	s := testdb.NewOn(t, base)
 	e := &env{s: s, repl: testdb.ReplicationURL(base), slot: "slot_" + s.Name[len("outbox_test_"):]}
-	t.Cleanup(func() {
-		// A stopped relay's walsender takes a moment to exit; the slot can
-		// be dropped once it has (a leaked slot would count against
-		// max_replication_slots for the next subtests).
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			_, _ = s.DB.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE $1 || '%' AND NOT active`, e.slot)
-			var n int
-			err := s.DB.QueryRow(`SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1 || '%'`, e.slot).Scan(&n)
-			if err != nil || n == 0 || time.Now().After(deadline) {
-				return
-			}
-			time.Sleep(20 * time.Millisecond) // polling the walsender's exit, bounded by the deadline
-		}
-	})
+	// Registered before any relay of the test is started, so it runs after
+	// their cleanups (Close) — also when the test failed half way.
+	t.Cleanup(func() { dropSlots(t, s.DB, e.slot) })
 	return e
+}
+
+// dropSlots removes every replication slot named prefix*, as a failed test
+// leaves them too: a leaked slot counts against max_replication_slots and
+// fails the next tests with 53400. A backend still holding one (a walsender
+// whose relay is gone, or a slot creation that waits for a consistent point
+// on a loaded machine) is terminated first; the loop follows the slots until
+// they are gone, within the test's own deadline.
+func dropSlots(t *testing.T, db *sql.DB, prefix string) {
+	t.Helper()
+	deadline := time.Now().Add(patience(t))
+	for {
+		_, _ = db.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name LIKE $1 || '%' AND active`, prefix)
+		_, _ = db.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE $1 || '%' AND NOT active`, prefix)
+		var n int
+		err := db.QueryRow(`SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1 || '%'`, prefix).Scan(&n)
+		if err != nil || n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("replication slots %s* still exist: %d", prefix, n)
+			return
+		}
+		time.Sleep(20 * time.Millisecond) // polling the backends' exit, which has no event to wait on
+	}
+}
+
+// patience is how long a wait for an event may take before the test reports
+// it as missing: what is left of the test binary's deadline (go test
+// -timeout), less a minute for the cleanups to run, at most 5 minutes. Not
+// a guess at how long the event takes: a loaded machine only makes the wait
+// longer, while a hang is still reported as a failure (with the cleanups
+// run) instead of the binary's panic.
+func patience(t *testing.T) time.Duration {
+	d := 5 * time.Minute
+	if dl, ok := t.Deadline(); ok {
+		d = min(d, time.Until(dl)-time.Minute)
+	}
+	return max(d, 20*time.Second)
 }
 
 func (e *env) config() cdcrelay.Config {
@@ -191,7 +218,7 @@ func (e *env) relay(t *testing.T, cfg cdcrelay.Config, out message.Publisher) (w
 func (e *env) streaming(t *testing.T, r *cdcrelay.Relay) (wait func() error) {
 	t.Helper()
 	wait = running(t, r)
-	require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
 	return wait
 }
 
@@ -234,7 +261,7 @@ func TestRelay(t *testing.T) {
 		}), msg("id-2", "second", nil))
 		e.publish(t, "payments", msg("id-3", "third", nil))
 
-		require.Eventually(t, func() bool { return len(out.ids()) == 3 }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 3 }, patience(t), 10*time.Millisecond)
 		require.Equal(t, []string{"id-1", "id-2", "id-3"}, out.ids())
 		out.mu.Lock()
 		first, tops := out.got[0], append([]string(nil), out.tops...)
@@ -278,7 +305,7 @@ func TestRelay(t *testing.T) {
 		e.publish(t, "orders", msg("committed-first", "y", nil)) // its own transaction, inserted and committed now
 		require.NoError(t, first.Commit())
 
-		require.Eventually(t, func() bool { return len(out.ids()) == 2 }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 2 }, patience(t), 10*time.Millisecond)
 		require.Equal(t, []string{"committed-first", "inserted-first"}, out.ids())
 		var firstSeq, secondSeq int64
 		require.NoError(t, e.s.DB.QueryRow(`SELECT (SELECT seq FROM messaging_outbox WHERE message_id = 'inserted-first'),
@@ -302,7 +329,7 @@ func TestRelay(t *testing.T) {
 
 		// The later committed message arriving proves the stream passed the
 		// rolled-back transaction's position.
-		require.Eventually(t, func() bool { return len(out.ids()) == 1 }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 1 }, patience(t), 10*time.Millisecond)
 		require.Equal(t, []string{"after"}, out.ids())
 		require.Zero(t, out.attemptsOf("rolled-back"))
 	})
@@ -334,7 +361,7 @@ func TestRelay(t *testing.T) {
 		e.publish(t, "orders", msg("marker", "m", nil))
 
 		wait := running(t, r)
-		require.Eventually(t, func() bool { return len(out.ids()) == 3 }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 3 }, patience(t), 10*time.Millisecond)
 		// Each insert once: the forwarder had published the first two, but
 		// retention deleted them before they were streamed, so the relay
 		// cannot tell and publishes them (a row the relay finds PUBLISHED is
@@ -361,10 +388,10 @@ func TestRelay(t *testing.T) {
 		errc := make(chan error, 1)
 		go func() { errc <- r.Run(context.Background()) }()
 		t.Cleanup(func() { _ = r.Close() })
-		require.Eventually(t, func() bool { return e.slotActive(t) }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return e.slotActive(t) }, patience(t), 10*time.Millisecond)
 
 		e.publish(t, "orders", msg("ok-1", "1", nil))
-		require.Eventually(t, func() bool { return len(out.ids()) == 1 }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 1 }, patience(t), 10*time.Millisecond)
 		before := e.confirmedLSN(t)
 
 		e.publish(t, "orders", msg("poison", "p", map[string]string{"x-k": "v"}))
@@ -376,7 +403,7 @@ func TestRelay(t *testing.T) {
 
 		select {
 		case err = <-errc: // Run stops by itself once the attempts are spent
-		case <-time.After(20 * time.Second):
+		case <-time.After(patience(t)):
 			t.Fatal("Run did not give up after MaxPublishAttempts")
 		}
 		require.ErrorIs(t, err, cdcrelay.ErrPublishFailed)
@@ -388,7 +415,7 @@ func TestRelay(t *testing.T) {
 		after := e.confirmedLSN(t)
 		require.GreaterOrEqual(t, after, before)
 		require.Less(t, after, poisonEnd, "the slot did not move past the refused message")
-		require.Eventually(t, func() bool { return !e.slotActive(t) }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return !e.slotActive(t) }, patience(t), 10*time.Millisecond)
 		var pending int
 		require.NoError(t, e.s.DB.QueryRow(`SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL, 'proto_version', '1', 'publication_names', $2)`, e.slot, cfg.PublicationName).Scan(&pending))
 		require.Positive(t, pending, "the slot still holds the refused transaction")
@@ -400,12 +427,12 @@ func TestRelay(t *testing.T) {
 		r2, err := cdcrelay.New(cfg, out, nil)
 		require.NoError(t, err)
 		wait2 := running(t, r2)
-		require.Eventually(t, func() bool { return len(out.ids()) == 2 }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 2 }, patience(t), 10*time.Millisecond)
 		require.Equal(t, []string{"ok-1", "poison"}, out.ids())
 		out.mu.Lock()
 		require.Equal(t, "v", out.got[1].Metadata.Get("x-k"))
 		out.mu.Unlock()
-		require.Eventually(t, func() bool { return e.confirmedLSN(t) >= poisonEnd }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return e.confirmedLSN(t) >= poisonEnd }, patience(t), 10*time.Millisecond)
 		require.NoError(t, wait2())
 	})
 
@@ -425,7 +452,7 @@ func TestRelay(t *testing.T) {
 		require.NoError(t, err)
 		wait := e.streaming(t, r)
 		e.publish(t, "orders", msg("flaky", "f", nil), msg("next", "n", nil))
-		require.Eventually(t, func() bool { return len(out.ids()) == 2 }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 2 }, patience(t), 10*time.Millisecond)
 		require.Equal(t, []string{"flaky", "next"}, out.ids())
 		require.Equal(t, 5, out.attemptsOf("flaky"))
 		require.NoError(t, wait())
@@ -479,7 +506,7 @@ func TestRelay(t *testing.T) {
 		require.ErrorIs(t, err, debezium.ErrSecondCDCConsumer)
 		require.Equal(t, outbox.Code("CDC_SECOND_CONSUMER"), outbox.CodeOf(err))
 		e.publish(t, "orders", msg("once", "o", nil))
-		require.Eventually(t, func() bool { return len(first.ids()) == 1 }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(first.ids()) == 1 }, patience(t), 10*time.Millisecond)
 		require.Empty(t, second.ids())
 		require.NoError(t, wait())
 	})
@@ -505,7 +532,7 @@ func TestRelay(t *testing.T) {
 
 		require.NoError(t, r.Prepare(context.Background()))
 		first := running(t, r)
-		require.Eventually(t, func() bool { return e.slotActive(t) }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return e.slotActive(t) }, patience(t), 10*time.Millisecond)
 		other, err := cdcrelay.New(cfg, &recorder{}, nil)
 		require.NoError(t, err)
 		err = other.Run(context.Background())
@@ -550,7 +577,7 @@ func TestRelay(t *testing.T) {
 		r2, err := cdcrelay.New(cfg, out, nil)
 		require.NoError(t, err)
 		wait := running(t, r2)
-		require.Eventually(t, func() bool { return len(out.ids()) == 1 }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 1 }, patience(t), 10*time.Millisecond)
 		require.Equal(t, []string{"good"}, out.ids())
 		require.NoError(t, wait())
 	})

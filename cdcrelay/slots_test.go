@@ -51,7 +51,7 @@ func TestLostSlotIsAnErrorAndNotSilentlyRecreated(t *testing.T) {
 	out := &recorder{}
 	wait := e.relay(t, e.config(), out)
 	e.publish(t, "orders", msg("streamed", "s", nil))
-	require.Eventually(t, func() bool { return len(out.ids()) == 1 }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(out.ids()) == 1 }, patience(t), 10*time.Millisecond)
 	require.NoError(t, wait())
 
 	// Rows committed while the relay is down, then WAL past the slot's
@@ -67,7 +67,7 @@ func TestLostSlotIsAnErrorAndNotSilentlyRecreated(t *testing.T) {
 		_, err := e.s.DB.Exec(`CHECKPOINT`)
 		require.NoError(t, err)
 		return e.walStatus(t) == "lost"
-	}, 60*time.Second, 10*time.Millisecond, "the slot is invalidated")
+	}, patience(t), 10*time.Millisecond, "the slot is invalidated")
 
 	r, err := cdcrelay.New(e.config(), out, nil)
 	require.NoError(t, err)
@@ -111,7 +111,7 @@ func TestLostSlotIsAnErrorAndNotSilentlyRecreated(t *testing.T) {
 	require.NoError(t, debezium.Enable(ctx, e.s.DB, "ops", time.Time{}))
 	wait = e.streaming(t, r)
 	e.publish(t, "orders", msg("after", "a", nil))
-	require.Eventually(t, func() bool { return len(out.ids()) == 5 }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(out.ids()) == 5 }, patience(t), 10*time.Millisecond)
 	// Every row once (the forwarder publishes concurrently: the drained
 	// rows in any order).
 	require.ElementsMatch(t, []string{"streamed", "lost-0", "lost-1", "lost-2", "after"}, out.ids())
@@ -152,7 +152,7 @@ func TestUndeliveredRowsBeforeAPreparedSlotAreRefused(t *testing.T) {
 	require.NoError(t, err)
 	wait := e.streaming(t, r)
 	e.publish(t, "orders", msg("next", "n", nil))
-	require.Eventually(t, func() bool { return len(out.ids()) == 2 }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(out.ids()) == 2 }, patience(t), 10*time.Millisecond)
 	require.Equal(t, []string{"backlog", "next"}, out.ids())
 	require.NoError(t, wait())
 }
@@ -180,9 +180,9 @@ func TestFastShutdownIsNotBlockedByARefusingDownstream(t *testing.T) {
 	runErr := make(chan error, 1)
 	go func() { runErr <- r.Run(context.Background()) }()
 	t.Cleanup(func() { _ = r.Close() })
-	require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
 	e.publish(t, "orders", msg("held", "h", nil))
-	require.Eventually(t, func() bool { return out.attemptsOf("held") >= 3 }, 20*time.Second, 10*time.Millisecond, "the relay is retrying")
+	require.Eventually(t, func() bool { return out.attemptsOf("held") >= 3 }, patience(t), 10*time.Millisecond, "the relay is retrying")
 
 	start := time.Now()
 	require.NoError(t, c.Stop("fast", 30*time.Second), "a fast shutdown during the outage")
@@ -191,7 +191,7 @@ func TestFastShutdownIsNotBlockedByARefusingDownstream(t *testing.T) {
 	case err := <-runErr:
 		require.Error(t, err, "the server is gone")
 		require.Empty(t, outbox.CodeOf(err), "a connection failure, not a refusal: %v", err)
-	case <-time.After(30 * time.Second):
+	case <-time.After(patience(t)):
 		t.Fatal("Run did not return after the server stopped")
 	}
 
@@ -201,7 +201,7 @@ func TestFastShutdownIsNotBlockedByARefusingDownstream(t *testing.T) {
 	r2, err := cdcrelay.New(cfg, out, nil)
 	require.NoError(t, err)
 	wait := running(t, r2)
-	require.Eventually(t, func() bool { return len(out.ids()) == 1 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(out.ids()) == 1 }, patience(t), 10*time.Millisecond)
 	require.Equal(t, []string{"held"}, out.ids())
 	require.NoError(t, wait())
 }
@@ -256,7 +256,7 @@ func TestRelayWarnsPastTheLagThreshold(t *testing.T) {
 	wait := e.streaming(t, r)
 	_, err = e.s.DB.Exec(`SELECT pg_logical_emit_message(true, 'lag-test', repeat('x', 10000))`)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return len(log.lagWarnings()) > 0 }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(log.lagWarnings()) > 0 }, patience(t), 10*time.Millisecond)
 	w := log.lagWarnings()[0]
 	require.Equal(t, e.slot, w.fields["slot"])
 	require.Equal(t, "reserved", w.fields["wal_status"])
@@ -271,7 +271,7 @@ func TestRelayWarnsPastTheLagThreshold(t *testing.T) {
 	require.NoError(t, err)
 	wait = e.streaming(t, r)
 	e.publish(t, "orders", msg("m", "m", nil))
-	require.Eventually(t, func() bool { return e.s.Count(t, "status = 'PUBLISHED'") == 1 }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return e.s.Count(t, "status = 'PUBLISHED'") == 1 }, patience(t), 10*time.Millisecond)
 	require.NoError(t, wait())
 	require.Empty(t, quiet.lagWarnings())
 }

@@ -98,7 +98,7 @@ func TestSlotLagForARunningAndAStoppedRelay(t *testing.T) {
 		// Active alone is not enough: the walsender creating the slot holds
 		// it too; the boundary is recorded once the slot exists.
 		return len(snap.Slots) == 1 && snap.Slots[0].Active && len(snap.CDCConsumers) == 1 && snap.Slots[0].UndeliveredBeforeSlot != nil
-	}, 20*time.Second, 10*time.Millisecond, "the relay created the slot, recorded its boundary and streams")
+	}, patience(t), 10*time.Millisecond, "the relay created the slot, recorded its boundary and streams")
 	running := slotOf(t, snap, slot)
 	require.Equal(t, "pgoutput", running.Plugin)
 	require.Equal(t, "reserved", running.WALStatus)

@@ -18,6 +18,11 @@
 // msg.Context(). A stored header with a reserved name is refused, never
 // overwritten.
 //
+// Precision: msg.occurred_at is kept to the microsecond, as the
+// occurred_at column (timestamptz) keeps it. [SetOccurredAt] and [ToRow]
+// truncate a finer value, so the string a consumer receives equals the one
+// SetOccurredAt wrote; nothing else about a message is rounded.
+//
 // Headers are a flat string map stored as jsonb and encoded with
 // encoding/json ([EncodeHeaders], [DecodeHeaders]); values ending in a
 // backslash, quotes, control characters and emoji round-trip.

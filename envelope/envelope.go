@@ -134,7 +134,9 @@ func (r *Row) setCanonical(k, v string) error {
 		if err != nil {
 			return outbox.Wrap(outbox.CodeInvalidMetadata, op, err, KeyOccurredAt+" must be RFC 3339")
 		}
-		r.OccurredAt = t
+		// The column keeps microseconds; truncated here, not rounded by
+		// PostgreSQL, so what is stored is what SetOccurredAt wrote.
+		r.OccurredAt = t.Truncate(time.Microsecond)
 	case KeyCorrelationID:
 		r.CorrelationID = v
 	case KeyCausationID:

@@ -16,8 +16,9 @@ const ReservedPrefix = "msg."
 
 // Canonical metadata keys. On the way in each goes to its own column; on the
 // way out each column comes back under the same key. Values are strings;
-// KeyOccurredAt is RFC 3339 with nanoseconds, KeyAggregateVersion a base-10
-// int64.
+// KeyOccurredAt is RFC 3339 (a value with more than microseconds is
+// truncated to microseconds on the way in, as the column keeps them),
+// KeyAggregateVersion a base-10 int64.
 const (
 	KeyProducer         = "msg.producer"
 	KeyOccurredAt       = "msg.occurred_at"
@@ -83,13 +84,17 @@ func set(msg *message.Message, key, value string) {
 // SetProducer names the service that wrote the message.
 func SetProducer(msg *message.Message, producer string) { set(msg, KeyProducer, producer) }
 
-// SetOccurredAt records when the business fact happened.
+// SetOccurredAt records when the business fact happened, truncated to
+// microseconds: the column (timestamptz) keeps microseconds, so the value
+// set here is exactly the one the consumer receives. (Without the
+// truncation PostgreSQL would round a nanosecond value and the consumer would
+// see another string.)
 func SetOccurredAt(msg *message.Message, t time.Time) {
 	if t.IsZero() {
 		set(msg, KeyOccurredAt, "")
 		return
 	}
-	set(msg, KeyOccurredAt, t.UTC().Format(time.RFC3339Nano))
+	set(msg, KeyOccurredAt, t.UTC().Truncate(time.Microsecond).Format(time.RFC3339Nano))
 }
 
 // SetCorrelationID sets the correlation id (also readable by watermill's

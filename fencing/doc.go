@@ -48,6 +48,15 @@
 //     writing the same key concurrently may commit out of seq order, and a
 //     later row can be published before an earlier one becomes visible
 //     (publisher.Config.LockOrderingKeys makes seq order commit order).
+//   - A claim is bounded by size as well as rows (ClaimParams.MaxBytes): the
+//     statement cuts its rows in seq order where their payloads and headers
+//     would exceed the budget, keeping the first whatever its size, so a
+//     chain cut by it is still a prefix of its key's run.
+//   - A claim is one statement that commits before the caller reads its
+//     rows. When reading fails (a row the client cannot scan, a timeout, a
+//     lost connection), [ReleaseUnheld] puts back the owner's IN_FLIGHT rows
+//     that the caller does not hold, without spending attempts, instead of
+//     leaving them to their leases' expiry (which spends one each).
 //   - The attempt budget is judged on attempts after the attempt being
 //     recorded (attempts + 1), so the last attempt is not spent twice; the
 //     caller picks [MarkExhausted] instead of [MarkAmbiguous] when

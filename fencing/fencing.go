@@ -127,6 +127,12 @@ type ClaimParams struct {
 	// OnlyDestination, when set, claims rows of this destination only (a
 	// breaker's probe).
 	OnlyDestination string
+	// MaxBytes bounds the claim by size: rows are taken in seq order while
+	// the sum of their octet_length(payload) + pg_column_size(headers) stays
+	// within it, and the first row is taken whatever its size, so a row
+	// larger than the budget still goes out, alone. A chain cut by it is
+	// still a prefix of its key's run. 0: no bound; >= 0.
+	MaxBytes int64
 }
 
 // Continuation asks a claim for the rows of Key right behind AfterSeq, a row
@@ -348,14 +354,14 @@ candidates AS (
     SELECT * FROM chains UNION ALL SELECT * FROM continued
 ),
 locked AS (
-    SELECT o.ctid AS picked_ctid, o.seq, o.ordering_key AS k,
+    SELECT o.ctid AS picked_ctid, o.seq, o.ordering_key AS k, ` + rowBytes + ` AS bytes,
            o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
       FROM messaging_outbox o
      WHERE o.ctid = ANY (ARRAY(SELECT row_ctid FROM candidates))
        FOR UPDATE OF o SKIP LOCKED
 ),
 unkeyed AS (
-    SELECT o.ctid AS picked_ctid, o.seq, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
+    SELECT o.ctid AS picked_ctid, o.seq, ` + rowBytes + ` AS bytes, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
       FROM messaging_outbox o
      WHERE o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.seq >= $6
      ORDER BY o.seq
@@ -363,10 +369,10 @@ unkeyed AS (
        FOR UPDATE OF o SKIP LOCKED
 ),
 picked AS (
-    SELECT u.picked_ctid, u.expired, u.park FROM (
-        SELECT picked_ctid, seq, expired, park FROM unkeyed
+    SELECT u.picked_ctid, u.seq, u.bytes, u.expired, u.park FROM (
+        SELECT picked_ctid, seq, bytes, expired, park FROM unkeyed
         UNION ALL
-        SELECT picked_ctid, seq, expired, park
+        SELECT picked_ctid, seq, bytes, expired, park
           FROM (SELECT l.*, c.pos, row_number() OVER (PARTITION BY l.k ORDER BY l.seq) AS rank
                   FROM locked l JOIN candidates c ON c.seq = l.seq) r
          WHERE r.rank = r.pos
@@ -377,10 +383,25 @@ picked AS (
 ` + claimUpdate("picked")
 }
 
+// rowBytes is what a row weighs against ClaimParams.MaxBytes, on alias o:
+// neither function detoasts (octet_length of a bytea and pg_column_size read
+// the stored length), so weighing costs no payload read.
+const rowBytes = `(octet_length(o.payload) + pg_column_size(o.headers))::int8`
+
 // claimUpdate is the UPDATE that marks the rows of CTE src (picked_ctid,
-// expired, park) IN_FLIGHT or parks them, and returns them.
+// seq, bytes, expired, park) IN_FLIGHT or parks them, and returns them. It
+// first cuts src (in seq order) where the running sum of bytes would exceed
+// the byte budget $16, keeping the first row whatever its size.
 func claimUpdate(src string) string {
-	return strings.ReplaceAll(`UPDATE messaging_outbox o
+	return strings.ReplaceAll(`, fits AS (
+    SELECT b.picked_ctid, b.expired, b.park FROM (
+        SELECT s.picked_ctid, s.expired, s.park,
+               sum(s.bytes) OVER (ORDER BY s.seq ROWS UNBOUNDED PRECEDING) AS run,
+               row_number() OVER (ORDER BY s.seq) AS n
+          FROM {src} s) b
+     WHERE b.n = 1 OR $16::int8 <= 0 OR b.run <= $16::int8
+)
+UPDATE messaging_outbox o
    SET status = CASE WHEN p.park THEN 'EXHAUSTED' ELSE 'IN_FLIGHT' END,
        attempts = o.attempts + CASE WHEN p.expired THEN 1 ELSE 0 END,
        lease_owner = CASE WHEN p.park THEN o.lease_owner ELSE $2 END,
@@ -398,9 +419,9 @@ func claimUpdate(src string) string {
            THEN o.attempts || ' attempts already reach the budget of ' || $4 || '; last failure: '
                 || coalesce(o.last_failure_code, 'none') || coalesce(': ' || o.last_failure_detail, '')
            ELSE o.last_failure_detail END
-  FROM {src} p
+  FROM fits p
  WHERE o.ctid = p.picked_ctid
-   AND o.ctid = ANY (ARRAY(SELECT picked_ctid FROM {src}))
+   AND o.ctid = ANY (ARRAY(SELECT picked_ctid FROM fits))
 RETURNING `+claimColumns, "{src}", src)
 }
 
@@ -408,14 +429,14 @@ RETURNING `+claimColumns, "{src}", src)
 // continuations: only its unkeyed half, one index range scan. Its
 // parameters are numbered on their own ($1 now, $2 owner, $3 lease, $4
 // budget, $5 limit, $6 from seq, $7 excluded destinations, $8 only
-// destination). It exists because PostgreSQL plans the full claim afresh on
+// destination, $9 byte budget). It exists because PostgreSQL plans the full claim afresh on
 // every execution when no key has unpublished rows (its custom plans look so
 // much cheaper than the generic one that the prepared statement never
 // switches to the generic plan), and that planning costs milliseconds.
 func unkeyedClaimSQL() string {
 	q := `
 WITH unkeyed AS (
-    SELECT o.ctid AS picked_ctid, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
+    SELECT o.ctid AS picked_ctid, o.seq, ` + rowBytes + ` AS bytes, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
       FROM messaging_outbox o
      WHERE o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.seq >= $6
      ORDER BY o.seq
@@ -423,7 +444,7 @@ WITH unkeyed AS (
        FOR UPDATE OF o SKIP LOCKED
 )
 ` + claimUpdate("unkeyed")
-	return strings.NewReplacer("$14", "$7", "$15", "$8").Replace(q)
+	return strings.NewReplacer("$14", "$7", "$15", "$8", "$16", "$9").Replace(q)
 }
 
 // claimColumns is envelope.SelectColumns, in its order for envelope.ScanRow,
@@ -478,6 +499,8 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "from seq must be >= 0, got %d", p.FromSeq)
 	case p.MaxChain < 0:
 		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "max chain must be >= 0, got %d", p.MaxChain)
+	case p.MaxBytes < 0:
+		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "max bytes must be >= 0, got %d", p.MaxBytes)
 	}
 	n := len(p.Continue)
 	keys, afters, ids := make([]string, n), make([]int64, n), make([]string, n)
@@ -501,7 +524,7 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 	excluded := pq.Array(append([]string{}, p.ExcludeDestinations...))
 	if p.NoKeyWalk && n == 0 && !p.NoUnkeyed {
 		return ClaimUnkeyedSQL, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
-			excluded, p.OnlyDestination}, nil
+			excluded, p.OnlyDestination, p.MaxBytes}, nil
 	}
 	q := ClaimBlockKeySQL
 	if p.Policy == SkipParked {
@@ -509,7 +532,7 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 	}
 	return q, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
 		p.KeyCursor, maxChain, pq.Array(keys), pq.Array(afters), pq.Array(ids), unkeyed, walk,
-		excluded, p.OnlyDestination}, nil
+		excluded, p.OnlyDestination, p.MaxBytes}, nil
 }
 
 // Claim takes up to p.Limit claimable rows for p.Owner in one statement and
@@ -552,6 +575,53 @@ func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Claimed, error) {
 		slices.SortFunc(out, bySeq)
 	}
 	return out, nil
+}
+
+// ReleaseUnheldSQL releases every IN_FLIGHT row of owner $1 except the
+// message ids $2, as [Release] does (PENDING when it never had an attempt,
+// AMBIGUOUS otherwise, attempts not counted, lease ended).
+const ReleaseUnheldSQL = `
+UPDATE messaging_outbox o
+   SET status = CASE WHEN o.attempts = 0 THEN 'PENDING' ELSE 'AMBIGUOUS' END,
+       lease_expires_at = NULL
+ WHERE o.status = 'IN_FLIGHT'
+   AND o.lease_owner = $1
+   AND o.message_id <> ALL($2::text[])
+RETURNING o.message_id`
+
+// ReleaseUnheld is the cleanup after a claim that failed on the caller's
+// side once it was sent (a row it could not read, a timeout, a cancelled
+// context, a connection lost while reading): the claim may have committed,
+// and then its rows are IN_FLIGHT under owner, unknown to the caller, until
+// their leases expire (each expiry spends an attempt). It releases every
+// IN_FLIGHT row of owner whose message id is not in held (the rows the
+// caller knows it holds), without spending attempts, and returns their ids.
+// The caller must not run a claim for owner at the same time, and owner must
+// be unique to it (as every lease owner must). No index serves "IN_FLIGHT
+// rows of an owner", so the statement reads the claimable rows once: it runs
+// only after such a failure.
+func ReleaseUnheld(ctx context.Context, db DBTX, owner string, held []string) ([]string, error) {
+	const op = "fencing.ReleaseUnheld"
+	if owner == "" {
+		return nil, outbox.Errorf(CodeInvalidArgument, op, "owner must not be empty")
+	}
+	rows, err := db.QueryContext(ctx, ReleaseUnheldSQL, owner, pq.Array(append([]string{}, held...)))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return ids, nil
 }
 
 // Result says whether a fenced write took effect.

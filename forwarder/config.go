@@ -31,6 +31,13 @@ const (
 	DefaultBreakerThreshold  = 5
 	DefaultBreakerProbeBase  = time.Second
 	DefaultBreakerProbeMax   = 30 * time.Second
+	// DefaultMaxBatchBytes bounds the payload and header bytes one claim
+	// takes: 8 MiB reads in well under a second on a 100 Mbit/s link, a
+	// small part of the default lease.
+	DefaultMaxBatchBytes = 8 << 20
+	// DefaultDBTimeout bounds each of the forwarder's own statements; it is
+	// at most half the lease (Validate refuses more).
+	DefaultDBTimeout = 15 * time.Second
 )
 
 // Config tunes a Forwarder. The zero value of every field means "use the
@@ -80,6 +87,29 @@ type Config struct {
 	// claim runs, so rows of one key committed in order are never in flight
 	// together and this never reorders them. Default 8.
 	Concurrency int
+	// MaxBatchBytes bounds what one claim takes by size: the claim
+	// statement stops adding rows (in seq order) once their payloads and
+	// headers, as stored, would exceed it; a single row larger than the
+	// budget is still claimed, alone. Rows are still at most BatchSize.
+	// With prefetch a relay holds up to two batches. After a claim that
+	// failed (for example one that could not be read within DBTimeout over
+	// a slow link) the next claim gets half the budget, down to a single
+	// row, and each successful claim doubles it back. Default 8 MiB.
+	MaxBatchBytes int64
+	// DBTimeout bounds each of the forwarder's own statements (a claim, an
+	// outcome write). A claim that cannot be read within it is given up and
+	// the rows it may hold are released without spending attempts. It must
+	// not exceed half of LeaseDuration, so a claim that used all of it
+	// leaves the rows time to be published. Default 15s, or half of
+	// LeaseDuration when that is shorter.
+	DBTimeout time.Duration
+	// MaxAbandoned bounds the publishes left running after their timeout
+	// (a downstream that ignores its context): while more than this many
+	// still run, the relay claims nothing, reports it
+	// (Report.AbandonedPublishes, Report.ClaimPaused) and counts it in its
+	// metrics, so a downstream that hangs on everything costs at most this
+	// many goroutines. Default 2 x Concurrency.
+	MaxAbandoned int
 	// OrderingPolicy: what a parked row does to later rows of its key.
 	// Default fencing.BlockKey.
 	OrderingPolicy fencing.OrderingPolicy
@@ -168,6 +198,9 @@ func (c Config) withDefaults() Config {
 	c.BreakerProbeBase = cmp.Or(c.BreakerProbeBase, DefaultBreakerProbeBase)
 	c.BreakerProbeMax = cmp.Or(c.BreakerProbeMax, max(DefaultBreakerProbeMax, c.BreakerProbeBase))
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, c.PublishTimeout)
+	c.MaxBatchBytes = cmp.Or(c.MaxBatchBytes, DefaultMaxBatchBytes)
+	c.DBTimeout = cmp.Or(c.DBTimeout, min(DefaultDBTimeout, c.LeaseDuration/2))
+	c.MaxAbandoned = cmp.Or(c.MaxAbandoned, 2*c.Concurrency)
 	c.Owner = cmp.Or(c.Owner, defaultOwner())
 	c.NotifyChannel = cmp.Or(c.NotifyChannel, publisher.DefaultNotifyChannel)
 	if c.Classifier == nil {
@@ -201,7 +234,8 @@ func (c Config) validated() (Config, error) {
 		{"BackoffBase", int64(c.BackoffBase)}, {"BackoffMax", int64(c.BackoffMax)},
 		{"HeartbeatInterval", int64(c.HeartbeatInterval)}, {"DrainTimeout", int64(c.DrainTimeout)},
 		{"BreakerThreshold", int64(c.BreakerThreshold)}, {"BreakerProbeBase", int64(c.BreakerProbeBase)},
-		{"BreakerProbeMax", int64(c.BreakerProbeMax)},
+		{"BreakerProbeMax", int64(c.BreakerProbeMax)}, {"MaxBatchBytes", c.MaxBatchBytes},
+		{"DBTimeout", int64(c.DBTimeout)}, {"MaxAbandoned", int64(c.MaxAbandoned)},
 	} {
 		if f.v < 0 {
 			return bad("%s must be positive (or zero for the default), got %d", f.name, f.v)
@@ -211,6 +245,10 @@ func (c Config) validated() (Config, error) {
 		return Config{}, outbox.Errorf(outbox.CodeLeaseTooShort, op,
 			"LeaseDuration %s is shorter than 2 x PublishTimeout (%s): another relay could publish a row while this one still waits for a confirm; raise LeaseDuration to at least %s or lower PublishTimeout",
 			c.LeaseDuration, c.PublishTimeout, 2*c.PublishTimeout)
+	}
+	if c.DBTimeout > c.LeaseDuration/2 {
+		return bad("DBTimeout %s exceeds half of LeaseDuration (%s): a claim that took that long would leave its rows too little of their lease to be published; lower DBTimeout or raise LeaseDuration",
+			c.DBTimeout, c.LeaseDuration/2)
 	}
 	if c.BackoffMax < c.BackoffBase {
 		return bad("BackoffMax %s is below BackoffBase %s; raise BackoffMax or lower BackoffBase", c.BackoffMax, c.BackoffBase)

@@ -118,6 +118,37 @@
 // outcomes (database gone), Run and Close return FORWARDER_OUTCOMES_NOT_WRITTEN. RouterPlugin ties all of this to a
 // watermill Router.
 //
+// # Containment
+//
+// What one row, one claim or one downstream does wrong stays with it:
+//
+//   - A claim that fails on this side after it was sent (a row that cannot
+//     be read, Config.DBTimeout, a lost connection) may have committed on
+//     the server. The relay then releases, by owner, every IN_FLIGHT row it
+//     does not know it holds (claims run one at a time, so those are that
+//     claim's rows): back to PENDING or AMBIGUOUS at once, no attempt spent,
+//     instead of waiting for their leases to expire (each expiry spends
+//     one). Report.ClaimFailures and Report.ClaimReleased count it,
+//     outbox_forwarder_failed_claims_total and
+//     outbox_forwarder_failed_claim_released_total follow. A row that can be
+//     read but not rebuilt is parked FAILED on its own (OUTBOX_CORRUPT_ROW).
+//   - A claim takes at most Config.MaxBatchBytes (default 8 MiB) of payload
+//     and headers, cut in the statement in seq order; a single larger row
+//     goes out alone. With prefetch a relay holds up to two such batches.
+//     Each failed claim halves the next claim's budget (down to one row) and
+//     each successful one doubles it back, so a link too slow to read a full
+//     batch within DBTimeout still delivers, a few rows at a time.
+//   - A publish that overruns PublishTimeout is left behind (AMBIGUOUS). A
+//     downstream that ignores its context keeps such publishes running:
+//     while more than Config.MaxAbandoned (default 2 x Concurrency) still
+//     run, the relay claims nothing (Report.ClaimPaused,
+//     Report.AbandonedPublishes, outbox_forwarder_claims_paused_total, the
+//     outbox_forwarder_abandoned_publishes gauge), so goroutines stay bounded.
+//   - Rows the downstream confirmed whose outcome write failed stay IN_FLIGHT
+//     until their leases expire and are published again: they are counted
+//     as possible duplicates in Report.UnrecordedPublishes and
+//     outbox_forwarder_unrecorded_publishes_total.
+//
 // # Where a claim starts
 //
 // A drain leaves the index entries of the rows it published at the head of
@@ -139,7 +170,10 @@
 // With Config.Metrics set: outbox_forwarder_messages_total{outcome,destination},
 // outbox_forwarder_passes_total, outbox_forwarder_pass_failures_total,
 // outbox_forwarder_publish_duration_seconds{destination},
-// outbox_forwarder_claim_batch_size, outbox_forwarder_breaker_open{destination}.
+// outbox_forwarder_claim_batch_size, outbox_forwarder_breaker_open{destination},
+// outbox_forwarder_failed_claims_total, outbox_forwarder_failed_claim_released_total,
+// outbox_forwarder_unrecorded_publishes_total, outbox_forwarder_abandoned_publishes,
+// outbox_forwarder_claims_paused_total (see Containment).
 // Each publish runs in a span
 // "outbox.publish <destination>" that continues the trace stored in the row;
 // the message handed to the publisher carries that span in its context.

@@ -1,8 +1,17 @@
 package forwarder
 
-import "time"
+import (
+	"time"
+
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+)
 
 // SetDBTimeout shortens the bound of the forwarder's own statements, so a
 // test can make a pass publish for longer than it without waiting 15 s.
 // Call it before Run or RunOnce.
 func SetDBTimeout(f *Forwarder, d time.Duration) { f.dbTimeout = d }
+
+// WrapStatements puts wrap around the connection the forwarder runs its
+// claims and outcome writes on, so a test can fail them after they reached
+// the database. Call it before Run or RunOnce.
+func WrapStatements(f *Forwarder, wrap func(fencing.DBTX) fencing.DBTX) { f.q = wrap(f.q) }

@@ -69,12 +69,12 @@ var errReleaseFailed = errors.New("release failed")
 
 const tracerName = "github.com/fencedoutbox/watermill-outbox/forwarder"
 
-// defaultDBTimeout bounds each of the forwarder's own statements (the claim,
+// Config.DBTimeout bounds each of the forwarder's own statements (the claim,
 // the outcome batch), each on its own context: a pass may publish for up to
 // LeaseDuration - 1.5 x PublishTimeout between them. They run on a context
 // that stopping does not cancel: a claim cancelled half way could leave rows
-// claimed but never published until their lease expires.
-const defaultDBTimeout = 15 * time.Second
+// claimed but never published until their lease expires (and when one fails
+// all the same, the rows it may hold are released: see releaseUnheld).
 
 // Report counts what one pass did. Stale rows are possible duplicate
 // publications: this relay's lease was gone when it wrote the outcome.
@@ -98,6 +98,26 @@ type Report struct {
 	// whose outcome nobody knew (ambiguous, timed out, an expired lease):
 	// the broker may have had them already.
 	PossibleDuplicates int
+	// ClaimFailures counts claim statements of the pass that failed (a row
+	// that could not be read, a timeout, a cancelled context, a connection
+	// lost while reading, or one that never reached the server: the client
+	// cannot tell them apart, and such a claim may have committed).
+	// ClaimReleased counts the rows then put back at once, without an
+	// attempt, instead of waiting for their leases to expire (each expiry
+	// spends one).
+	ClaimFailures int
+	ClaimReleased int
+	// UnrecordedPublishes counts rows the downstream confirmed in this pass
+	// whose outcome write then failed: they stay IN_FLIGHT until their
+	// leases expire and are published again, so each is a possible
+	// duplicate. They are not in Published or PossibleDuplicates.
+	UnrecordedPublishes int
+	// AbandonedPublishes is how many publishes left behind by their timeout
+	// (a downstream that ignores its context) were still running when the
+	// pass started. ClaimPaused: the pass claimed nothing because they were
+	// more than Config.MaxAbandoned.
+	AbandonedPublishes int
+	ClaimPaused        bool
 	// OpenBreakers are the destinations whose breaker is open after the
 	// pass.
 	OpenBreakers []BreakerState
@@ -123,6 +143,21 @@ type Forwarder struct {
 	chains     chainLog   // which of this relay's chains were confirmed to their end
 	chainCap   int        // rows of one key a claim takes before it looks at other keys
 	breakers   breakers   // per destination: is the downstream down as a whole
+
+	// claimMu makes one claim (with the release after a failed one) run at
+	// a time. held are the rows this relay holds IN_FLIGHT (claimed, outcome
+	// not yet written), with the local time of their claim: a failed claim
+	// releases every other row of this owner. abandoned counts publishes
+	// left running after their timeout.
+	claimMu   sync.Mutex
+	heldMu    sync.Mutex
+	held      map[string]time.Time
+	abandoned atomic.Int64
+	// budgetShift halves the claims' byte budget once per failed claim and
+	// doubles it back once per successful one (guarded by claimMu): a link
+	// too slow to read MaxBatchBytes within DBTimeout still makes progress,
+	// down to one row per claim, instead of failing the same claim forever.
+	budgetShift int
 
 	// Claims of Run wait for a fresh heartbeat: once it has lapsed,
 	// debezium.Enable may switch the database to CDC, and a relay still
@@ -182,7 +217,7 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 		baseLogger: logger,
 		tracer:     tp.Tracer(tracerName),
 		seed:       seedOf(cfg.Owner),
-		dbTimeout:  defaultDBTimeout,
+		dbTimeout:  cfg.DBTimeout,
 		chainCap:   max(1, (cfg.BatchSize+cfg.Concurrency-1)/cfg.Concurrency),
 		beatEpoch:  time.Now(),
 		stop:       make(chan struct{}),
@@ -386,7 +421,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			idle = 0
 			delay = f.jittered(f.cfg.BackoffBase, f.cfg.BackoffMax, failures, 0)
 			f.logger.Error("Outbox pass failed", err, watermill.LogFields{"consecutive_failures": failures, "retry_in": delay})
-		case claimed >= f.cfg.BatchSize, cur.rep.Chains > 0 && cur.rep.Published > 0, cur.ahead:
+		case cur.full, cur.rep.Chains > 0 && cur.rep.Published > 0, cur.ahead:
 			// A full batch: more is waiting. Chains that moved: their keys
 			// may have more behind them, claimable as soon as these outcomes
 			// are written (a chain cut at its first row earns no re-poll). A
@@ -593,6 +628,8 @@ type claimedBatch struct {
 	after     map[string]int64 // continued keys: the seq their chain continues
 	probes    map[string]bool  // message ids claimed as breaker probes
 	err       error
+	failures  int // claim statements that failed after they were sent
+	released  int // rows released because of them
 }
 
 // claim takes the next batch: unkeyed rows and chains, continuing the
@@ -618,9 +655,40 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 				age.Round(time.Millisecond), ttl)}
 		}
 	}
+	f.claimMu.Lock()
+	defer f.claimMu.Unlock()
 	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 	defer cancel()
 	at := f.localNow()
+	// Every statement below may commit on the server and still fail here
+	// (a row the client cannot read, the timeout, the connection lost
+	// while reading). The rows of each one that succeeds are recorded as
+	// held; after one that fails, every other row this owner holds is
+	// released (releaseUnheld), so a claimed batch is never dropped to wait
+	// for its leases to expire.
+	var failures, released int
+	defer func() {
+		switch {
+		case failures > 0:
+			f.budgetShift = min(f.budgetShift+1, 40)
+		case f.budgetShift > 0:
+			f.budgetShift--
+		}
+	}()
+	maxBytes := max(1, f.cfg.MaxBatchBytes>>f.budgetShift)
+	claimFn := func(p fencing.ClaimParams) ([]fencing.Claimed, error) {
+		p.MaxBytes = f.byteBudget(p.MaxBytes)
+		rows, err := fencing.Claim(dbctx, f.q, p)
+		if err != nil {
+			if !errors.Is(err, fencing.ErrInvalidArgument) {
+				failures++
+				released += f.releaseUnheld(ctx, err)
+			}
+			return nil, err
+		}
+		f.hold(rows, at)
+		return rows, nil
+	}
 	from, cursor := f.start.from(), f.start.keyCursor()
 	exclude, probes := f.breakers.forClaim()
 	// Keys this relay published lately are resumed where their chains
@@ -639,18 +707,21 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		Owner: f.cfg.Owner, Limit: f.cfg.BatchSize, Lease: f.cfg.LeaseDuration,
 		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
 		FromSeq: from, KeyCursor: cursor, MaxChain: f.chainCap, Continue: append(cont[:len(cont):len(cont)], resume...),
-		ExcludeDestinations: exclude, NoKeyWalk: !walk,
+		ExcludeDestinations: exclude, NoKeyWalk: !walk, MaxBytes: maxBytes,
 	}
-	claimed, err := fencing.Claim(dbctx, f.q, p)
+	claimed, err := claimFn(p)
 	if err != nil {
 		f.start.record(p.FromSeq, p.Limit, nil, err)
-		return claimedBatch{claimedAt: at, err: err}
+		return claimedBatch{claimedAt: at, err: err, failures: failures, released: released}
 	}
+	// What is left of the byte budget for the statements that complete the
+	// batch (payloads only, as the client sees them: headers are small).
+	budget := func() int64 { return maxBytes - payloadBytes(claimed) }
 	if walk {
 		f.start.walked(fencing.NextKeyCursor(cursor, claimed, cont), hasKeyed(claimed))
 	}
 	unkeyedFrom := p.FromSeq
-	if p.FromSeq > 0 && len(claimed) < p.Limit {
+	if p.FromSeq > 0 && len(claimed) < p.Limit && budget() > 0 {
 		// Nothing more at or above the start point: look below it before
 		// calling the batch short, so that a short batch (which sends Run
 		// to idle) always means the whole claimable index had no more. The
@@ -658,7 +729,8 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		// claim cannot take them again.
 		below := p
 		below.Limit, below.FromSeq, below.NoKeyWalk, below.Continue = p.Limit-len(claimed), 0, true, nil
-		more, berr := fencing.Claim(dbctx, f.q, below)
+		below.MaxBytes = budget()
+		more, berr := claimFn(below)
 		if berr != nil {
 			// The rows claimed above the start are held and go on; record
 			// makes the next claim start at the first entry.
@@ -668,14 +740,15 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		unkeyedFrom = 0 // this batch looked at the whole index
 	}
 	f.start.record(unkeyedFrom, p.Limit, unkeyedOnly(claimed), nil)
-	if !walk && len(claimed) < p.Limit {
+	if !walk && len(claimed) < p.Limit && budget() > 0 {
 		// The batch is short without looking at keys: walk them for the
 		// rest before calling it short, so that a short batch still means
 		// nothing more was claimable.
 		keyed := p
 		keyed.Limit, keyed.FromSeq, keyed.NoKeyWalk, keyed.NoUnkeyed = p.Limit-len(claimed), 0, false, true
 		keyed.Continue = cont // resumed keys were claimed above: walked again, their heads are held
-		rows, kerr := fencing.Claim(dbctx, f.q, keyed)
+		keyed.MaxBytes = budget()
+		rows, kerr := claimFn(keyed)
 		if kerr != nil {
 			f.logger.Error("Outbox claim of keyed rows failed", kerr, watermill.LogFields{"held": len(claimed)})
 		} else {
@@ -683,12 +756,12 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 			claimed = mergeBySeq(claimed, rows)
 		}
 	}
-	if ext := capped(claimed, f.chainCap, p.Continue); len(ext) > 0 && len(claimed) < p.Limit {
+	if ext := capped(claimed, f.chainCap, p.Continue); len(ext) > 0 && len(claimed) < p.Limit && budget() > 0 {
 		room := p.Limit - len(claimed)
 		more := p
 		more.Limit, more.MaxChain, more.Continue = room, (room+len(ext)-1)/len(ext), ext
-		more.NoKeyWalk, more.NoUnkeyed, more.FromSeq = true, true, 0
-		if rows, xerr := fencing.Claim(dbctx, f.q, more); xerr != nil {
+		more.NoKeyWalk, more.NoUnkeyed, more.FromSeq, more.MaxBytes = true, true, 0, budget()
+		if rows, xerr := claimFn(more); xerr != nil {
 			f.logger.Error("Outbox claim extending chains failed", xerr, watermill.LogFields{"held": len(claimed)})
 		} else {
 			claimed = mergeBySeq(claimed, rows)
@@ -701,10 +774,10 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		pr := p
 		pr.Limit, pr.MaxChain, pr.Continue, pr.FromSeq = 1, 1, nil, f.breakers.probeFrom(dest)
 		pr.ExcludeDestinations, pr.OnlyDestination, pr.NoKeyWalk, pr.NoUnkeyed = nil, dest, false, false
-		rows, perr := fencing.Claim(dbctx, f.q, pr)
+		rows, perr := claimFn(pr)
 		if perr == nil && len(rows) == 0 && pr.FromSeq > 1 {
 			pr.FromSeq = 0 // past the last row: wrap around
-			rows, perr = fencing.Claim(dbctx, f.q, pr)
+			rows, perr = claimFn(pr)
 		}
 		if perr != nil {
 			f.logger.Error("Outbox breaker probe claim failed", perr, watermill.LogFields{"destination": dest})
@@ -735,7 +808,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		}
 		after[c.Key] = c.AfterSeq
 	}
-	return claimedBatch{claimed: claimed, claimedAt: at, after: after, probes: probed}
+	return claimedBatch{claimed: claimed, claimedAt: at, after: after, probes: probed, failures: failures, released: released}
 }
 
 // capped are the continuations of the chains the walk found that stopped at
@@ -784,6 +857,7 @@ func mergeBySeq(a, b []fencing.Claimed) []fencing.Claimed {
 // Under Run it may still be running while the next pass publishes.
 type tail struct {
 	ahead bool // its batch was claimed ahead, while the previous one was in flight
+	full  bool // its claim was cut by BatchSize or (about) by MaxBatchBytes: more may wait
 	start time.Time
 	rep   Report // rep.Claimed is set before the tail can run behind: the loop reads it
 	err   error
@@ -806,6 +880,7 @@ func (f *Forwarder) end(t *tail, err error) {
 	t.rep.Duration = time.Since(t.start)
 	t.err = err
 	f.metrics.pass(t.rep.Claimed, err != nil)
+	f.metrics.contained(t.rep)
 	if f.cfg.OnReport != nil {
 		f.cfg.OnReport(t.rep)
 	}
@@ -843,8 +918,15 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 			return t, nil
 		default:
 		}
+		if f.claimPaused(t) {
+			behind.wait()
+			f.end(t, nil)
+			return t, nil
+		}
 		b = f.claim(ctx, nil)
 	}
+	t.rep.AbandonedPublishes = max(t.rep.AbandonedPublishes, int(f.abandoned.Load()))
+	t.rep.ClaimFailures, t.rep.ClaimReleased = b.failures, b.released
 	claimed := b.claimed
 	if b.err != nil || len(claimed) == 0 {
 		behind.wait()
@@ -852,7 +934,8 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 		return t, nil
 	}
 	t.rep.Claimed = len(claimed)
-	if prefetch && len(claimed) >= f.cfg.BatchSize {
+	t.full = f.full(claimed)
+	if prefetch && f.full(claimed) && f.abandoned.Load() <= int64(f.cfg.MaxAbandoned) {
 		select {
 		case <-stopping:
 		default:
@@ -955,12 +1038,18 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []item) {
 		for i, o := range outcomes {
 			ids[i], tokens[i] = o.Lease.MessageID, o.Lease.Token
 		}
+		for _, it := range written {
+			if it.verdict() == "published" {
+				t.rep.UnrecordedPublishes++
+			}
+		}
 		f.logger.Error("Outbox outcomes not written: these rows stay IN_FLIGHT until their leases expire and are then claimed again, so those already published may be published twice", err, watermill.LogFields{
-			"rows": len(outcomes), "message_ids": ids, "lease_tokens": tokens,
+			"rows": len(outcomes), "message_ids": ids, "lease_tokens": tokens, "unrecorded_publishes": t.rep.UnrecordedPublishes,
 		})
 		f.end(t, outbox.Wrap(CodeOutcomesNotWritten, "forwarder.pass", err, fmt.Sprintf("write outcomes of %d rows", len(outcomes))))
 		return
 	}
+	f.unhold(outcomes)
 	var stale map[*item]bool
 	for i, r := range results {
 		if r == fencing.Stale {

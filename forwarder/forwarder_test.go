@@ -43,6 +43,9 @@ func TestDefaultsSatisfyTheirOwnRules(t *testing.T) {
 	require.Equal(t, 8, c.Concurrency)
 	require.Equal(t, 10*time.Second, c.HeartbeatInterval)
 	require.Equal(t, c.PublishTimeout, c.DrainTimeout)
+	require.Equal(t, int64(forwarder.DefaultMaxBatchBytes), c.MaxBatchBytes)
+	require.Equal(t, forwarder.DefaultDBTimeout, c.DBTimeout)
+	require.Equal(t, 2*c.Concurrency, c.MaxAbandoned)
 	require.Equal(t, fencing.BlockKey, c.OrderingPolicy)
 	require.Equal(t, publisher.DefaultNotifyChannel, c.NotifyChannel)
 	require.NotNil(t, c.Classifier)
@@ -77,6 +80,9 @@ func TestConfigRefusals(t *testing.T) {
 		"policy":            {forwarder.Config{OrderingPolicy: 9}, outbox.CodeInvalidConfig, "fencing.BlockKey"},
 		"owner NUL":         {forwarder.Config{Owner: "a\x00b"}, outbox.CodeInvalidConfig, "Owner"},
 		"channel too long":  {forwarder.Config{NotifyChannel: strings.Repeat("c", 64)}, outbox.CodeInvalidConfig, "NotifyChannel"},
+		"db timeout":        {forwarder.Config{DBTimeout: 16 * time.Second}, outbox.CodeInvalidConfig, "lower DBTimeout or raise LeaseDuration"},
+		"negative bytes":    {forwarder.Config{MaxBatchBytes: -1}, outbox.CodeInvalidConfig, "MaxBatchBytes"},
+		"negative abandon":  {forwarder.Config{MaxAbandoned: -1}, outbox.CodeInvalidConfig, "MaxAbandoned"},
 	} {
 		err := tc.cfg.Validate()
 		require.Error(t, err, name)
@@ -92,6 +98,11 @@ func TestConfigRefusals(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
 	_, err = forwarder.New(s.DB, &recorder{}, nil, forwarder.Config{LeaseDuration: time.Second, PublishTimeout: time.Second})
 	require.ErrorIs(t, err, outbox.ErrLeaseTooShort)
+	// A short lease gets a DBTimeout of half of it by default.
+	c := forwarder.Config{LeaseDuration: 4 * time.Second, PublishTimeout: time.Second}
+	require.NoError(t, c.Validate())
+	f := newForwarder(t, s.DB, &recorder{}, c)
+	require.Equal(t, 2*time.Second, f.Config().DBTimeout)
 }
 
 func TestRetryDelayJitterIsPerOwnerAndDeterministic(t *testing.T) {

@@ -14,6 +14,19 @@ const (
 	MetricPublishDuration = "outbox_forwarder_publish_duration_seconds"
 	MetricClaimBatchSize  = "outbox_forwarder_claim_batch_size"
 	MetricBreakerOpen     = "outbox_forwarder_breaker_open"
+	// MetricFailedClaims counts claim statements that failed (and may have
+	// committed), MetricFailedClaimReleased the rows released because of
+	// them (Report.ClaimFailures, Report.ClaimReleased).
+	MetricFailedClaims        = "outbox_forwarder_failed_claims_total"
+	MetricFailedClaimReleased = "outbox_forwarder_failed_claim_released_total"
+	// MetricUnrecordedPublishes counts rows confirmed downstream whose
+	// outcome write failed: possible duplicates (Report.UnrecordedPublishes).
+	MetricUnrecordedPublishes = "outbox_forwarder_unrecorded_publishes_total"
+	// MetricAbandonedPublishes is the number of publishes left running after
+	// their timeout at the start of the last pass; MetricClaimsPaused counts
+	// passes that claimed nothing because it exceeded Config.MaxAbandoned.
+	MetricAbandonedPublishes = "outbox_forwarder_abandoned_publishes"
+	MetricClaimsPaused       = "outbox_forwarder_claims_paused_total"
 )
 
 // Metrics receives the forwarder's measurements (Config.Metrics).
@@ -31,6 +44,19 @@ type Metrics interface {
 	Pass(claimed int, failed bool)
 	// Breaker reports a destination's breaker opening (open) or closing.
 	Breaker(destination string, open bool)
+	// Contained receives, once per pass, what the pass contained rather
+	// than lost: claims that failed after they were sent and the rows
+	// released because of them, confirmed publishes whose outcome write
+	// failed, the publishes left behind still running and whether the pass
+	// paused claiming because of them.
+	Contained(c Containment)
+}
+
+// Containment is what Metrics.Contained receives (the Report fields of the
+// same names).
+type Containment struct {
+	ClaimFailures, ClaimReleased, UnrecordedPublishes, AbandonedPublishes int
+	ClaimPaused                                                           bool
 }
 
 // metrics is the forwarder's nil-safe handle on Config.Metrics.
@@ -58,6 +84,16 @@ func (m *metrics) published(destination string, d time.Duration) {
 func (m *metrics) pass(claimed int, failed bool) {
 	if m != nil {
 		m.m.Pass(claimed, failed)
+	}
+}
+
+func (m *metrics) contained(r Report) {
+	if m != nil {
+		m.m.Contained(Containment{
+			ClaimFailures: r.ClaimFailures, ClaimReleased: r.ClaimReleased,
+			UnrecordedPublishes: r.UnrecordedPublishes, AbandonedPublishes: r.AbandonedPublishes,
+			ClaimPaused: r.ClaimPaused,
+		})
 	}
 }
 

@@ -244,6 +244,7 @@ func (w *workers) publish(c *call) (sent, bool) {
 	}
 	err := publishRecovering(f.out, row.Destination, it.msg)
 	if !c.state.CompareAndSwap(running, returned) {
+		f.abandoned.Add(-1) // a publish left behind has returned
 		return sent{}, false
 	}
 	c.timer.Stop()
@@ -260,10 +261,12 @@ func (w *workers) publish(c *call) (sent, bool) {
 // timed out and a new goroutine carries on with the worker's unit and the
 // units after it.
 func (c *call) expire() {
+	w := c.w
+	w.f.abandoned.Add(1) // before the swap: the publisher may return right after it
 	if !c.state.CompareAndSwap(running, leftBehind) {
+		w.f.abandoned.Add(-1)
 		return
 	}
-	w := c.w
 	s := sent{started: true, code: FailurePublishTimeout, err: fmt.Errorf("publish did not return within %s", w.f.cfg.PublishTimeout)}
 	if w.drained.Load() {
 		s.err = errDrainExpired

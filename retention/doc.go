@@ -69,7 +69,16 @@
 // With Archive, each batch moves rows (every column, routing_key and seq as
 // plain values, plus archived_at) into messaging_outbox_archive in one
 // statement, so a row is always in exactly one of the two tables. The archive
-// is keyed by message_id: re-archiving an id that is already there fails the
-// batch (it rolls back, nothing is lost) and the run returns the error.
+// is keyed by message_id, and an id that is already there is settled per row,
+// so the batch and the run go on: when the archive holds the same message
+// (the columns the envelope carries; attempts, leases and timestamps aside)
+// the outbox row is deleted as archived and the archive keeps its copy
+// (Result.ArchiveDuplicates); when it holds a different one, the outbox row
+// stays, its status unchanged, with last_failure_code
+// RETENTION_ARCHIVE_CONFLICT and a detail naming the message id
+// (Result.ArchiveConflicts), and later runs pass over it until an operator
+// removes one of the two and clears the code. The row is not parked FAILED:
+// that would put a delivered row back among the unpublished ones, where it
+// would hold back its ordering key and a redrive would deliver it again.
 // Pruning the archive is left to the team that needs it.
 package retention

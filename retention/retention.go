@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -33,6 +34,14 @@ const (
 	// unless the database's relay mode is CDC.
 	ByCreatedAt Mode = "BY_CREATED_AT"
 )
+
+// CodeArchiveConflict is written to last_failure_code of an outbox row
+// whose message id is already in messaging_outbox_archive with different
+// content: archive mode leaves the row in the outbox (status unchanged) and
+// the batch goes on; its last_failure_detail names the message id and when
+// the other copy was archived. Later runs skip it until an operator resolves
+// the conflict (see docs/BAD_INPUT.md).
+const CodeArchiveConflict = "RETENTION_ARCHIVE_CONFLICT"
 
 // Defaults applied by [Config.withDefaults] to zero fields.
 const (
@@ -114,14 +123,22 @@ type Result struct {
 	// Skipped is true when another session held the run lock: the run did
 	// nothing and is not an error, but a session that keeps the lock stops
 	// retention; HeldBy names it (outboxctl cleanup exits 5).
-	Skipped      bool
-	Batches      int  // outbox batches executed
-	Deleted      int  // outbox rows deleted (0 in archive mode)
-	Archived     int  // outbox rows moved to the archive (0 in delete mode)
-	InboxBatches int  // inbox batches executed
-	InboxDeleted int  // inbox rows deleted
-	More         bool // a table hit MaxBatches with a full last batch: rows past the horizon remain
-	Duration     time.Duration
+	Skipped  bool
+	Batches  int // outbox batches executed
+	Deleted  int // outbox rows deleted (0 in archive mode)
+	Archived int // outbox rows moved to the archive (0 in delete mode)
+	// ArchiveDuplicates are outbox rows whose message id was already in the
+	// archive with the same content: deleted from the outbox as archived
+	// (included in Archived), the archive's copy kept.
+	ArchiveDuplicates int
+	// ArchiveConflicts are outbox rows whose message id was already in the
+	// archive with different content: left in the outbox, marked
+	// RETENTION_ARCHIVE_CONFLICT (see CodeArchiveConflict).
+	ArchiveConflicts int
+	InboxBatches     int  // inbox batches executed
+	InboxDeleted     int  // inbox rows deleted
+	More             bool // a table hit MaxBatches with a full last batch: rows past the horizon remain
+	Duration         time.Duration
 	// HeldBy, when Skipped, names the sessions holding the run lock ("pid N
 	// (role, application)"), as far as pg_stat_activity shows them.
 	HeldBy string
@@ -307,26 +324,6 @@ WITH picked AS (` + pickParked + deletePicked
 	// values): the envelope's column list is the one place they are named.
 	archiveColumns = envelope.SelectColumns
 
-	// Archive mode: the delete and the insert are one statement, so a row is
-	// either still in the outbox or in the archive, never in both or neither.
-	sqlArchivePublished = `
-WITH picked AS (` + pickPublished + archivePicked + onlyPublished + archiveMoved
-
-	archivePicked = `
-), moved AS (
-    DELETE FROM messaging_outbox o
-     WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked))`
-	archiveMoved = `
-    RETURNING o.*
-)
-INSERT INTO messaging_outbox_archive (` + archiveColumns + `, archived_at)
-SELECT ` + archiveColumns + `, coalesce($1::timestamptz, now()) FROM moved`
-
-	sqlArchiveStream = `
-WITH picked AS (` + pickStream + archivePicked + archiveMoved
-	sqlArchiveParked = `
-WITH picked AS (` + pickParked + archivePicked + archiveMoved
-
 	sqlDeleteInbox = `
 WITH picked AS (
     SELECT ctid FROM messaging_inbox
@@ -338,6 +335,87 @@ WITH picked AS (
 DELETE FROM messaging_inbox
  WHERE ctid = ANY (ARRAY(SELECT ctid FROM picked))`
 )
+
+// The archive's statements (see sqlArchivePublished).
+var (
+	// Archive mode: the delete and the insert are one statement, so a row is
+	// either still in the outbox or in the archive, never in both or neither.
+	//
+	// A picked row whose message id the archive already holds is settled
+	// per row, so one such id cannot fail every batch (rows go oldest
+	// first, so it would be in the first batch of every run): with the same
+	// message (every column the envelope carries: destination, payload,
+	// headers and the metadata columns; not the bookkeeping of attempts,
+	// leases and timestamps) the outbox row is deleted as archived and the
+	// archive keeps its copy; with a different one the outbox row stays,
+	// its status unchanged, marked RETENTION_ARCHIVE_CONFLICT with a detail
+	// naming the id, and the archive picks skip it from then on (they read
+	// it in the index and pass over it: a cost per conflicting row, not per
+	// batch). It is not parked FAILED: that would take a delivered row back
+	// into the unpublished set, where under BlockKey it would hold back
+	// every later row of its ordering key, and a redrive would deliver it
+	// again. The statement returns the rows moved, the rows inserted into
+	// the archive and the conflicting ids.
+	sqlArchivePublished = `
+WITH picked AS (` + pickPublishedArchive + archivePicked + onlyPublished + archiveMoved
+
+	archivePicked = `
+), conflict AS (
+    SELECT o.message_id, a.archived_at,
+           (o.destination, o.payload, o.headers, o.occurred_at, o.producer, o.correlation_id, o.causation_id,
+            o.tenant, o.partition_key, o.ordering_key, o.traceparent, o.tracestate, o.baggage,
+            o.schema_subject, o.schema_version, o.content_type, o.message_type, o.aggregate_type,
+            o.aggregate_id, o.aggregate_version)
+           IS NOT DISTINCT FROM
+           (a.destination, a.payload, a.headers, a.occurred_at, a.producer, a.correlation_id, a.causation_id,
+            a.tenant, a.partition_key, a.ordering_key, a.traceparent, a.tracestate, a.baggage,
+            a.schema_subject, a.schema_version, a.content_type, a.message_type, a.aggregate_type,
+            a.aggregate_id, a.aggregate_version) AS same
+      FROM messaging_outbox o
+      JOIN messaging_outbox_archive a ON a.message_id = o.message_id
+     WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked))
+       AND a.message_id = ANY (ARRAY(SELECT message_id FROM picked))
+), moved AS (
+    DELETE FROM messaging_outbox o
+     WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked))
+       AND o.message_id <> ALL (ARRAY(SELECT message_id FROM conflict WHERE NOT same))`
+	archiveMoved = `
+    RETURNING o.*
+), archived AS (
+    INSERT INTO messaging_outbox_archive (` + archiveColumns + `, archived_at)
+    SELECT ` + archiveColumns + `, coalesce($1::timestamptz, now()) FROM moved
+     WHERE moved.message_id <> ALL (ARRAY(SELECT message_id FROM conflict))
+    RETURNING 1
+), set_aside AS (
+    UPDATE messaging_outbox o
+       SET last_failure_code = '` + CodeArchiveConflict + `',
+           last_failure_detail = 'message ' || c.message_id || ' is already in messaging_outbox_archive (archived at '
+               || c.archived_at || ') with different content; retention leaves this row in the outbox until one of the two is removed'
+      FROM conflict c
+     WHERE o.message_id = c.message_id AND NOT c.same
+    RETURNING o.message_id
+)
+SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM archived),
+       (SELECT count(*) FROM set_aside), coalesce((SELECT string_agg(message_id, ', ') FROM set_aside), '')`
+
+	sqlArchiveStream = `
+WITH picked AS (` + pickStreamArchive + archivePicked + archiveMoved
+	sqlArchiveParked = `
+WITH picked AS (` + pickParkedArchive + archivePicked + archiveMoved
+
+	// The archive's picks pass over rows set aside by an earlier conflict.
+	pickPublishedArchive = notSetAside(pickPublished)
+	pickStreamArchive    = notSetAside(pickStream)
+	pickParkedArchive    = notSetAside(pickParked)
+)
+
+func notSetAside(pick string) string {
+	const order = "\n     ORDER BY"
+	if strings.Count(pick, order) != 1 {
+		panic("retention: pick statement without one ORDER BY")
+	}
+	return strings.Replace(pick, order, "\n       AND last_failure_code IS DISTINCT FROM '"+CodeArchiveConflict+"'"+order, 1)
+}
 
 // Run executes one retention run: it takes the run lock on a dedicated
 // connection (skipping, with Result.Skipped, when another run holds it), then
@@ -391,7 +469,7 @@ func (c *Cleaner) Run(ctx context.Context) (res Result, err error) {
 		return res, fmt.Errorf("retention: %w", err)
 	}
 	var more bool
-	res.Batches, res.Deleted, more, err = c.drain(ctx, conn, "messaging_outbox", sources, c.cfg.Horizon)
+	res.Batches, res.Deleted, more, err = c.drain(ctx, conn, "messaging_outbox", sources, c.cfg.Horizon, &res)
 	res.More = more
 	if c.cfg.Archive {
 		res.Archived, res.Deleted = res.Deleted, 0
@@ -400,7 +478,7 @@ func (c *Cleaner) Run(ctx context.Context) (res Result, err error) {
 		return res, err
 	}
 	if c.cfg.InboxHorizon > 0 {
-		res.InboxBatches, res.InboxDeleted, more, err = c.drain(ctx, conn, "messaging_inbox", []source{{query: sqlDeleteInbox}}, c.cfg.InboxHorizon)
+		res.InboxBatches, res.InboxDeleted, more, err = c.drain(ctx, conn, "messaging_inbox", []source{{query: sqlDeleteInbox}}, c.cfg.InboxHorizon, nil)
 		res.More = res.More || more
 		if err != nil {
 			return res, err
@@ -409,6 +487,7 @@ func (c *Cleaner) Run(ctx context.Context) (res Result, err error) {
 	c.logger.Info("retention run finished", watermill.LogFields{
 		"mode": string(c.cfg.Mode), "archive": c.cfg.Archive,
 		"batches": res.Batches, "deleted": res.Deleted, "archived": res.Archived,
+		"archive_duplicates": res.ArchiveDuplicates, "archive_conflicts": res.ArchiveConflicts,
 		"inbox_batches": res.InboxBatches, "inbox_deleted": res.InboxDeleted, "more": res.More,
 	})
 	return res, nil
@@ -417,8 +496,9 @@ func (c *Cleaner) Run(ctx context.Context) (res Result, err error) {
 // source is one statement a run repeats in batches: $1 now, $2 batch size,
 // $3 horizon in seconds, then args.
 type source struct {
-	query string
-	args  []any
+	query   string
+	args    []any
+	archive bool // returns (moved, inserted, conflicts, conflicting ids) instead of a row count
 }
 
 // outboxSources are the statements a run drains, in order. For ByCreatedAt
@@ -426,7 +506,7 @@ type source struct {
 func (c *Cleaner) outboxSources(ctx context.Context, conn *sql.Conn) ([]source, error) {
 	published := source{query: sqlDeletePublished}
 	if c.cfg.Archive {
-		published.query = sqlArchivePublished
+		published = source{query: sqlArchivePublished, archive: true}
 	}
 	if c.cfg.Mode != ByCreatedAt {
 		return []source{published}, nil
@@ -438,6 +518,7 @@ func (c *Cleaner) outboxSources(ctx context.Context, conn *sql.Conn) ([]source, 
 	stream, parked := source{query: sqlDeleteStream, args: []any{bound}}, source{query: sqlDeleteParked}
 	if c.cfg.Archive {
 		stream.query, parked.query = sqlArchiveStream, sqlArchiveParked
+		stream.archive, parked.archive = true, true
 	}
 	return []source{stream, parked, published}, nil
 }
@@ -471,19 +552,19 @@ func (c *Cleaner) now() any {
 
 // drain runs each source in batches until a batch comes back short, then
 // the next source; MaxBatches bounds the batches of all sources together.
-func (c *Cleaner) drain(ctx context.Context, conn *sql.Conn, table string, sources []source, horizon time.Duration) (batches, removed int, more bool, err error) {
+func (c *Cleaner) drain(ctx context.Context, conn *sql.Conn, table string, sources []source, horizon time.Duration, res *Result) (batches, removed int, more bool, err error) {
 	for _, src := range sources {
 		for {
 			if batches == c.cfg.MaxBatches {
 				return batches, removed, true, nil
 			}
-			n, err := c.batch(ctx, conn, table, src, horizon, batches+1)
+			n, set, err := c.batch(ctx, conn, table, src, horizon, batches+1, res)
 			if err != nil {
 				return batches, removed, false, fmt.Errorf("retention: %s batch %d: %w", table, batches+1, err)
 			}
 			batches++
 			removed += n
-			if n < c.cfg.BatchSize {
+			if n+set < c.cfg.BatchSize {
 				break
 			}
 		}
@@ -491,37 +572,58 @@ func (c *Cleaner) drain(ctx context.Context, conn *sql.Conn, table string, sourc
 	return batches, removed, false, nil
 }
 
-func (c *Cleaner) batch(ctx context.Context, conn *sql.Conn, table string, src source, horizon time.Duration, number int) (int, error) {
+// batch runs one batch of src in its own transaction and returns the rows
+// it removed and, in archive mode, the rows it set aside (conflicts).
+func (c *Cleaner) batch(ctx context.Context, conn *sql.Conn, table string, src source, horizon time.Duration, number int, res *Result) (removed, setAside int, err error) {
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer func() { _ = tx.Rollback() }()
 	timeout := strconv.FormatInt(c.cfg.StatementTimeout.Milliseconds(), 10)
 	if _, err := tx.ExecContext(ctx, sqlStatementTimeout, timeout); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	r, err := tx.ExecContext(ctx, src.query, append([]any{c.now(), c.cfg.BatchSize, horizon.Seconds()}, src.args...)...)
-	if err != nil {
-		return 0, err
-	}
-	n64, err := r.RowsAffected()
-	if err != nil {
-		return 0, err
+	args := append([]any{c.now(), c.cfg.BatchSize, horizon.Seconds()}, src.args...)
+	var n64, inserted int64
+	var conflicts int
+	var ids string
+	if src.archive {
+		if err := tx.QueryRowContext(ctx, src.query, args...).Scan(&n64, &inserted, &conflicts, &ids); err != nil {
+			return 0, 0, err
+		}
+	} else {
+		r, err := tx.ExecContext(ctx, src.query, args...)
+		if err != nil {
+			return 0, 0, err
+		}
+		if n64, err = r.RowsAffected(); err != nil {
+			return 0, 0, err
+		}
+		inserted = n64
 	}
 	b := Batch{Table: table, Number: number, Removed: int(n64)}
 	if c.cfg.beforeCommit != nil {
 		if err := c.cfg.beforeCommit(ctx, tx, b); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return 0, err
+		return 0, 0, err
+	}
+	if res != nil {
+		res.ArchiveDuplicates += int(n64 - inserted)
+		res.ArchiveConflicts += conflicts
+	}
+	if conflicts > 0 {
+		c.logger.Error("retention: message ids already archived with different content; their outbox rows stay, marked "+CodeArchiveConflict, nil, watermill.LogFields{
+			"batch": number, "conflicts": conflicts, "message_ids": ids,
+		})
 	}
 	if c.cfg.OnBatch != nil {
 		c.cfg.OnBatch(b)
 	}
-	return b.Removed, nil
+	return b.Removed, conflicts, nil
 }
 
 // Every calls Run now and then once per interval until ctx is done, handing

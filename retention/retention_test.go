@@ -15,6 +15,7 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/fencedoutbox/watermill-outbox/retention"
@@ -654,7 +655,17 @@ func TestBatchStatementsUseIndexes(t *testing.T) {
 INSERT INTO messaging_inbox (consumer, message_id, processed_at)
 SELECT 'c', 'm-' || g, $1::timestamptz - make_interval(secs => g) FROM generate_series(1, 20000) g`, now)
 	require.NoError(t, err)
-	_, err = s.DB.Exec(`ANALYZE messaging_outbox; ANALYZE messaging_inbox`)
+	// An archive of some size, so its lookups (archive conflicts) are
+	// planned as they are in production, not as on an empty table.
+	_, err = s.DB.Exec(`INSERT INTO messaging_outbox_archive (` + envelope.SelectColumns + `, archived_at)
+SELECT 'a-' || message_id, destination, payload, headers, status, seq, created_at, occurred_at, published_at, attempts,
+       next_attempt_at, lease_owner, lease_token, lease_expires_at, last_failure_code, last_failure_detail,
+       last_attempt_at, producer, correlation_id, causation_id, tenant, partition_key, ordering_key, traceparent,
+       tracestate, baggage, schema_subject, schema_version, content_type, message_type, aggregate_type,
+       aggregate_id, aggregate_version, parked_at, routing_key, now()
+  FROM messaging_outbox`)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`ANALYZE messaging_outbox; ANALYZE messaging_inbox; ANALYZE messaging_outbox_archive`)
 	require.NoError(t, err)
 	want := map[string]string{
 		"published":         "messaging_outbox_published_idx",

@@ -75,6 +75,7 @@ Progress is printed per batch on stderr.`, retention.DefaultHorizon, retention.M
 			if a.json {
 				if err := a.printJSON(map[string]any{
 					"skipped": res.Skipped, "held_by": res.HeldBy, "batches": res.Batches, "deleted": res.Deleted, "archived": res.Archived,
+					"archive_duplicates": res.ArchiveDuplicates, "archive_conflicts": res.ArchiveConflicts,
 					"inbox_batches": res.InboxBatches, "inbox_deleted": res.InboxDeleted, "more": res.More,
 					"duration_seconds": res.Duration.Seconds(), "mode": string(c.Config().Mode),
 				}); err != nil || !res.Skipped {
@@ -90,6 +91,13 @@ Progress is printed per batch on stderr.`, retention.DefaultHorizon, retention.M
 			t.row("batches", res.Batches)
 			t.row("deleted", res.Deleted)
 			t.row("archived", res.Archived)
+			if c.Config().Archive {
+				// Ids already in the archive: the same message (deleted from the
+				// outbox, counted in archived) or a different one (left in the
+				// outbox, marked RETENTION_ARCHIVE_CONFLICT).
+				t.row("archive duplicates", res.ArchiveDuplicates)
+				t.row("archive conflicts", res.ArchiveConflicts)
+			}
 			t.row("inbox batches", res.InboxBatches)
 			t.row("inbox deleted", res.InboxDeleted)
 			t.row("more past horizon", res.More)

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 )
 
@@ -471,4 +472,25 @@ func TestStatusWarnsWhenRelayBudgetsDiffer(t *testing.T) {
 	var doc map[string]any
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &doc))
 	require.Equal(t, true, doc["budgets_differ"])
+}
+
+// cleanup --archive reports ids already in the archive: the same message
+// (a duplicate, archived) and a different one (a conflict, left in the
+// outbox), and the run goes on past them.
+func TestCleanupArchiveReportsDuplicatesAndConflicts(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	exec1(t, s.DB, `
+INSERT INTO messaging_outbox (message_id, destination, payload, status, published_at)
+SELECT 'old-' || g, 'orders', 'x', 'PUBLISHED', now() - interval '100 hours' FROM generate_series(1, 5) g`)
+	exec1(t, s.DB, `INSERT INTO messaging_outbox_archive (`+envelope.SelectColumns+`)
+SELECT `+envelope.SelectColumns+` FROM messaging_outbox WHERE message_id IN ('old-1', 'old-2')`)
+	exec1(t, s.DB, `UPDATE messaging_outbox_archive SET payload = 'other' WHERE message_id = 'old-2'`)
+	r := db(t, s, "cleanup", "--archive", "--batch-size", "2", "--horizon", "72h")
+	requireCode(t, r, 0)
+	require.Regexp(t, `(?m)^archived\s+4$`, r.stdout)
+	require.Regexp(t, `(?m)^archive duplicates\s+1$`, r.stdout)
+	require.Regexp(t, `(?m)^archive conflicts\s+1$`, r.stdout)
+	require.Equal(t, 1, s.Count(t, "message_id = 'old-2' AND last_failure_code = 'RETENTION_ARCHIVE_CONFLICT'"))
+	require.Equal(t, 1, s.Count(t, ""))
 }

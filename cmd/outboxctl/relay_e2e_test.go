@@ -125,6 +125,17 @@ func TestRelayUsageErrors(t *testing.T) {
 	r = db(t, s, "relay", "--to", "log", "--lease", "1s", "--publish-timeout", "1s")
 	requireCode(t, r, 2)
 	require.Contains(t, r.stderr, "OUTBOX_LEASE_TOO_SHORT")
+	// The containment settings reach the forwarder's Config.Validate.
+	r = db(t, s, "relay", "--to", "log", "--db-timeout", "20s")
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "OUTBOX_INVALID_CONFIG")
+	require.Contains(t, r.stderr, "DBTimeout 20s exceeds half of LeaseDuration")
+	r = db(t, s, "relay", "--to", "log", "--max-batch-bytes", "-1")
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "MaxBatchBytes")
+	r = db(t, s, "relay", "--to", "log", "--max-abandoned", "-1")
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "MaxAbandoned")
 }
 
 // syncBuffer collects the relay's stderr while the test reads it.

@@ -62,6 +62,11 @@ type Metrics struct {
 	publishDuration *prometheus.HistogramVec
 	claimBatch      prometheus.Histogram
 	breakerOpen     *prometheus.GaugeVec
+	failedClaims    prometheus.Counter
+	claimReleased   prometheus.Counter
+	unrecorded      prometheus.Counter
+	abandoned       prometheus.Gauge
+	claimsPaused    prometheus.Counter
 
 	max   int
 	mu    sync.RWMutex
@@ -118,6 +123,31 @@ func New(reg prometheus.Registerer, o Options) (*Metrics, error) {
 			Help:        "Open breakers by destination: 1 while the destination's downstream is unavailable as a whole (its rows wait without spending attempts), 0 once it closed; under " + OtherDestination + ", how many of the destinations past the cap are open.",
 			ConstLabels: o.ConstLabels,
 		}, []string{"destination"}),
+		failedClaims: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        name(forwarder.MetricFailedClaims),
+			Help:        "Claim statements that failed (a row that could not be read, a timeout, a lost connection): they may have committed, so the rows they may hold are released.",
+			ConstLabels: o.ConstLabels,
+		}),
+		claimReleased: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        name(forwarder.MetricFailedClaimReleased),
+			Help:        "Rows released without an attempt after a claim failed once sent, instead of waiting for their leases to expire.",
+			ConstLabels: o.ConstLabels,
+		}),
+		unrecorded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        name(forwarder.MetricUnrecordedPublishes),
+			Help:        "Rows confirmed downstream whose outcome write failed: they are published again after their leases expire (possible duplicates).",
+			ConstLabels: o.ConstLabels,
+		}),
+		abandoned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        name(forwarder.MetricAbandonedPublishes),
+			Help:        "Publishes left running after their timeout (a downstream that ignores its context), at the start of the last pass.",
+			ConstLabels: o.ConstLabels,
+		}),
+		claimsPaused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        name(forwarder.MetricClaimsPaused),
+			Help:        "Passes that claimed nothing because more publishes than MaxAbandoned were left running.",
+			ConstLabels: o.ConstLabels,
+		}),
 		max:   cmp.Or(o.MaxDestinations, DefaultMaxDestinations),
 		known: map[string]struct{}{},
 	}
@@ -128,6 +158,11 @@ func New(reg prometheus.Registerer, o Options) (*Metrics, error) {
 	m.publishDuration = register(reg, m.publishDuration, &err)
 	m.claimBatch = register(reg, m.claimBatch, &err)
 	m.breakerOpen = register(reg, m.breakerOpen, &err)
+	m.failedClaims = register(reg, m.failedClaims, &err)
+	m.claimReleased = register(reg, m.claimReleased, &err)
+	m.unrecorded = register(reg, m.unrecorded, &err)
+	m.abandoned = register(reg, m.abandoned, &err)
+	m.claimsPaused = register(reg, m.claimsPaused, &err)
 	if err != nil {
 		return nil, outbox.Wrap(outbox.CodeInvalidConfig, op, err, "register the forwarder's collectors")
 	}
@@ -206,4 +241,15 @@ func (m *Metrics) Breaker(destination string, open bool) {
 		return
 	}
 	g.Dec()
+}
+
+// Contained implements forwarder.Metrics.
+func (m *Metrics) Contained(c forwarder.Containment) {
+	m.failedClaims.Add(float64(c.ClaimFailures))
+	m.claimReleased.Add(float64(c.ClaimReleased))
+	m.unrecorded.Add(float64(c.UnrecordedPublishes))
+	m.abandoned.Set(float64(c.AbandonedPublishes))
+	if c.ClaimPaused {
+		m.claimsPaused.Inc()
+	}
 }

@@ -53,7 +53,8 @@ CREATE TABLE chaos_delivery (
     at           timestamptz NOT NULL DEFAULT clock_timestamp());
 CREATE TABLE chaos_stale (owner text NOT NULL, message_id text NOT NULL, lease_token bigint NOT NULL);
 CREATE TABLE chaos_unwritten (owner text NOT NULL, message_id text NOT NULL, lease_token bigint NOT NULL);
-CREATE TABLE chaos_report (owner text NOT NULL, stale int NOT NULL, failed_pass boolean NOT NULL);
+CREATE TABLE chaos_report (owner text NOT NULL, stale int NOT NULL, failed_pass boolean NOT NULL,
+    unrecorded int NOT NULL, claim_failures int NOT NULL, claim_released int NOT NULL);
 CREATE TABLE chaos_fault (owner text NOT NULL, kind text NOT NULL);
 CREATE TABLE chaos_outage (until timestamptz);
 INSERT INTO chaos_outage VALUES (NULL);`
@@ -81,16 +82,17 @@ SELECT count(*) FROM messaging_outbox o
 
 type soakConfig struct {
 	relays, producers, messages, keys int
+	poison                            int // rows written by SQL that no relay can turn into a message
 	window                            time.Duration
 	budget                            map[string]int // faults injected by the test, per kind
 }
 
 func configFromEnv() (soakConfig, string) {
 	if os.Getenv("OUTBOX_SOAK") == "long" {
-		return soakConfig{relays: 4, producers: 3, messages: 6000, keys: 400, window: 4 * time.Minute,
+		return soakConfig{relays: 4, producers: 3, messages: 6000, keys: 400, window: 4 * time.Minute, poison: 60,
 			budget: map[string]int{"sigkill": 40, "sigstop": 20, "conn-cut": 20, "conn-latency": 20, "pg-terminate": 20}}, "long"
 	}
-	return soakConfig{relays: 3, producers: 2, messages: 500, keys: 150, window: 25 * time.Second,
+	return soakConfig{relays: 3, producers: 2, messages: 500, keys: 150, window: 25 * time.Second, poison: 8,
 		budget: map[string]int{"sigkill": 4, "sigstop": 2, "conn-cut": 2, "conn-latency": 2, "pg-terminate": 2}}, "short"
 }
 
@@ -123,8 +125,13 @@ func TestChaosSoak(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.window+2*time.Minute)
 	defer cancel()
-	prod := &ledger{committed: map[string]bool{}, rolledBack: map[string]bool{}}
+	prod := &ledger{committed: map[string]bool{}, rolledBack: map[string]bool{}, poison: map[string]bool{}}
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		poison(ctx, t, s.DB, cfg, prod)
+	}()
 	for p := range cfg.producers {
 		wg.Add(1)
 		go func() {
@@ -202,7 +209,52 @@ const (
 type ledger struct {
 	mu                    sync.Mutex
 	committed, rolledBack map[string]bool
+	poison                map[string]bool // committed rows no relay can turn into a message
 	commits, rollbacks    int
+}
+
+// poisonHeaders are stored headers written by SQL (the README addresses
+// people who write SQL against the table) that the envelope refuses: not a
+// flat string object, or a reserved msg.* name.
+var poisonHeaders = []string{`{"n": 1}`, `{"a": {"b": "c"}}`, `{"msg.bogus": "x"}`, `{"msg.tenant": "acme"}`}
+
+// poison writes cfg.poison rows by SQL over the fault window, each in a
+// transaction with a good row published beside it, so the two share
+// batches: the poison row must be parked FAILED with its reason, the good
+// one delivered.
+func poison(ctx context.Context, t *testing.T, db *sql.DB, cfg soakConfig, l *ledger) {
+	if cfg.poison == 0 {
+		return
+	}
+	tick := time.NewTicker(cfg.window / time.Duration(cfg.poison+1))
+	defer tick.Stop()
+	for i := range cfg.poison {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		bad, good := "poison-"+watermill.NewUUID(), watermill.NewUUID()
+		payload, _ := json.Marshal(map[string]any{"id": good, "producer": "poison"})
+		err := publisher.InTx(ctx, db, publisher.Config{}, func(ctx context.Context, tx *sql.Tx, pub *publisher.Publisher) error {
+			if _, err := tx.ExecContext(ctx, insertBusiness, bad); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO messaging_outbox (message_id, destination, payload, headers) VALUES ($1, $2, '\x00', $3::jsonb)`,
+				bad, topic, poisonHeaders[i%len(poisonHeaders)]); err != nil {
+				return err
+			}
+			return pub.Publish(topic, message.NewMessage(good, payload))
+		})
+		if err != nil {
+			t.Errorf("poison %d: %v", i, err)
+			continue
+		}
+		l.mu.Lock()
+		l.commits++
+		l.committed[bad], l.committed[good], l.poison[bad] = true, true, true
+		l.mu.Unlock()
+	}
 }
 
 var errRollBackOnPurpose = errors.New("rolled back on purpose")
@@ -595,7 +647,10 @@ type summary struct {
 	committed, rolledBackTx, rolledBackMsgs, commits int
 	deliveries, delivered, duplicates                int
 	published, failed, exhausted, blocked, lost      int
+	poisonParked                                     int
 	staleReported, staleEvidence, unwritten          int
+	unrecordedReported, unrecordedObserved           int
+	claimFailures, claimReleased                     int
 	killed                                           int
 	faults                                           map[string]int
 }
@@ -611,7 +666,10 @@ func (s summary) String(form string, seed uint64) string {
 	fmt.Fprintf(&b, "  parked EXHAUSTED        %d\n", s.exhausted)
 	fmt.Fprintf(&b, "  blocked behind parked   %d\n", s.blocked)
 	fmt.Fprintf(&b, "  stale writes reported   %d (confirmed deliveries whose outcome was overwritten: %d, all reported)\n", s.staleReported, s.staleEvidence)
+	fmt.Fprintf(&b, "  poison rows parked      %d (written by SQL beside good rows; FAILED with their reason, never delivered)\n", s.poisonParked)
 	fmt.Fprintf(&b, "  outcome writes failed   %d (rows of failed outcome statements, logged by id and lease token)\n", s.unwritten)
+	fmt.Fprintf(&b, "  unrecorded publishes    %d reported in Report.UnrecordedPublishes (confirmed deliveries among the failed outcome writes: %d)\n", s.unrecordedReported, s.unrecordedObserved)
+	fmt.Fprintf(&b, "  failed claims           %d (rows released without an attempt: %d)\n", s.claimFailures, s.claimReleased)
 	kinds := make([]string, 0, len(s.faults))
 	for k := range s.faults {
 		kinds = append(kinds, k)
@@ -730,6 +788,12 @@ func check(t *testing.T, db *sql.DB, l *ledger, fl *fleet) summary {
 		require.False(t, r.expired && r.status == string(envelope.StatusInFlight), "row %s left IN_FLIGHT with an expired lease", id)
 		require.NotEqual(t, string(envelope.StatusInFlight), r.status, "row %s left IN_FLIGHT after the relays drained", id)
 		switch {
+		case l.poison[id]:
+			require.Equal(t, string(envelope.StatusFailed), r.status, "poison row %s", id)
+			require.Contains(t, []string{"OUTBOX_CORRUPT_ROW", "OUTBOX_RESERVED_HEADER"}, r.code, "poison row %s", id)
+			require.Zero(t, delivered[id], "poison row %s was delivered", id)
+			sum.poisonParked++
+			sum.failed++
 		case r.fatedReject:
 			require.Equal(t, string(envelope.StatusFailed), r.status, "message %s the downstream rejects", id)
 			require.Equal(t, "CHAOS_REJECTED", r.code)
@@ -806,6 +870,38 @@ func check(t *testing.T, db *sql.DB, l *ledger, fl *fleet) summary {
 	for o, v := range perOwner {
 		if !killed[o] {
 			require.Equal(t, v[1], v[0], "relay %s: Report.Stale total vs stale events logged", o)
+		}
+	}
+
+	// Possible duplicates from failed outcome writes: every row a surviving
+	// relay counted in Report.UnrecordedPublishes is a confirmed delivery
+	// among the rows of its failed outcome statements. (Not always all of
+	// them: a publish that the downstream confirmed just as its timeout
+	// left it behind is ambiguous for the relay, a possible duplicate it
+	// already counts when the row goes out again.)
+	reported := map[string]int{}
+	rep, err = db.Query(`SELECT owner, sum(unrecorded)::int, sum(claim_failures)::int, sum(claim_released)::int FROM chaos_report GROUP BY owner`)
+	require.NoError(t, err)
+	for rep.Next() {
+		var o string
+		var u, cf, cr int
+		require.NoError(t, rep.Scan(&o, &u, &cf, &cr))
+		reported[o] = u
+		sum.unrecordedReported += u
+		sum.claimFailures += cf
+		sum.claimReleased += cr
+	}
+	require.NoError(t, rep.Err())
+	observed := map[string]int{}
+	for _, d := range deliveries {
+		if d.outcome == "confirmed" && unwritten[lease{d.owner, d.id, d.token}] {
+			observed[d.owner]++
+			sum.unrecordedObserved++
+		}
+	}
+	for o, n := range reported {
+		if !killed[o] {
+			require.LessOrEqual(t, n, observed[o], "relay %s: Report.UnrecordedPublishes vs confirmed deliveries whose outcome write failed", o)
 		}
 	}
 	return sum

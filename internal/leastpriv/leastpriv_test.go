@@ -239,11 +239,18 @@ func TestEveryComponentRunsWithExactlyItsGrants(t *testing.T) {
 		if !archive {
 			require.Zero(t, testdb.QueryInt(t, e.admin, `SELECT count(*) FROM messaging_inbox`))
 			require.Zero(t, testdb.QueryInt(t, e.admin, `SELECT count(*) FROM messaging_outbox WHERE status = 'PUBLISHED'`))
-			_, err = e.admin.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, status, published_at) VALUES ('arch', 'orders', 'x', 'PUBLISHED', now())`)
+			_, err = e.admin.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, status, published_at) VALUES ('arch', 'orders', 'x', 'PUBLISHED', now()), ('conf', 'orders', 'x', 'PUBLISHED', now())`)
+			require.NoError(t, err)
+			// Already archived with other content: archive mode marks it.
+			_, err = e.admin.Exec(`INSERT INTO messaging_outbox_archive (` + envelope.SelectColumns + `, archived_at)
+				SELECT ` + envelope.SelectColumns + `, now() FROM messaging_outbox WHERE message_id = 'conf'`)
+			require.NoError(t, err)
+			_, err = e.admin.Exec(`UPDATE messaging_outbox_archive SET payload = 'other' WHERE message_id = 'conf'`)
 			require.NoError(t, err)
 		}
 	}
 	require.Equal(t, 1, testdb.QueryInt(t, e.admin, `SELECT count(*) FROM messaging_outbox_archive WHERE message_id = 'arch'`))
+	require.Equal(t, 1, testdb.QueryInt(t, e.admin, `SELECT count(*) FROM messaging_outbox WHERE message_id = 'conf' AND last_failure_code = 'RETENTION_ARCHIVE_CONFLICT'`))
 	// Its UPDATE privilege (for FOR UPDATE) changes no outbox row.
 	_, err = cleanup.Exec(`UPDATE messaging_outbox SET status = 'PENDING'`)
 	require.True(t, insufficient(err), "the cleanup login updated a status: %v", err)

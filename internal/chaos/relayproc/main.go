@@ -39,7 +39,7 @@ const (
 	insertDelivery = `INSERT INTO chaos_delivery (message_id, logical_id, ordering_key, owner, lease_token, outcome)
 VALUES ($1, $2, nullif($3, ''), $4, $5, $6)`
 	insertStale    = `INSERT INTO chaos_stale (owner, message_id, lease_token) VALUES ($1, $2, $3)`
-	insertReport   = `INSERT INTO chaos_report (owner, stale, failed_pass) VALUES ($1, $2, $3)`
+	insertReport   = `INSERT INTO chaos_report (owner, stale, failed_pass, unrecorded, claim_failures, claim_released) VALUES ($1, $2, $3, $4, $5, $6)`
 	insertUnwrit   = `INSERT INTO chaos_unwritten (owner, message_id, lease_token) VALUES ($1, $2, $3)`
 	insertFault    = `INSERT INTO chaos_fault (owner, kind) VALUES ($1, $2)`
 	rejectedCode   = "CHAOS_REJECTED"
@@ -106,8 +106,8 @@ func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAm
 		BreakerProbeMax:   2 * time.Second,
 		TracerProvider:    sdktrace.NewTracerProvider(),
 		OnReport: func(r forwarder.Report) {
-			if r.Stale > 0 {
-				ds.exec(insertReport, owner, r.Stale, false)
+			if r.Stale > 0 || r.UnrecordedPublishes > 0 || r.ClaimFailures > 0 {
+				ds.exec(insertReport, owner, r.Stale, false, r.UnrecordedPublishes, r.ClaimFailures, r.ClaimReleased)
 			}
 		},
 	})
@@ -224,7 +224,7 @@ func (d *downstream) unwritten(ids []string, tokens []int64) {
 	for i, id := range ids {
 		d.exec(insertUnwrit, d.owner, id, tokens[i])
 	}
-	d.exec(insertReport, d.owner, 0, true)
+	d.exec(insertReport, d.owner, 0, true, 0, 0, 0)
 }
 
 func (d *downstream) Close() error { return nil }
