@@ -1,9 +1,15 @@
 package forwarder
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
 )
 
 // breakers keeps one circuit breaker per destination: the relay's memory of
@@ -255,4 +261,124 @@ func (b *breakers) probed(dest string, seq int64) {
 	if x := b.m[dest]; x != nil {
 		x.probeSeq = seq
 	}
+}
+
+// passEvidence applies the default classifier's pass-wide rule: when every
+// publish of the pass to a destination failed ambiguously with the same
+// error, on two messages or more (or on a probe, with the error that opened
+// the breaker), the destination is taken to be unavailable: those rows are
+// put back without an attempt and its breaker opens. Timeouts and panics
+// are not evidence (the broker may have taken those messages), nor is a
+// single message otherwise (a poison message fails alone).
+func (f *Forwarder) passEvidence(items []item) {
+	if !f.cfg.defaultClassifier {
+		return
+	}
+	type tally struct {
+		failed []*item
+		text   string
+		mixed  bool
+	}
+	var by map[string]*tally
+	for i := range items {
+		it := &items[i]
+		if it.msg == nil || it.err == nil && it.outcome.To != envelope.StatusPublished {
+			continue // not attempted
+		}
+		if by == nil {
+			by = make(map[string]*tally)
+		}
+		dest := it.claimed.Row.Destination
+		t := by[dest]
+		if t == nil {
+			t = &tally{}
+			by[dest] = t
+		}
+		switch {
+		case t.mixed:
+		case it.outcome.Code != FailurePublishError || (it.outcome.To != envelope.StatusAmbiguous && it.outcome.To != envelope.StatusExhausted):
+			t.mixed = true
+		case len(t.failed) > 0 && errText(it.err) != t.text:
+			t.mixed = true
+		default:
+			t.failed, t.text = append(t.failed, it), errText(it.err)
+		}
+	}
+	for dest, t := range by {
+		if t.mixed || len(t.failed) == 0 {
+			continue
+		}
+		// One message alone is evidence only as a probe failing the way the
+		// failure that opened the breaker did, the first time that message
+		// is probed (otherwise a long outage would spend its probes'
+		// budgets; a message probed again spends one).
+		if len(t.failed) < 2 && !(t.failed[0].probe && f.breakers.probeLikeOutage(dest, t.failed[0].claimed.Row.MessageID, t.text)) {
+			continue
+		}
+		hold := f.breakers.holdOff(dest, f.cfg.BreakerProbeBase)
+		for _, it := range t.failed {
+			// Back without an attempt, but remembered as possibly taken
+			// (the default classifier cannot tell), and held off so that
+			// probes take other rows.
+			it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: FailureDownstreamFailing,
+				Detail:     "every publish to this destination in the pass failed the same way: " + t.text,
+				RetryAfter: hold}
+			it.unavailable = true
+		}
+		if f.breakers.trip(dest, t.text) {
+			f.breakerChanged(dest, true, t.text)
+		}
+	}
+}
+
+// breakerChanged reports a breaker's change of state: once per change, never
+// per message.
+func (f *Forwarder) breakerChanged(dest string, open bool, why string) {
+	f.metrics.breaker(dest, open)
+	f.recordBreaker(dest, open, why)
+	if open {
+		f.logger.Error("Outbox destination unavailable: breaker open; its rows wait without spending attempts, probing with one row at a time", nil,
+			watermill.LogFields{"destination": dest, "error": why})
+		return
+	}
+	f.logger.Info("Outbox destination available again: breaker closed", watermill.LogFields{"destination": dest})
+}
+
+// recordBreaker writes the change to messaging_relay_breaker for operators
+// (outboxctl status), under Run only (a relay with a heartbeat); best effort,
+// a failure is logged.
+func (f *Forwarder) recordBreaker(dest string, open bool, why string) {
+	if f.beatTTL.Load() == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), f.dbTimeout)
+	defer cancel()
+	var err error
+	if open {
+		_, err = f.db.ExecContext(ctx, `INSERT INTO messaging_relay_breaker (owner, destination, last_error)
+VALUES ($1, $2, nullif($3, ''))
+ON CONFLICT (owner, destination) DO UPDATE SET opened_at = now(), last_error = excluded.last_error`,
+			f.cfg.Owner, dest, fencing.CleanText(why, fencing.MaxFailureDetail))
+	} else {
+		_, err = f.db.ExecContext(ctx, `DELETE FROM messaging_relay_breaker WHERE owner = $1 AND destination = $2`, f.cfg.Owner, dest)
+	}
+	if err != nil {
+		f.logger.Error("Outbox breaker state not recorded for operators", err, watermill.LogFields{"destination": dest, "open": open})
+	}
+}
+
+// Ready reports whether the relay can deliver anything: an error with code
+// FORWARDER_DOWNSTREAM_UNAVAILABLE naming the destinations when the breaker
+// of every destination it has published to is open. The relay is alive
+// meanwhile (it probes), but not ready.
+func (f *Forwarder) Ready() error {
+	if open, all := f.breakers.allOpen(); all {
+		names := make([]string, len(open))
+		for i, b := range open {
+			names[i] = b.Destination
+		}
+		return outbox.Errorf(CodeDownstreamUnavailable, "forwarder.Ready",
+			"every destination this relay publishes to is unavailable (breaker open: %v); it probes them and resumes on its own", names)
+	}
+	return nil
 }

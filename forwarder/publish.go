@@ -1,6 +1,7 @@
 package forwarder
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -285,7 +286,7 @@ func (c *call) end(s sent) {
 	c.w.f.metrics.published(row.Destination, time.Since(c.began))
 	if s.err != nil {
 		c.span.RecordError(s.err)
-		c.span.SetStatus(codes.Error, cmpOr(s.code, "publish failed"))
+		c.span.SetStatus(codes.Error, cmp.Or(s.code, "publish failed"))
 	}
 	c.span.End()
 }
@@ -323,18 +324,18 @@ func (f *Forwarder) classify(it *item, s sent) {
 		it.outcome = fencing.Outcome{To: envelope.StatusPublished}
 		return
 	case Rejected:
-		it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: cmpOr(v.Code, FailurePublishRejected), Detail: errText(s.err)}
+		it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: cmp.Or(v.Code, FailurePublishRejected), Detail: errText(s.err)}
 		return
 	case Unavailable:
 		// The downstream as a whole did not take it: back without an
 		// attempt, held off so that probes take other rows; the breaker,
 		// not the budget, deals with the outage.
-		it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: cmpOr(v.Code, FailureDownstreamUnavailable), Detail: errText(s.err),
+		it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: cmp.Or(v.Code, FailureDownstreamUnavailable), Detail: errText(s.err),
 			RetryAfter: f.breakers.holdOff(row.Destination, f.cfg.BreakerProbeBase)}
 		it.unavailable = true
 		return
 	case Ambiguous:
-		v.Code = cmpOr(v.Code, FailurePublishError)
+		v.Code = cmp.Or(v.Code, FailurePublishError)
 	default:
 		// Loud, but never silent: the row is written AMBIGUOUS (the safe
 		// reading of "we do not know") and the pass reports the error.

@@ -1,0 +1,250 @@
+// The claim: which rows a pass takes, from which start point, continuing
+// which chains (see Forwarder.claim). It owns the statements that take rows
+// and nothing that publishes or writes outcomes.
+
+package forwarder
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+)
+
+// claimedBatch is the result of one claim and the local time just before
+// it, which is where its rows' start-by deadline is measured from.
+type claimedBatch struct {
+	claimed   []fencing.Claimed
+	claimedAt time.Time
+	after     map[string]int64 // continued keys: the seq their chain continues
+	probes    map[string]bool  // message ids claimed as breaker probes
+	err       error
+	failures  int // claim statements that failed after they were sent
+	released  int // rows released because of them
+}
+
+// claim takes the next batch: unkeyed rows and chains, continuing the
+// chains in cont (those of the batch in flight, for a claim made ahead).
+//
+// It may take several statements. The first walks the ordering keys only
+// when keys had work at the last walk, or on every walkEvery-th claim
+// (claimStart.walkDue): a claim that walks is planned afresh by PostgreSQL
+// when no key has work, which costs more than the claim itself, so a relay
+// draining unkeyed rows claims them with the plain statement. When the first
+// comes back short from its start point, the unkeyed rows below the start
+// point are claimed; when it is still short and did not walk the keys, they
+// are walked for the rest (so that a short batch still means nothing more
+// was claimable). When it is still
+// short and some chains stopped at the chain cap (a cap that spreads a
+// batch over several keys when there are several), those chains are
+// extended by the room left, so a few hot keys still fill a batch.
+func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) claimedBatch {
+	if ttl := time.Duration(f.beatTTL.Load()); ttl > 0 {
+		if age := time.Since(f.beatEpoch) - time.Duration(f.lastBeat.Load()); age > ttl {
+			return claimedBatch{err: outbox.Errorf(CodeHeartbeatLapsed, "forwarder.claim",
+				"no relay heartbeat succeeded for %s, longer than its lifetime %s: the database may have been switched to CDC meanwhile, so nothing is claimable until a heartbeat succeeds again (check the database connection)",
+				age.Round(time.Millisecond), ttl)}
+		}
+	}
+	f.claimMu.Lock()
+	defer f.claimMu.Unlock()
+	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
+	defer cancel()
+	at := f.localNow()
+	// Every statement below may commit on the server and still fail here
+	// (a row the client cannot read, the timeout, the connection lost
+	// while reading). The rows of each one that succeeds are recorded as
+	// held; after one that fails, every other row this owner holds is
+	// released (releaseUnheld), so a claimed batch is never dropped to wait
+	// for its leases to expire.
+	var failures, released int
+	defer func() {
+		switch {
+		case failures > 0:
+			f.budgetShift = min(f.budgetShift+1, 40)
+		case f.budgetShift > 0:
+			f.budgetShift--
+		}
+	}()
+	maxBytes := max(1, f.cfg.MaxBatchBytes>>f.budgetShift)
+	claimFn := func(p fencing.ClaimParams) ([]fencing.Claimed, error) {
+		p.MaxBytes = f.byteBudget(p.MaxBytes)
+		rows, err := fencing.Claim(dbctx, f.q, p)
+		if err != nil {
+			if !errors.Is(err, fencing.ErrInvalidArgument) {
+				failures++
+				released += f.releaseUnheld(ctx, err)
+			}
+			return nil, err
+		}
+		f.hold(rows, at)
+		return rows, nil
+	}
+	from, cursor := f.start.from(), f.start.keyCursor()
+	exclude, probes := f.breakers.forClaim()
+	// Keys this relay published lately are resumed where their chains
+	// ended, without looking for their heads (see chainLog), except on
+	// every walkEvery-th claim, which walks every key.
+	full := f.start.fullWalkDue()
+	var resume []fencing.Continuation
+	if !full {
+		resume = f.chains.positions(cont, 2*f.cfg.BatchSize)
+	}
+	walk := full
+	if len(cont)+len(resume) == 0 {
+		walk = f.start.walkDue()
+	}
+	p := fencing.ClaimParams{
+		Owner: f.cfg.Owner, Limit: f.cfg.BatchSize, Lease: f.cfg.LeaseDuration,
+		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
+		FromSeq: from, KeyCursor: cursor, MaxChain: f.chainCap, Continue: append(cont[:len(cont):len(cont)], resume...),
+		ExcludeDestinations: exclude, NoKeyWalk: !walk, MaxBytes: maxBytes,
+	}
+	claimed, err := claimFn(p)
+	if err != nil {
+		f.start.record(p.FromSeq, p.Limit, nil, err)
+		return claimedBatch{claimedAt: at, err: err, failures: failures, released: released}
+	}
+	// What is left of the byte budget for the statements that complete the
+	// batch (payloads only, as the client sees them: headers are small).
+	budget := func() int64 { return maxBytes - payloadBytes(claimed) }
+	if walk {
+		f.start.walked(fencing.NextKeyCursor(cursor, claimed, cont), hasKeyed(claimed))
+	}
+	unkeyedFrom := p.FromSeq
+	if p.FromSeq > 0 && len(claimed) < p.Limit && budget() > 0 {
+		// Nothing more at or above the start point: look below it before
+		// calling the batch short, so that a short batch (which sends Run
+		// to idle) always means the whole claimable index had no more. The
+		// rows claimed above are IN_FLIGHT under this relay now, so this
+		// claim cannot take them again.
+		below := p
+		below.Limit, below.FromSeq, below.NoKeyWalk, below.Continue = p.Limit-len(claimed), 0, true, nil
+		below.MaxBytes = budget()
+		more, berr := claimFn(below)
+		if berr != nil {
+			// The rows claimed above the start are held and go on; record
+			// makes the next claim start at the first entry.
+			f.logger.Error("Outbox claim below the start point failed", berr, watermill.LogFields{"held": len(claimed)})
+		}
+		claimed = mergeBySeq(claimed, more)
+		unkeyedFrom = 0 // this batch looked at the whole index
+	}
+	f.start.record(unkeyedFrom, p.Limit, unkeyedOnly(claimed), nil)
+	if !walk && len(claimed) < p.Limit && budget() > 0 {
+		// The batch is short without looking at keys: walk them for the
+		// rest before calling it short, so that a short batch still means
+		// nothing more was claimable.
+		keyed := p
+		keyed.Limit, keyed.FromSeq, keyed.NoKeyWalk, keyed.NoUnkeyed = p.Limit-len(claimed), 0, false, true
+		keyed.Continue = cont // resumed keys were claimed above: walked again, their heads are held
+		keyed.MaxBytes = budget()
+		rows, kerr := claimFn(keyed)
+		if kerr != nil {
+			f.logger.Error("Outbox claim of keyed rows failed", kerr, watermill.LogFields{"held": len(claimed)})
+		} else {
+			f.start.walked(fencing.NextKeyCursor(cursor, rows, nil), len(rows) > 0)
+			claimed = mergeBySeq(claimed, rows)
+		}
+	}
+	if ext := capped(claimed, f.chainCap, p.Continue); len(ext) > 0 && len(claimed) < p.Limit && budget() > 0 {
+		room := p.Limit - len(claimed)
+		more := p
+		more.Limit, more.MaxChain, more.Continue = room, (room+len(ext)-1)/len(ext), ext
+		more.NoKeyWalk, more.NoUnkeyed, more.FromSeq, more.MaxBytes = true, true, 0, budget()
+		if rows, xerr := claimFn(more); xerr != nil {
+			f.logger.Error("Outbox claim extending chains failed", xerr, watermill.LogFields{"held": len(claimed)})
+		} else {
+			claimed = mergeBySeq(claimed, rows)
+		}
+	}
+	// A probe per open breaker whose probe is due: one row of its
+	// destination, keyed or not.
+	var probed map[string]bool
+	for _, dest := range probes {
+		pr := p
+		pr.Limit, pr.MaxChain, pr.Continue, pr.FromSeq = 1, 1, nil, f.breakers.probeFrom(dest)
+		pr.ExcludeDestinations, pr.OnlyDestination, pr.NoKeyWalk, pr.NoUnkeyed = nil, dest, false, false
+		rows, perr := claimFn(pr)
+		if perr == nil && len(rows) == 0 && pr.FromSeq > 1 {
+			pr.FromSeq = 0 // past the last row: wrap around
+			rows, perr = claimFn(pr)
+		}
+		if perr != nil {
+			f.logger.Error("Outbox breaker probe claim failed", perr, watermill.LogFields{"destination": dest})
+			continue
+		}
+		if len(rows) == 0 {
+			// Nothing of the destination waits (another relay delivered
+			// it, or it was parked): an open breaker has nothing left to
+			// protect. It closes; the next publish there tells again.
+			if f.breakers.success(dest) {
+				f.breakerChanged(dest, false, "")
+			}
+			continue
+		}
+		f.breakers.probed(dest, rows[0].Row.Seq)
+		for _, r := range rows {
+			if probed == nil {
+				probed = make(map[string]bool)
+			}
+			probed[r.Row.MessageID] = true
+		}
+		claimed = mergeBySeq(claimed, rows)
+	}
+	var after map[string]int64
+	for _, c := range p.Continue {
+		if after == nil {
+			after = make(map[string]int64, len(cont))
+		}
+		after[c.Key] = c.AfterSeq
+	}
+	return claimedBatch{claimed: claimed, claimedAt: at, after: after, probes: probed, failures: failures, released: released}
+}
+
+// capped are the continuations of the chains the walk found that stopped at
+// the cap (a continued chain, cont, is capped by the batch only).
+func capped(claimed []fencing.Claimed, limit int, cont []fencing.Continuation) []fencing.Continuation {
+	var rows map[string]int
+	for _, c := range claimed {
+		k := c.Row.OrderingKey
+		if k != "" && !slices.ContainsFunc(cont, func(x fencing.Continuation) bool { return x.Key == k }) {
+			if rows == nil {
+				rows = make(map[string]int)
+			}
+			rows[k]++
+		}
+	}
+	if rows == nil {
+		return nil
+	}
+	return slices.DeleteFunc(continuations(claimed), func(c fencing.Continuation) bool { return rows[c.Key] < limit })
+}
+
+func hasKeyed(claimed []fencing.Claimed) bool {
+	return slices.ContainsFunc(claimed, func(c fencing.Claimed) bool { return c.Row.OrderingKey != "" })
+}
+
+func unkeyedOnly(claimed []fencing.Claimed) []fencing.Claimed {
+	out := make([]fencing.Claimed, 0, len(claimed))
+	for _, c := range claimed {
+		if c.Row.OrderingKey == "" {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func mergeBySeq(a, b []fencing.Claimed) []fencing.Claimed {
+	if len(b) == 0 {
+		return a
+	}
+	out := append(a, b...)
+	slices.SortFunc(out, func(x, y fencing.Claimed) int { return cmp.Compare(x.Row.Seq, y.Row.Seq) })
+	return out
+}
