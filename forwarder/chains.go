@@ -1,3 +1,7 @@
+// Chains across passes: which of this relay's chains were confirmed to
+// their end, the continuations a claim made ahead may extend, and the keys
+// a claim resumes instead of walking.
+
 package forwarder
 
 import (

@@ -1,3 +1,8 @@
+// The executor: workers that publish a pass's units on their own goroutines,
+// with PublishTimeout, the drain deadline and panic recovery, and the
+// classification of each publish into an outcome. It may not claim or write
+// outcomes.
+
 package forwarder
 
 import (

@@ -1,0 +1,97 @@
+// The loop's stop discipline and clocks: stop and drain signals shared by
+// Run and RunOnce, the wake-up listener's start, and the two clocks (the
+// one passed to SQL, the local one for deadlines).
+
+package forwarder
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// stopRequested reports whether ctx was cancelled or Close called. It reads
+// them directly as well as stopping, which another goroutine closes a moment
+// after them: a pass started in that moment would take the batch claimed
+// ahead as an ordinary pass instead of the final one that releases it.
+func (f *Forwarder) stopRequested(ctx context.Context, stopping <-chan struct{}) bool {
+	select {
+	case <-stopping:
+	case <-ctx.Done():
+	case <-f.stop:
+	default:
+		return false
+	}
+	return true
+}
+
+// stopSignals returns a channel closed when ctx is cancelled or Close is
+// called, and one closed DrainTimeout after that.
+func (f *Forwarder) stopSignals(ctx context.Context, exit <-chan struct{}) (stopping, drainExpired chan struct{}) {
+	stopping, drainExpired = make(chan struct{}), make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-f.stop:
+		case <-exit:
+		}
+		close(stopping)
+		t := time.NewTimer(f.cfg.DrainTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-exit:
+		}
+		close(drainExpired)
+	}()
+	return stopping, drainExpired
+}
+
+// listen starts the configured Listener (listen.go) on Config.NotifyChannel
+// and returns a channel that receives a value per wake-up (nil channel when
+// none is configured). Nothing here blocks the caller; the listener runs in
+// the background until stopping is closed. Polling carries the load meanwhile.
+func (f *Forwarder) listen(stopping <-chan struct{}, bg *sync.WaitGroup) <-chan struct{} {
+	return startListening(f.cfg, f.logger, stopping, bg)
+}
+
+// RunOnce runs one pass: claim a batch, publish it, write the outcomes. It
+// does not check the relay mode or send heartbeats (Run does); tools and
+// tests use it. Cancelling ctx drains the pass like Close does.
+func (f *Forwarder) RunOnce(ctx context.Context) (Report, error) {
+	stopping, drainExpired := make(chan struct{}), make(chan struct{})
+	exit := make(chan struct{})
+	defer close(exit)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-exit:
+			return
+		}
+		close(stopping)
+		t := time.NewTimer(f.cfg.DrainTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			close(drainExpired)
+		case <-exit:
+		}
+	}()
+	t, _ := f.pass(ctx, stopping, drainExpired, nil, false, nil)
+	return t.wait()
+}
+
+// dbNow is the clock passed to SQL: zero (server time) unless injected.
+func (f *Forwarder) dbNow() time.Time {
+	if f.cfg.Now != nil {
+		return f.cfg.Now()
+	}
+	return time.Time{}
+}
+
+func (f *Forwarder) localNow() time.Time {
+	if f.cfg.Now != nil {
+		return f.cfg.Now()
+	}
+	return time.Now()
+}
