@@ -80,7 +80,11 @@
 // the previous walk stopped (ClaimParams.KeyCursor). It still visits every
 // key with unpublished rows when there is not enough claimable work: with
 // many thousands of keys all blocked at once, an idle relay's claim grows
-// with the number of keys (not of rows).
+// with the number of keys (not of rows). Under write load each head lookup
+// also crosses the index entries of the key's rows published since the last
+// VACUUM (PostgreSQL cannot mark them dead while writers insert into the
+// same pages), so the forwarder continues the keys it published lately
+// (ClaimParams.Continue behind a published row) instead of walking them.
 //
 // Times: every statement takes an optional now (zero time = the server's
 // now()), so lease expiry and retry schedules are tested without sleeping.

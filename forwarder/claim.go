@@ -29,11 +29,16 @@ type claimedBatch struct {
 }
 
 // claim takes the next batch: unkeyed rows and chains, continuing the
-// chains in cont (those of the batch in flight, for a claim made ahead).
+// chains in cont (those of the batch in flight, for a claim made ahead) and
+// resuming the keys this relay published in its last passes behind their
+// last confirmed rows (chainLog.positions).
 //
-// It may take several statements. The first walks the ordering keys only
-// when keys had work at the last walk, or on every walkEvery-th claim
-// (claimStart.walkDue): a claim that walks is planned afresh by PostgreSQL
+// It may take several statements. The first walks the ordering keys when it
+// has no chain to continue or resume and keys had work at the last walk (or
+// on every walkEvery-th claim, claimStart.walkDue), and on every
+// walkEvery-th claim anyway (claimStart.fullWalkDue), which then resumes
+// nothing: that claim finds a row that became claimable below a resumed
+// key's position (a late commit, a redrive). A claim that walks is planned afresh by PostgreSQL
 // when no key has work, which costs more than the claim itself, so a relay
 // draining unkeyed rows claims them with the plain statement. When the first
 // comes back short from its start point, the unkeyed rows below the start
