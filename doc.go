@@ -15,6 +15,7 @@
 //   - forwarder: the fenced relay that replaces watermill's components/forwarder
 //     (forwarder/prommetrics: its Prometheus collectors)
 //   - retention: bounded cleanup of published rows and of the inbox
+//     (retention/prommetrics: runs done, skipped and failed, rows removed)
 //   - journal: exactly-once admin operations (redrive, purge)
 //   - inbox: consumer-side de-duplication middleware
 //   - debezium: CDC connector configuration and relay-mode exclusivity

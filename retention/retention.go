@@ -96,6 +96,10 @@ type Config struct {
 	// (RETENTION_HORIZON_BELOW_FLOOR): one typo (1ns for 1h) would delete
 	// every published row and every inbox id. New logs each such Cleaner.
 	AllowShortHorizons bool
+	// Metrics, when set, is told every Run's result and error, skipped runs
+	// included (retention/prommetrics implements it on Prometheus), so a
+	// session that keeps the retention lock shows as runs skipped.
+	Metrics Metrics
 	// Now is the clock the horizons are measured from. Nil means the
 	// database's now().
 	Now func() time.Time
@@ -113,6 +117,13 @@ type Batch struct {
 	Table   string // "messaging_outbox" or "messaging_inbox"
 	Number  int    // 1-based within the table for this run
 	Removed int    // rows deleted or archived by this batch
+}
+
+// Metrics receives the result of every Run (see Config.Metrics).
+type Metrics interface {
+	// RetentionRun is called once per Run, after it ends, with what Run
+	// returns.
+	RetentionRun(res Result, err error)
 }
 
 // Result reports one Run. More false does not promise that no row past the
@@ -429,6 +440,9 @@ func notSetAside(pick string) string {
 // unless it is CDC: in polling mode that mode would delete undelivered and
 // parked rows. The mode is read once per run, before the run lock.
 func (c *Cleaner) Run(ctx context.Context) (res Result, err error) {
+	if c.cfg.Metrics != nil {
+		defer func() { c.cfg.Metrics.RetentionRun(res, err) }()
+	}
 	start := time.Now()
 	defer func() { res.Duration = time.Since(start) }()
 
