@@ -20,10 +20,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/migrations/schema"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 // Codes returned by the forwarder (configuration refusals use
@@ -160,7 +160,7 @@ type Forwarder struct {
 	budgetShift int
 
 	// Claims of Run wait for a fresh heartbeat: once it has lapsed,
-	// debezium.Enable may switch the database to CDC, and a relay still
+	// relaymode.Enable may switch the database to CDC, and a relay still
 	// claiming would race the connector. lastBeat is when the last successful
 	// Beat was sent (time since beatEpoch, monotonic; the database's
 	// expires_at counts from later); beatTTL is zero outside Run (no gate).
@@ -302,7 +302,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 
 	ttl := 3 * f.cfg.HeartbeatInterval
 	sent := time.Since(f.beatEpoch)
-	if err := debezium.BeatBudget(ctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts); err != nil {
+	if err := relaymode.BeatBudget(ctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts); err != nil {
 		return err
 	}
 	f.lastBeat.Store(int64(sent))
@@ -316,7 +316,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	defer func() {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 		defer cancel()
-		if err := debezium.Leave(lctx, f.db, f.cfg.Owner); err != nil {
+		if err := relaymode.Leave(lctx, f.db, f.cfg.Owner); err != nil {
 			f.logger.Error("Relay heartbeat not removed", err, nil)
 		}
 		if _, err := f.db.ExecContext(lctx, `DELETE FROM messaging_relay_breaker WHERE owner = $1`, f.cfg.Owner); err != nil {
@@ -349,12 +349,12 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			case <-t.C:
 				hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HeartbeatInterval)
 				sent := time.Since(f.beatEpoch)
-				err := debezium.BeatBudget(hctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts)
+				err := relaymode.BeatBudget(hctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts)
 				cancel()
 				if err == nil {
 					f.lastBeat.Store(int64(sent))
 				}
-				if errors.Is(err, debezium.ErrRelayModeConflict) {
+				if errors.Is(err, relaymode.ErrRelayModeConflict) {
 					fatal <- err
 					return
 				}

@@ -5,7 +5,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 // HandlerName is the name of the router handler RouterPlugin adds.
@@ -18,7 +18,7 @@ const HandlerName = "outbox_forwarder"
 // records CDC mode.
 func (f *Forwarder) RouterPlugin() message.RouterPlugin {
 	return func(r *message.Router) error {
-		if err := debezium.RequireMode(context.Background(), f.db, debezium.ModePolling, "forwarder.RouterPlugin",
+		if err := relaymode.RequireMode(context.Background(), f.db, relaymode.ModePolling, "forwarder.RouterPlugin",
 			"a polling forwarder must not run (switch back with `outboxctl debezium disable`)"); err != nil {
 			return err
 		}

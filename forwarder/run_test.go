@@ -11,8 +11,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 func TestHeartbeatRenewsAndACDCSwitchStopsTheRelay(t *testing.T) {
@@ -36,7 +36,7 @@ func TestHeartbeatRenewsAndACDCSwitchStopsTheRelay(t *testing.T) {
 	// sees it and the relay stops instead of racing the connector.
 	_, err := s.DB.Exec(`UPDATE messaging_relay_mode SET mode = 'CDC'`)
 	require.NoError(t, err)
-	require.ErrorIs(t, <-done, debezium.ErrRelayModeConflict)
+	require.ErrorIs(t, <-done, relaymode.ErrRelayModeConflict)
 }
 
 func TestFullBatchesArePolledAgainAtOnce(t *testing.T) {
