@@ -179,6 +179,9 @@ type Forwarder struct {
 	// drainErr is what Run returned when the drain on its way out failed to
 	// write outcomes; Close returns it. Written before done is closed.
 	drainErr error
+	// routerErr is what Run returned under RouterPlugin (guarded by mu; see
+	// RouterErr in router.go).
+	routerErr error
 }
 
 // New builds a forwarder. It refuses a nil database or publisher and any
