@@ -8,8 +8,8 @@ import (
 )
 
 // Prepared is a [DBTX] that runs the claim and outcome statements of this
-// package ([ClaimBlockKeySQL], [ClaimSkipParkedSQL], [ApplySQL],
-// [ApplyPublishedSQL]) as prepared statements on db, and passes every other
+// package ([ClaimBlockKeySQL], [ClaimSkipParkedSQL], [ClaimUnkeyedSQL], and
+// the two statements of [Apply]) as prepared statements on db, and passes every other
 // statement to db unchanged. Pass it to [Claim] and [Apply] in place of db.
 //
 // Why: PostgreSQL parses and plans an unprepared statement on every call, and
@@ -40,8 +40,8 @@ var preparable = map[string]bool{
 	ClaimBlockKeySQL:   true,
 	ClaimSkipParkedSQL: true,
 	ClaimUnkeyedSQL:    true,
-	ApplySQL:           true,
-	ApplyPublishedSQL:  true,
+	applySQL:           true,
+	applyPublishedSQL:  true,
 }
 
 // NewPrepared returns a Prepared over db. It does not touch the database:
