@@ -458,18 +458,18 @@ tracestate, baggage, schema_subject, schema_version, content_type, message_type,
 aggregate_type, aggregate_id, aggregate_version, NULL::timestamptz, routing_key`
 
 var (
-	// ClaimBlockKeySQL is the claim under [BlockKey].
-	ClaimBlockKeySQL = claimSQL("")
-	// ClaimSkipParkedSQL is the claim under [SkipParked]: its walks step
+	// claimBlockKeySQL is the claim under [BlockKey].
+	claimBlockKeySQL = claimSQL("")
+	// claimSkipParkedSQL is the claim under [SkipParked]: its walks step
 	// over parked rows. Written on status, not as "parked_at IS NULL" (the
 	// same rows, by the table's CHECK): with parked_at the walk's steps would
 	// also match messaging_outbox_claimable_idx's predicate, and the planner
 	// may then read a key's next row from that index instead of the ordering
 	// index.
-	ClaimSkipParkedSQL = claimSQL(" AND x.status NOT IN ('FAILED', 'EXHAUSTED')")
-	// ClaimUnkeyedSQL is the claim of unkeyed rows only (NoKeyWalk without
+	claimSkipParkedSQL = claimSQL(" AND x.status NOT IN ('FAILED', 'EXHAUSTED')")
+	// claimUnkeyedSQL is the claim of unkeyed rows only (NoKeyWalk without
 	// continuations), under either policy.
-	ClaimUnkeyedSQL = unkeyedClaimSQL()
+	claimUnkeyedSQL = unkeyedClaimSQL()
 )
 
 func nowArg(t time.Time) any {
@@ -523,12 +523,12 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 	}
 	excluded := pq.Array(append([]string{}, p.ExcludeDestinations...))
 	if p.NoKeyWalk && n == 0 && !p.NoUnkeyed {
-		return ClaimUnkeyedSQL, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
+		return claimUnkeyedSQL, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
 			excluded, p.OnlyDestination, p.MaxBytes}, nil
 	}
-	q := ClaimBlockKeySQL
+	q := claimBlockKeySQL
 	if p.Policy == SkipParked {
-		q = ClaimSkipParkedSQL
+		q = claimSkipParkedSQL
 	}
 	return q, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
 		p.KeyCursor, maxChain, pq.Array(keys), pq.Array(afters), pq.Array(ids), unkeyed, walk,
