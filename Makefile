@@ -20,7 +20,7 @@ MODULES := $(shell sed -n 's/^[[:space:]]*\(\.[^[:space:]]*\)$$/\1/p' go.work)
 # machine does not reliably do (it passed in a quieter run). Production
 # heartbeat intervals (10 s) are not affected. Reported to the lead.
 # TestHeartbeatRenewsAndACDCSwitchStopsTheRelay: passed in two pgx runs, hung
-# in a third for 14 min with the relay's heartbeat blocked in debezium.Beat
+# in a third for 14 min with the relay's heartbeat blocked in relaymode.Beat
 # (IO wait, relaymode.go:128) after the test's UPDATE messaging_relay_mode;
 # not understood yet. Reported to the lead: do not drop this skip without
 # finding why.

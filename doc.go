@@ -18,13 +18,18 @@
 //     (retention/prommetrics: runs done, skipped and failed, rows removed)
 //   - journal: exactly-once admin operations (redrive, purge)
 //   - inbox: consumer-side de-duplication middleware
-//   - debezium: CDC connector configuration and relay-mode exclusivity
+//   - relaymode: which relay kind may run (POLLING or CDC), recorded in the
+//     database; the switch between them, refused while the other kind is
+//     live; the heartbeats of every relay of either kind
+//   - debezium: the Debezium outbox event router configuration generated
+//     from the schema, and the model of the records it emits
 //   - cdcrelay: a built-in CDC relay that streams inserts from a logical
-//     replication slot instead of polling
+//     replication slot instead of polling, beating as a CDC relay (own module)
 //   - status: the operator queries behind `outboxctl status` and a
 //     Prometheus backlog collector
 //   - transport: publishers and error classifiers per broker (amqp,
-//     googlecloud, kafka, nats)
+//     googlecloud, kafka, nats; one module each), the classifiers returning
+//     forwarder's verdicts
 //
 // Commands: cmd/outboxctl (operate a database, run a standalone relay) and
 // cmd/outbox-bench (the benchmark). Deployment examples, alert rules and a

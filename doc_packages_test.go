@@ -7,11 +7,16 @@ import (
 	"testing"
 )
 
-// TestDocNamesEveryPackage keeps the package list in doc.go complete: every
-// top-level directory that holds Go code (besides cmd, examples and
-// internal, which are not importable products) is named there.
+// TestDocNamesEveryPackage keeps the package list in doc.go and the README's
+// package table complete: every top-level directory that holds Go code
+// (besides cmd, examples and internal, which are not importable products) is
+// named in both.
 func TestDocNamesEveryPackage(t *testing.T) {
 	doc, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,6 +44,9 @@ func TestDocNamesEveryPackage(t *testing.T) {
 		checked++
 		if !strings.Contains(string(doc), "//   - "+e.Name()+":") {
 			t.Errorf("doc.go does not list package %s", e.Name())
+		}
+		if !strings.Contains(string(readme), "| [`"+e.Name()) {
+			t.Errorf("the README's package table does not list package %s", e.Name())
 		}
 	}
 	if checked < 8 {

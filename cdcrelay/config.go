@@ -41,7 +41,7 @@ type Config struct {
 
 	// DB is an ordinary pool on the same database whose search_path resolves
 	// the outbox's schema (as for every other package of this module). The
-	// relay reads the relay mode through it (debezium.CurrentMode), and
+	// relay reads the relay mode through it (relaymode.CurrentMode), and
 	// checks and creates the publication and reads the slot's position.
 	// Required.
 	DB *sql.DB
@@ -64,7 +64,7 @@ type Config struct {
 	Owner string
 
 	// HeartbeatInterval is how often the relay renews its CDC heartbeat
-	// (debezium.BeatCDC, which also re-reads the relay mode): at the first
+	// (relaymode.BeatCDC, which also re-reads the relay mode): at the first
 	// publish or loop turn after it has passed. Zero means 2s.
 	HeartbeatInterval time.Duration
 

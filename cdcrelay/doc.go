@@ -58,23 +58,23 @@
 //     (PostgreSQL allows one consumer per slot). The default slot,
 //     messaging_outbox_cdc, is the Debezium connector's default too. A
 //     relay on another slot while a CDC consumer's heartbeat is live is
-//     refused with CDC_SECOND_CONSUMER (debezium.BeatCDC).
+//     refused with CDC_SECOND_CONSUMER (relaymode.BeatCDC).
 //
 // # Relay-mode exclusivity
 //
-// The relay refuses to start (RELAY_MODE_CONFLICT) unless debezium.CurrentMode
-// says CDC, and registers a CDC heartbeat (debezium.BeatCDC: kind CDC, its
+// The relay refuses to start (RELAY_MODE_CONFLICT) unless relaymode.CurrentMode
+// says CDC, and registers a CDC heartbeat (relaymode.BeatCDC: kind CDC, its
 // slot, alive HeartbeatTTL). It renews the heartbeat, which re-reads the
 // mode under the mode row's lock, at the first publish or loop turn after
 // HeartbeatInterval: a publish happens only while the last successful
 // heartbeat is younger than HeartbeatTTL, and after a failed one it stops
-// with CDC_HEARTBEAT_LAPSED. `outboxctl debezium disable` (debezium.Disable)
+// with CDC_HEARTBEAT_LAPSED. `outboxctl debezium disable` (relaymode.Disable)
 // refuses while any CDC heartbeat is live, so the mode cannot go back to
 // POLLING under a live relay: stop the relay (it marks what it delivered and
 // removes its heartbeat), then disable. A mode changed behind Disable's back
 // (a hand-written UPDATE) stops the relay at its next heartbeat, at most
 // HeartbeatInterval later; a publish already in the publisher is finished.
-// Polling forwarders refuse to start (debezium.Beat) while a CDC heartbeat
+// Polling forwarders refuse to start (relaymode.Beat) while a CDC heartbeat
 // is live, and `outboxctl debezium enable` refuses while theirs are.
 //
 // # When to create the slot

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 // TestRelayDocClaims shows the package documentation's claims about what the
@@ -125,7 +125,7 @@ func TestRelayDocClaims(t *testing.T) {
 		case <-time.After(patience(t)):
 			t.Fatal("relay kept running after the mode left CDC")
 		}
-		require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
+		require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
 		require.Empty(t, out.ids(), "nothing was published once the mode had changed")
 		require.Zero(t, out.attemptsOf("next"))
 	})

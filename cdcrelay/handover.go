@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
-	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 const (
@@ -58,7 +58,7 @@ UPDATE messaging_outbox
 func (r *Relay) HandOverToPolling(ctx context.Context, by string) error {
 	const op = "cdcrelay.HandOverToPolling"
 	if strings.TrimSpace(by) == "" {
-		return outbox.Errorf(debezium.CodeOperatorRequired, op, "say who switches the relay mode (by must not be empty)")
+		return outbox.Errorf(relaymode.CodeOperatorRequired, op, "say who switches the relay mode (by must not be empty)")
 	}
 	r.mu.Lock()
 	if r.closed || r.running {
@@ -73,7 +73,7 @@ func (r *Relay) HandOverToPolling(ctx context.Context, by string) error {
 		r.mu.Unlock()
 	}()
 
-	if err := debezium.RequireMode(ctx, r.cfg.DB, debezium.ModeCDC, op, "nothing to hand over"); err != nil {
+	if err := relaymode.RequireMode(ctx, r.cfg.DB, relaymode.ModeCDC, op, "nothing to hand over"); err != nil {
 		return err
 	}
 	if err := r.checkSchema(ctx); err != nil {
@@ -135,7 +135,7 @@ func (r *Relay) HandOverToPolling(ctx context.Context, by string) error {
 	if _, err := tx.ExecContext(ctx, `DELETE FROM messaging_relay_heartbeat WHERE owner = $1`, r.cfg.Owner); err != nil {
 		return fmt.Errorf("cdcrelay: remove the handover's heartbeat: %w", err)
 	}
-	if err := debezium.DisableTx(ctx, tx, by, time.Time{}); err != nil {
+	if err := relaymode.DisableTx(ctx, tx, by, time.Time{}); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
@@ -145,8 +145,8 @@ func (r *Relay) HandOverToPolling(ctx context.Context, by string) error {
 	return nil
 }
 
-func requireNoCDCConsumer(ctx context.Context, q debezium.Querier, op, except string) error {
-	live, err := debezium.LiveCDCConsumers(ctx, q, time.Time{})
+func requireNoCDCConsumer(ctx context.Context, q relaymode.Querier, op, except string) error {
+	live, err := relaymode.LiveCDCConsumers(ctx, q, time.Time{})
 	if err != nil {
 		return err
 	}
@@ -157,7 +157,7 @@ func requireNoCDCConsumer(ctx context.Context, q debezium.Querier, op, except st
 		}
 	}
 	if len(names) > 0 {
-		return outbox.Errorf(debezium.CodeRelayModeConflict, op, "CDC consumer(s) are live: %s; stop them (or wait for their heartbeats to expire) first", strings.Join(names, ", "))
+		return outbox.Errorf(relaymode.CodeRelayModeConflict, op, "CDC consumer(s) are live: %s; stop them (or wait for their heartbeats to expire) first", strings.Join(names, ", "))
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 // tally is a downstream without an inbox: it counts every delivery of every
@@ -184,14 +185,14 @@ func TestHandoverRoundTrip(t *testing.T) {
 	}, patience(t), 10*time.Millisecond, "the forwarders deliver the rows older than the slot")
 	w.waitWritten(t, 50) // rows in the slot that the forwarders publish: the relay must skip them
 	stopFw1()
-	require.NoError(t, debezium.Enable(ctx, e.s.DB, "test", time.Time{}))
+	require.NoError(t, relaymode.Enable(ctx, e.s.DB, "test", time.Time{}))
 	waitRelay := e.streaming(t, relay)
 	w.waitWritten(t, 200)
 	require.Eventually(t, func() bool { return sink.deliveries("cdc") >= 100 }, patience(t), 10*time.Millisecond)
 
 	// And back: the relay stops (marking what it delivered), then Disable.
 	require.NoError(t, waitRelay())
-	require.NoError(t, debezium.Disable(ctx, e.s.DB, "test"))
+	require.NoError(t, relaymode.Disable(ctx, e.s.DB, "test"))
 	startForwarder(t, e.s.DB, sink.as("polling-2"), "fw-2")
 	w.waitWritten(t, 100)
 	w.halt()
@@ -242,7 +243,7 @@ func TestHandOverToPollingAfterAConsumerThatDoesNotMark(t *testing.T) {
 		return n == 0
 	}, patience(t), 10*time.Millisecond)
 	stopFw1()
-	require.NoError(t, debezium.Enable(ctx, e.s.DB, "test", time.Time{}))
+	require.NoError(t, relaymode.Enable(ctx, e.s.DB, "test", time.Time{}))
 	waitConnector := e.streaming(t, connector)
 	w.waitWritten(t, 150)
 	require.Eventually(t, func() bool { return sink.deliveries("connector") >= 100 }, patience(t), 10*time.Millisecond)
@@ -261,13 +262,13 @@ func TestHandOverToPollingAfterAConsumerThatDoesNotMark(t *testing.T) {
 	_, err = e.s.DB.Exec(q)
 	require.NoError(t, err)
 	err = handover.HandOverToPolling(ctx, "ops")
-	require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
+	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
 	require.Contains(t, err.Error(), "debezium:messaging-outbox")
-	require.NoError(t, debezium.Leave(ctx, e.s.DB, debezium.HeartbeatOwner("messaging-outbox"))) // the connector stopped and its heartbeat expired
+	require.NoError(t, relaymode.Leave(ctx, e.s.DB, debezium.HeartbeatOwner("messaging-outbox"))) // the connector stopped and its heartbeat expired
 	require.NoError(t, handover.HandOverToPolling(ctx, "ops"))
-	mode, err := debezium.CurrentMode(ctx, e.s.DB)
+	mode, err := relaymode.CurrentMode(ctx, e.s.DB)
 	require.NoError(t, err)
-	require.Equal(t, debezium.ModePolling, mode)
+	require.Equal(t, relaymode.ModePolling, mode)
 
 	startForwarder(t, e.s.DB, sink.as("polling-2"), "fw-2")
 	w.waitWritten(t, 100)

@@ -22,10 +22,11 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/internal/pgerr"
 	"github.com/fencedoutbox/watermill-outbox/internal/redact"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 // Codes of the refusals Run returns. The relay-mode refusal is the debezium
-// package's RELAY_MODE_CONFLICT (debezium.ErrRelayModeConflict), a second CDC
+// package's RELAY_MODE_CONFLICT (relaymode.ErrRelayModeConflict), a second CDC
 // consumer on another slot is debezium's CDC_SECOND_CONSUMER; invalid
 // settings are OUTBOX_INVALID_CONFIG and a row that cannot become a message
 // is OUTBOX_CORRUPT_ROW.
@@ -438,7 +439,7 @@ func (r *Relay) checkBoundary(ctx context.Context) error {
 // checkMode refuses unless the database records CDC mode: while it says
 // POLLING, forwarders may be running and would publish the same rows.
 func (r *Relay) checkMode(ctx context.Context) error {
-	return debezium.RequireMode(ctx, r.cfg.DB, debezium.ModeCDC, "cdcrelay.Run",
+	return relaymode.RequireMode(ctx, r.cfg.DB, relaymode.ModeCDC, "cdcrelay.Run",
 		"stop the polling relays and run `outboxctl debezium enable` first")
 }
 
@@ -446,7 +447,7 @@ func (r *Relay) checkMode(ctx context.Context) error {
 // mode row's lock). Until lastBeat+HeartbeatTTL the mode cannot leave CDC.
 func (r *Relay) beat(ctx context.Context) error {
 	sent := time.Now()
-	if err := debezium.BeatCDC(ctx, r.cfg.DB, r.cfg.Owner, r.cfg.SlotName, r.cfg.HeartbeatTTL); err != nil {
+	if err := relaymode.BeatCDC(ctx, r.cfg.DB, r.cfg.Owner, r.cfg.SlotName, r.cfg.HeartbeatTTL); err != nil {
 		return err
 	}
 	r.lastBeat = sent
@@ -477,7 +478,7 @@ func (r *Relay) ensureBeat(ctx context.Context) error {
 func (r *Relay) leave(ctx context.Context) {
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := debezium.Leave(lctx, r.cfg.DB, r.cfg.Owner); err != nil {
+	if err := relaymode.Leave(lctx, r.cfg.DB, r.cfg.Owner); err != nil {
 		r.logger.Error("CDC relay heartbeat not removed; Disable refuses until it expires", err, watermill.LogFields{"ttl": r.cfg.HeartbeatTTL})
 	}
 }
@@ -620,7 +621,7 @@ func (r *Relay) ensureSlot(ctx context.Context, create, activeOK bool) (pglogrep
 // again and Run refuses with CDC_UNDELIVERED_ROWS. In POLLING mode (Prepare
 // while the forwarders run) the boundary is recorded and checked at Run.
 func (r *Relay) createSlot(ctx context.Context) error {
-	mode, err := debezium.CurrentMode(ctx, r.cfg.DB)
+	mode, err := relaymode.CurrentMode(ctx, r.cfg.DB)
 	if err != nil {
 		return err
 	}
@@ -663,7 +664,7 @@ func (r *Relay) createSlot(ctx context.Context) error {
 	if err == nil {
 		_, err = r.cfg.DB.ExecContext(ctx, sqlRecordSlot, r.cfg.SlotName, res.ConsistentPoint, before, string(mode))
 	}
-	if err == nil && mode == debezium.ModeCDC && older > 0 {
+	if err == nil && mode == relaymode.ModeCDC && older > 0 {
 		err = outbox.Errorf(CodeUndeliveredRows, "cdcrelay.Run", "refusing to create slot %s: %d undelivered row(s) (seq <= %d) were committed before it and would never be streamed; switch back to POLLING (`outboxctl debezium disable`), let the forwarders deliver them, then prepare the slot while they run and switch again (README: CDC mode: handover and slots)", r.cfg.SlotName, older, before.Int64)
 	}
 	if err != nil {

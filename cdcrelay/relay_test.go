@@ -16,11 +16,11 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 	"github.com/fencedoutbox/watermill-outbox/retention"
 )
 
@@ -147,7 +147,7 @@ func (e *env) config() cdcrelay.Config {
 
 func (e *env) enableCDC(t *testing.T) {
 	t.Helper()
-	require.NoError(t, debezium.Enable(context.Background(), e.s.DB, "test", time.Time{}))
+	require.NoError(t, relaymode.Enable(context.Background(), e.s.DB, "test", time.Time{}))
 }
 
 func (e *env) confirmedLSN(t *testing.T) pglogrepl.LSN {
@@ -465,26 +465,26 @@ func TestRelay(t *testing.T) {
 		r, err := cdcrelay.New(e.config(), &recorder{}, nil)
 		require.NoError(t, err)
 		err = r.Run(context.Background())
-		require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
+		require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
 		require.Equal(t, outbox.Code("RELAY_MODE_CONFLICT"), outbox.CodeOf(err))
 
 		e.enableCDC(t)
 		wait := e.streaming(t, r)
-		live, err := debezium.LiveCDCConsumers(context.Background(), e.s.DB, time.Time{})
+		live, err := relaymode.LiveCDCConsumers(context.Background(), e.s.DB, time.Time{})
 		require.NoError(t, err)
 		require.Len(t, live, 1, "the relay registered its CDC heartbeat")
 		require.Equal(t, e.slot, live[0].SlotName)
-		err = debezium.Disable(context.Background(), e.s.DB, "test")
-		require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
+		err = relaymode.Disable(context.Background(), e.s.DB, "test")
+		require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
 		require.Contains(t, err.Error(), live[0].Owner)
-		err = debezium.Beat(context.Background(), e.s.DB, "fw", time.Minute)
-		require.ErrorIs(t, err, debezium.ErrRelayModeConflict, "no forwarder while the CDC relay is live")
+		err = relaymode.Beat(context.Background(), e.s.DB, "fw", time.Minute)
+		require.ErrorIs(t, err, relaymode.ErrRelayModeConflict, "no forwarder while the CDC relay is live")
 
 		require.NoError(t, wait())
-		live, err = debezium.LiveCDCConsumers(context.Background(), e.s.DB, time.Time{})
+		live, err = relaymode.LiveCDCConsumers(context.Background(), e.s.DB, time.Time{})
 		require.NoError(t, err)
 		require.Empty(t, live, "a stopped relay removes its heartbeat")
-		require.NoError(t, debezium.Disable(context.Background(), e.s.DB, "test"))
+		require.NoError(t, relaymode.Disable(context.Background(), e.s.DB, "test"))
 	})
 
 	// Issue 20 item 2: a second CDC relay on another slot was streaming side
@@ -503,7 +503,7 @@ func TestRelay(t *testing.T) {
 		r2, err := cdcrelay.New(cfg, second, nil)
 		require.NoError(t, err)
 		err = r2.Run(context.Background())
-		require.ErrorIs(t, err, debezium.ErrSecondCDCConsumer)
+		require.ErrorIs(t, err, relaymode.ErrSecondCDCConsumer)
 		require.Equal(t, outbox.Code("CDC_SECOND_CONSUMER"), outbox.CodeOf(err))
 		e.publish(t, "orders", msg("once", "o", nil))
 		require.Eventually(t, func() bool { return len(first.ids()) == 1 }, patience(t), 10*time.Millisecond)

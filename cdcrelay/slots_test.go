@@ -15,9 +15,9 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 func controllable(t *testing.T) *testdb.Cluster {
@@ -94,7 +94,7 @@ func TestLostSlotIsAnErrorAndNotSilentlyRecreated(t *testing.T) {
 
 	// The documented recovery: back to POLLING, the forwarders deliver the
 	// rows, the slot is prepared, then CDC again.
-	require.NoError(t, debezium.Disable(ctx, e.s.DB, "ops"))
+	require.NoError(t, relaymode.Disable(ctx, e.s.DB, "ops"))
 	fw, err := forwarder.New(e.s.DB, out, nil, forwarder.Config{Owner: "drain"})
 	require.NoError(t, err)
 	rep, err := fw.RunOnce(ctx)
@@ -108,7 +108,7 @@ func TestLostSlotIsAnErrorAndNotSilentlyRecreated(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, known)
 	require.Zero(t, n)
-	require.NoError(t, debezium.Enable(ctx, e.s.DB, "ops", time.Time{}))
+	require.NoError(t, relaymode.Enable(ctx, e.s.DB, "ops", time.Time{}))
 	wait = e.streaming(t, r)
 	e.publish(t, "orders", msg("after", "a", nil))
 	require.Eventually(t, func() bool { return len(out.ids()) == 5 }, patience(t), 10*time.Millisecond)
@@ -140,7 +140,7 @@ func TestUndeliveredRowsBeforeAPreparedSlotAreRefused(t *testing.T) {
 	require.ErrorIs(t, err, cdcrelay.ErrUndeliveredRows)
 	require.Empty(t, out.ids())
 
-	require.NoError(t, debezium.Disable(ctx, e.s.DB, "ops"))
+	require.NoError(t, relaymode.Disable(ctx, e.s.DB, "ops"))
 	fw, err := forwarder.New(e.s.DB, out, nil, forwarder.Config{Owner: "drain"})
 	require.NoError(t, err)
 	rep, err := fw.RunOnce(ctx)

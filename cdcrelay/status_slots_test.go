@@ -18,6 +18,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 	"github.com/fencedoutbox/watermill-outbox/status"
 )
 
@@ -72,7 +73,7 @@ func TestSlotLagForARunningAndAStoppedRelay(t *testing.T) {
 	t.Cleanup(func() {
 		_, _ = s.DB.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, slot)
 	})
-	require.NoError(t, debezium.Enable(ctx, s.DB, "test", time.Time{}))
+	require.NoError(t, relaymode.Enable(ctx, s.DB, "test", time.Time{}))
 	r, err := cdcrelay.New(cdcrelay.Config{
 		ConnString: testdb.ReplicationURL(base), DB: s.DB, Schema: s.Name, SlotName: slot, PublicationName: "pub_" + slot,
 		CreateSlot: true, CreatePublication: true, StandbyTimeout: 200 * time.Millisecond,
@@ -128,7 +129,7 @@ func TestSlotLagForARunningAndAStoppedRelay(t *testing.T) {
 
 	// A connector on another slot, through its heartbeat action query, and
 	// a native relay's heartbeat on this one: reported.
-	require.NoError(t, debezium.BeatCDC(ctx, s.DB, "native", slot, time.Minute))
+	require.NoError(t, relaymode.BeatCDC(ctx, s.DB, "native", slot, time.Minute))
 	require.NoError(t, status.CheckOneCDCConsumer(ctx, s.DB), "one consumer: ready")
 	q, err := debezium.HeartbeatActionQuery(debezium.Options{Schema: s.Name, SlotName: "other_slot"})
 	require.NoError(t, err)
@@ -140,7 +141,7 @@ func TestSlotLagForARunningAndAStoppedRelay(t *testing.T) {
 	require.Len(t, snap.Warnings, 1)
 	require.Contains(t, snap.Warnings[0], "2 CDC consumers stream from 2 different slots")
 	err = status.CheckOneCDCConsumer(ctx, s.DB)
-	require.ErrorIs(t, err, debezium.ErrSecondCDCConsumer, "the readiness check reports the second consumer")
+	require.ErrorIs(t, err, relaymode.ErrSecondCDCConsumer, "the readiness check reports the second consumer")
 	require.Contains(t, err.Error(), "slot other_slot (debezium:messaging-outbox)")
 
 	// The same numbers as gauges.

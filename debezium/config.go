@@ -397,7 +397,7 @@ func PublicationSQL(opts Options) (string, error) {
 // HeartbeatActionQuery returns the connector's heartbeat.action.query: one
 // statement that (1) writes the connector's CDC heartbeat into
 // messaging_relay_heartbeat (owner "debezium:" + Name, kind CDC, its slot,
-// alive for three heartbeat intervals), so [Disable] refuses while the
+// alive for three heartbeat intervals), so relaymode.Disable refuses while the
 // connector runs and `outboxctl status` lists it beside native relays;
 // (2) inserts a row into the heartbeat table, a change the connector receives
 // and confirms, so the slot advances while the outbox is idle; (3) deletes

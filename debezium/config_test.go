@@ -16,6 +16,7 @@ import (
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 // Literals, not the package's constants: comparing a setting with the
@@ -300,7 +301,7 @@ func TestHeartbeatActionQueryRegistersTheConnector(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, debezium.Generate(debezium.Options{Schema: s.Name, Name: "orders-cdc", HeartbeatIntervalMS: 20000}).Settings["heartbeat.action.query"], q)
 
-	require.NoError(t, debezium.Enable(ctx, s.DB, "ops", time.Time{}))
+	require.NoError(t, relaymode.Enable(ctx, s.DB, "ops", time.Time{}))
 	_, err = s.DB.Exec(`INSERT INTO messaging_cdc_heartbeat (slot_name, beat_at) VALUES ('old', now() - interval '2 hours')`)
 	require.NoError(t, err)
 	_, err = s.DB.Exec(q)
@@ -308,14 +309,14 @@ func TestHeartbeatActionQueryRegistersTheConnector(t *testing.T) {
 	_, err = s.DB.Exec(q) // the second beat renews the first
 	require.NoError(t, err)
 
-	live, err := debezium.LiveCDCConsumers(ctx, s.DB, time.Time{})
+	live, err := relaymode.LiveCDCConsumers(ctx, s.DB, time.Time{})
 	require.NoError(t, err)
 	require.Len(t, live, 1)
 	require.Equal(t, "debezium:orders-cdc", live[0].Owner)
-	require.Equal(t, debezium.ModeCDC, live[0].Kind)
+	require.Equal(t, relaymode.ModeCDC, live[0].Kind)
 	require.Equal(t, "messaging_outbox_cdc", live[0].SlotName)
 	require.WithinDuration(t, live[0].HeartbeatAt.Add(60*time.Second), live[0].ExpiresAt, time.Second, "three intervals")
-	polling, err := debezium.LiveRelays(ctx, s.DB, time.Time{})
+	polling, err := relaymode.LiveRelays(ctx, s.DB, time.Time{})
 	require.NoError(t, err)
 	require.Empty(t, polling, "a CDC heartbeat is not a polling relay")
 
@@ -330,8 +331,8 @@ func TestHeartbeatActionQueryRegistersTheConnector(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, []string{"messaging_outbox_cdc", "messaging_outbox_cdc"}, slots, "one row per beat; the two-hour-old row was trimmed")
 
-	err = debezium.Disable(ctx, s.DB, "ops")
-	require.ErrorIs(t, err, debezium.ErrRelayModeConflict, "the connector is live")
+	err = relaymode.Disable(ctx, s.DB, "ops")
+	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict, "the connector is live")
 	require.Contains(t, err.Error(), "debezium:orders-cdc")
-	require.NoError(t, debezium.DisableAt(ctx, s.DB, "ops", time.Now().Add(2*time.Minute)), "once its heartbeat expired (connector stopped)")
+	require.NoError(t, relaymode.DisableAt(ctx, s.DB, "ops", time.Now().Add(2*time.Minute)), "once its heartbeat expired (connector stopped)")
 }

@@ -1,7 +1,7 @@
-// Package debezium is the CDC relay mode: the Debezium outbox event router
-// configuration generated from the schema, a model of the records that
-// connector emits, and the database-enforced choice between the polling
-// forwarder and CDC.
+// Package debezium is the Debezium side of the CDC relay mode: the outbox
+// event router configuration generated from the schema and a model of the
+// records that connector emits. The database-enforced choice between the
+// polling forwarder and CDC is package relaymode.
 //
 // # One source for the connector configuration
 //
@@ -112,30 +112,8 @@
 //
 // # Relay-mode exclusivity
 //
-// messaging_relay_mode records POLLING or CDC; messaging_relay_heartbeat
-// holds the heartbeats of both kinds of relay. A polling forwarder calls
-// [Beat] at start and on every heartbeat; it refuses with
-// RELAY_MODE_CONFLICT when the mode is CDC or a CDC consumer's heartbeat is
-// live. A CDC consumer beats too: the native relay with [BeatCDC] (refused
-// outside CDC mode, and with CDC_SECOND_CONSUMER while a consumer on another
-// slot is live), a Debezium connector through its heartbeat action query
-// (owner "debezium:<name>", alive three intervals; it cannot be refused, so
-// a second connector is reported by [LiveCDCConsumers], `outboxctl status`
-// and the outbox_cdc_consumer_slots gauge). [Enable] (outboxctl debezium
-// enable) locks the mode row FOR UPDATE, then refuses with
-// RELAY_MODE_CONFLICT while any polling heartbeat is live, naming the
-// owners; [Disable] refuses the same way while any CDC heartbeat is live.
-// Beat reads the mode row FOR SHARE in the same statement that writes the
-// heartbeat, and BeatCDC locks it FOR UPDATE, so a heartbeat and a switch are
-// ordered by the row lock: a beat that arrives during a switch waits and then
-// sees its outcome, and a switch that arrives during a beat waits and then
-// counts that heartbeat. Any number of polling forwarders may run together.
-//
-// The native relay marks what it delivered PUBLISHED (package cdcrelay), so
-// stopping it, Disable and starting the forwarders hands over without
-// delivering anything twice. A Debezium connector cannot mark rows: after it
-// stopped, switch back with cdcrelay's Relay.HandOverToPolling on its slot
-// (it delivers what the connector left unconfirmed, marks what it delivered
-// and records POLLING while inserts are briefly held); [Disable] alone lets
-// the forwarders publish again the rows the connector delivered.
+// Which relay may run (POLLING or CDC), the switch between them and the
+// heartbeats of both kinds live in package relaymode; the connector's
+// heartbeat action query above writes one of those heartbeats (kind CDC), so
+// relaymode.Disable refuses while a connector is live.
 package debezium

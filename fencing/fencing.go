@@ -458,18 +458,18 @@ tracestate, baggage, schema_subject, schema_version, content_type, message_type,
 aggregate_type, aggregate_id, aggregate_version, NULL::timestamptz, routing_key`
 
 var (
-	// ClaimBlockKeySQL is the claim under [BlockKey].
-	ClaimBlockKeySQL = claimSQL("")
-	// ClaimSkipParkedSQL is the claim under [SkipParked]: its walks step
+	// claimBlockKeySQL is the claim under [BlockKey].
+	claimBlockKeySQL = claimSQL("")
+	// claimSkipParkedSQL is the claim under [SkipParked]: its walks step
 	// over parked rows. Written on status, not as "parked_at IS NULL" (the
 	// same rows, by the table's CHECK): with parked_at the walk's steps would
 	// also match messaging_outbox_claimable_idx's predicate, and the planner
 	// may then read a key's next row from that index instead of the ordering
 	// index.
-	ClaimSkipParkedSQL = claimSQL(" AND x.status NOT IN ('FAILED', 'EXHAUSTED')")
-	// ClaimUnkeyedSQL is the claim of unkeyed rows only (NoKeyWalk without
+	claimSkipParkedSQL = claimSQL(" AND x.status NOT IN ('FAILED', 'EXHAUSTED')")
+	// claimUnkeyedSQL is the claim of unkeyed rows only (NoKeyWalk without
 	// continuations), under either policy.
-	ClaimUnkeyedSQL = unkeyedClaimSQL()
+	claimUnkeyedSQL = unkeyedClaimSQL()
 )
 
 func nowArg(t time.Time) any {
@@ -523,12 +523,12 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 	}
 	excluded := pq.Array(append([]string{}, p.ExcludeDestinations...))
 	if p.NoKeyWalk && n == 0 && !p.NoUnkeyed {
-		return ClaimUnkeyedSQL, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
+		return claimUnkeyedSQL, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
 			excluded, p.OnlyDestination, p.MaxBytes}, nil
 	}
-	q := ClaimBlockKeySQL
+	q := claimBlockKeySQL
 	if p.Policy == SkipParked {
-		q = ClaimSkipParkedSQL
+		q = claimSkipParkedSQL
 	}
 	return q, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
 		p.KeyCursor, maxChain, pq.Array(keys), pq.Array(afters), pq.Array(ids), unkeyed, walk,
@@ -577,10 +577,10 @@ func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Claimed, error) {
 	return out, nil
 }
 
-// ReleaseUnheldSQL releases every IN_FLIGHT row of owner $1 except the
+// releaseUnheldSQL releases every IN_FLIGHT row of owner $1 except the
 // message ids $2, as [Release] does (PENDING when it never had an attempt,
 // AMBIGUOUS otherwise, attempts not counted, lease ended).
-const ReleaseUnheldSQL = `
+const releaseUnheldSQL = `
 UPDATE messaging_outbox o
    SET status = CASE WHEN o.attempts = 0 THEN 'PENDING' ELSE 'AMBIGUOUS' END,
        lease_expires_at = NULL
@@ -605,7 +605,7 @@ func ReleaseUnheld(ctx context.Context, db DBTX, owner string, held []string) ([
 	if owner == "" {
 		return nil, outbox.Errorf(CodeInvalidArgument, op, "owner must not be empty")
 	}
-	rows, err := db.QueryContext(ctx, ReleaseUnheldSQL, owner, pq.Array(append([]string{}, held...)))
+	rows, err := db.QueryContext(ctx, releaseUnheldSQL, owner, pq.Array(append([]string{}, held...)))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
@@ -669,10 +669,10 @@ type Outcome struct {
 	Now        time.Time // zero: the server's now()
 }
 
-// ApplySQL applies many fenced outcomes in one round trip; each row is
+// applySQL applies many fenced outcomes in one round trip; each row is
 // matched on its own message id, owner and token, and the ids that matched
 // come back. The whole batch shares one clock ($1), so it is one instant.
-const ApplySQL = `
+const applySQL = `
 WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS t)
 UPDATE messaging_outbox o
    SET status = CASE WHEN u.to_status = 'PENDING'
@@ -703,13 +703,13 @@ UPDATE messaging_outbox o
    AND o.lease_token = u.token
 RETURNING o.message_id`
 
-// ApplyPublishedSQL is ApplySQL for the common batch: every outcome is
+// applyPublishedSQL is applySQL for the common batch: every outcome is
 // PUBLISHED and names the same owner. It makes exactly the same change
 // (PUBLISHED, attempts + 1, published_at, next_attempt_at and lease_expires_at
 // cleared, the failure columns and parked_at left alone) under the same
 // fence, with two array parameters instead of seven and no CASE per column,
 // so the server parses, binds and evaluates less per statement.
-const ApplyPublishedSQL = `
+const applyPublishedSQL = `
 UPDATE messaging_outbox o
    SET status = 'PUBLISHED',
        attempts = o.attempts + 1,
@@ -752,7 +752,7 @@ func Apply(ctx context.Context, db DBTX, outcomes []Outcome) ([]Result, error) {
 	var err error
 	if allPublished(outcomes) {
 		// The common batch: only ids and tokens travel.
-		rows, err = db.QueryContext(ctx, ApplyPublishedSQL, nowArg(outcomes[0].Now), outcomes[0].Lease.Owner, pq.Array(ids), pq.Array(tokens))
+		rows, err = db.QueryContext(ctx, applyPublishedSQL, nowArg(outcomes[0].Now), outcomes[0].Lease.Owner, pq.Array(ids), pq.Array(tokens))
 	} else {
 		owners, tos, nexts, codes, details := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		retries := make([]int64, n)
@@ -769,7 +769,7 @@ func Apply(ctx context.Context, db DBTX, outcomes []Outcome) ([]Result, error) {
 			}
 			codes[i], details[i] = CleanText(o.Code, 200), CleanText(o.Detail, MaxFailureDetail)
 		}
-		rows, err = db.QueryContext(ctx, ApplySQL, nowArg(outcomes[0].Now),
+		rows, err = db.QueryContext(ctx, applySQL, nowArg(outcomes[0].Now),
 			pq.Array(ids), pq.Array(owners), pq.Array(tokens), pq.Array(tos), pq.Array(nexts), pq.Array(codes), pq.Array(details), pq.Array(retries))
 	}
 	if err != nil {
@@ -793,7 +793,7 @@ func Apply(ctx context.Context, db DBTX, outcomes []Outcome) ([]Result, error) {
 	return results, nil
 }
 
-// allPublished reports whether ApplyPublishedSQL can carry the batch.
+// allPublished reports whether applyPublishedSQL can carry the batch.
 func allPublished(outcomes []Outcome) bool {
 	for _, o := range outcomes {
 		if o.To != envelope.StatusPublished || o.Lease.Owner != outcomes[0].Lease.Owner {

@@ -8,8 +8,8 @@ import (
 )
 
 // Prepared is a [DBTX] that runs the claim and outcome statements of this
-// package ([ClaimBlockKeySQL], [ClaimSkipParkedSQL], [ApplySQL],
-// [ApplyPublishedSQL]) as prepared statements on db, and passes every other
+// package (the three statements of [Claim], see [ClaimStatement], and the two
+// of [Apply]) as prepared statements on db, and passes every other
 // statement to db unchanged. Pass it to [Claim] and [Apply] in place of db.
 //
 // Why: PostgreSQL parses and plans an unprepared statement on every call, and
@@ -37,11 +37,11 @@ var _ DBTX = (*Prepared)(nil)
 // preparable is the set of statements Prepared prepares: the ones a relay
 // runs on every pass. Everything else is rare and runs unprepared.
 var preparable = map[string]bool{
-	ClaimBlockKeySQL:   true,
-	ClaimSkipParkedSQL: true,
-	ClaimUnkeyedSQL:    true,
-	ApplySQL:           true,
-	ApplyPublishedSQL:  true,
+	claimBlockKeySQL:   true,
+	claimSkipParkedSQL: true,
+	claimUnkeyedSQL:    true,
+	applySQL:           true,
+	applyPublishedSQL:  true,
 }
 
 // NewPrepared returns a Prepared over db. It does not touch the database:

@@ -116,7 +116,8 @@
 // prefetched batch is released whole), every outcome statement still running
 // finishes, and the heartbeat is removed; if the drain cannot write its
 // outcomes (database gone), Run and Close return FORWARDER_OUTCOMES_NOT_WRITTEN. RouterPlugin ties all of this to a
-// watermill Router.
+// watermill Router; a Run that stops with an error there (RELAY_MODE_CONFLICT)
+// closes the router, and Forwarder.RouterErr says why.
 //
 // # Containment
 //

@@ -15,14 +15,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/migrations/schema"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 // Codes returned by the forwarder (configuration refusals use
 // OUTBOX_INVALID_CONFIG and OUTBOX_LEASE_TOO_SHORT; a CDC database refuses
-// Run with debezium's RELAY_MODE_CONFLICT).
+// Run with relaymode's RELAY_MODE_CONFLICT).
 const (
 	CodeClosed         outbox.Code = "FORWARDER_CLOSED"          // Run after Close
 	CodeAlreadyRunning outbox.Code = "FORWARDER_ALREADY_RUNNING" // Run twice
@@ -106,7 +106,7 @@ type Forwarder struct {
 	budgetShift int
 
 	// Claims of Run wait for a fresh heartbeat: once it has lapsed,
-	// debezium.Enable may switch the database to CDC, and a relay still
+	// relaymode.Enable may switch the database to CDC, and a relay still
 	// claiming would race the connector. lastBeat is when the last successful
 	// Beat was sent (time since beatEpoch, monotonic; the database's
 	// expires_at counts from later); beatTTL is zero outside Run (no gate).
@@ -125,6 +125,9 @@ type Forwarder struct {
 	// drainErr is what Run returned when the drain on its way out failed to
 	// write outcomes; Close returns it. Written before done is closed.
 	drainErr error
+	// routerErr is what Run returned under RouterPlugin (guarded by mu; see
+	// RouterErr in router.go).
+	routerErr error
 }
 
 // New builds a forwarder. It refuses a nil database or publisher and any
@@ -248,7 +251,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 
 	ttl := 3 * f.cfg.HeartbeatInterval
 	sent := time.Since(f.beatEpoch)
-	if err := debezium.BeatBudget(ctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts); err != nil {
+	if err := relaymode.BeatBudget(ctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts); err != nil {
 		return err
 	}
 	f.lastBeat.Store(int64(sent))
@@ -262,7 +265,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	defer func() {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 		defer cancel()
-		if err := debezium.Leave(lctx, f.db, f.cfg.Owner); err != nil {
+		if err := relaymode.Leave(lctx, f.db, f.cfg.Owner); err != nil {
 			f.logger.Error("Relay heartbeat not removed", err, nil)
 		}
 		if _, err := f.db.ExecContext(lctx, `DELETE FROM messaging_relay_breaker WHERE owner = $1`, f.cfg.Owner); err != nil {
@@ -295,12 +298,12 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			case <-t.C:
 				hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HeartbeatInterval)
 				sent := time.Since(f.beatEpoch)
-				err := debezium.BeatBudget(hctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts)
+				err := relaymode.BeatBudget(hctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts)
 				cancel()
 				if err == nil {
 					f.lastBeat.Store(int64(sent))
 				}
-				if errors.Is(err, debezium.ErrRelayModeConflict) {
+				if errors.Is(err, relaymode.ErrRelayModeConflict) {
 					fatal <- err
 					return
 				}

@@ -17,11 +17,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 func TestDefaultsSatisfyTheirOwnRules(t *testing.T) {
@@ -509,13 +509,13 @@ func TestRunRefusesACDCDatabase(t *testing.T) {
 	require.NoError(t, err)
 	f := newForwarder(t, s.DB, &recorder{}, forwarder.Config{})
 	err = f.Run(context.Background())
-	require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
+	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
 
 	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	require.NoError(t, err)
 	r.AddPlugin(f.RouterPlugin())
 	err = r.Run(context.Background())
-	require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
+	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
 	require.NoError(t, r.Close())
 }
 

@@ -220,7 +220,7 @@ func (l *errLogger) count(code outbox.Code) int {
 	return n
 }
 
-// Once heartbeats have failed for longer than their lifetime, debezium.Enable
+// Once heartbeats have failed for longer than their lifetime, relaymode.Enable
 // may switch the database to CDC: the relay must stop claiming until a
 // heartbeat succeeds again.
 func TestRelayClaimsNothingWhileItsHeartbeatHasLapsed(t *testing.T) {

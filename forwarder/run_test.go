@@ -9,10 +9,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fencedoutbox/watermill-outbox/debezium"
+	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 func TestHeartbeatRenewsAndACDCSwitchStopsTheRelay(t *testing.T) {
@@ -36,7 +38,7 @@ func TestHeartbeatRenewsAndACDCSwitchStopsTheRelay(t *testing.T) {
 	// sees it and the relay stops instead of racing the connector.
 	_, err := s.DB.Exec(`UPDATE messaging_relay_mode SET mode = 'CDC'`)
 	require.NoError(t, err)
-	require.ErrorIs(t, <-done, debezium.ErrRelayModeConflict)
+	require.ErrorIs(t, <-done, relaymode.ErrRelayModeConflict)
 }
 
 func TestFullBatchesArePolledAgainAtOnce(t *testing.T) {
@@ -220,4 +222,40 @@ func TestNoPublishStartsThatCouldOutliveTheLease(t *testing.T) {
 	require.Equal(t, []string{"m1"}, rec.ids())
 	require.Equal(t, "PENDING", state(t, s.DB, "m2").Status)
 	require.Equal(t, 0, state(t, s.DB, "m2").Attempts, "a released row spent no attempt")
+}
+
+// Issue 18: under RouterPlugin a fatal error from Run (here the CDC switch a
+// heartbeat finds) was only logged, and a router with other handlers ran on
+// without a relay. Now the relay closes the router and RouterErr says why.
+func TestRouterPluginClosesTheRouterOnAFatalRelayError(t *testing.T) {
+	s := newDB(t)
+	f := newForwarder(t, s.DB, &recorder{}, forwarder.Config{
+		Owner: "router-fatal", HeartbeatInterval: 10 * time.Millisecond, PollInterval: time.Hour, MaxPollInterval: time.Hour,
+	})
+	ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = ps.Close() })
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	r.AddPlugin(f.RouterPlugin())
+	// Another handler: on its own the router would run on after the relay
+	// stopped.
+	r.AddConsumerHandler("other", "other-topic", ps, func(*message.Message) error { return nil })
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-f.Running()
+	require.NoError(t, f.RouterErr(), "nil while the relay runs")
+
+	_, err = s.DB.Exec(`UPDATE messaging_relay_mode SET mode = 'CDC'`)
+	require.NoError(t, err)
+	select {
+	case err := <-done:
+		require.NoError(t, err, "watermill's Router.Run returns nil after a Close")
+	case <-time.After(10 * time.Second):
+		require.NoError(t, r.Close())
+		<-done
+		t.Fatal("the router still ran after the relay stopped with RELAY_MODE_CONFLICT")
+	}
+	require.True(t, r.IsClosed())
+	require.ErrorIs(t, f.RouterErr(), relaymode.ErrRelayModeConflict)
+	require.Equal(t, outbox.Code("RELAY_MODE_CONFLICT"), outbox.CodeOf(f.RouterErr()))
 }

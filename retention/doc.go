@@ -34,7 +34,7 @@
 // anyone who wants to inspect it. Never use ByCreatedAt with the polling
 // forwarder: it would delete undelivered and parked rows. [Cleaner.Run]
 // enforces this: with ByCreatedAt it reads the relay mode the database
-// records (debezium.CurrentMode) and, unless it is CDC, refuses with
+// records (relaymode.CurrentMode) and, unless it is CDC, refuses with
 // RELAY_MODE_CONFLICT before removing anything. The mode is read at the start
 // of each run; switching back to polling (`outboxctl debezium disable`) while a
 // ByCreatedAt run is in progress is not detected until the next run, so stop

@@ -12,8 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 // Mode selects which outbox rows count as old enough to remove.
@@ -436,7 +436,7 @@ func notSetAside(pick string) string {
 // InboxHorizon is set. Batches committed before an error stay committed.
 //
 // With ByCreatedAt, Run first reads the database's relay mode and refuses
-// with RELAY_MODE_CONFLICT (debezium.ErrRelayModeConflict), removing nothing,
+// with RELAY_MODE_CONFLICT (relaymode.ErrRelayModeConflict), removing nothing,
 // unless it is CDC: in polling mode that mode would delete undelivered and
 // parked rows. The mode is read once per run, before the run lock.
 func (c *Cleaner) Run(ctx context.Context) (res Result, err error) {
@@ -447,7 +447,7 @@ func (c *Cleaner) Run(ctx context.Context) (res Result, err error) {
 	defer func() { res.Duration = time.Since(start) }()
 
 	if c.cfg.Mode == ByCreatedAt {
-		if err := debezium.RequireMode(ctx, c.db, debezium.ModeCDC, "retention.Cleaner.Run",
+		if err := relaymode.RequireMode(ctx, c.db, relaymode.ModeCDC, "retention.Cleaner.Run",
 			fmt.Sprintf("Mode %s removes rows of any status and is for CDC relay mode only (use %s, or switch with `outboxctl debezium enable`)", ByCreatedAt, ByPublishedAt)); err != nil {
 			return res, err
 		}

@@ -14,10 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 	"github.com/fencedoutbox/watermill-outbox/retention"
 )
 
@@ -378,7 +378,7 @@ func TestByCreatedAtArchive(t *testing.T) {
 
 func enableCDC(t *testing.T, db *sql.DB) {
 	t.Helper()
-	require.NoError(t, debezium.Enable(context.Background(), db, "retention-test", time.Time{}))
+	require.NoError(t, relaymode.Enable(context.Background(), db, "retention-test", time.Time{}))
 }
 
 // ByCreatedAt deletes rows of any status, which is only safe when nothing
@@ -396,8 +396,8 @@ func TestByCreatedAtIsRefusedUnlessRelayModeIsCDC(t *testing.T) {
 		c, err := retention.New(s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, Archive: archive, InboxHorizon: time.Hour, AllowShortHorizons: true, Now: clock})
 		require.NoError(t, err, "the mode is the database's state at run time, not a configuration error")
 		res, err := c.Run(context.Background())
-		require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
-		require.Equal(t, debezium.CodeRelayModeConflict, outbox.CodeOf(err))
+		require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
+		require.Equal(t, relaymode.CodeRelayModeConflict, outbox.CodeOf(err))
 		require.Zero(t, res.Batches)
 		require.Zero(t, res.Deleted)
 		require.Zero(t, res.Archived)

@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 // OtherDestination is the destination label under which the collector folds
@@ -306,7 +306,7 @@ func (c *Collector) read() (sample, error) {
 	if s.slots, err = ReadSlots(ctx, c.db); err != nil {
 		return sample{}, err
 	}
-	live, err := debezium.LiveCDCConsumers(ctx, c.db, time.Time{})
+	live, err := relaymode.LiveCDCConsumers(ctx, c.db, time.Time{})
 	if err != nil {
 		return sample{}, err
 	}

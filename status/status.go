@@ -11,8 +11,8 @@ import (
 	"time"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 // CodeMessageNotFound is returned by [Message] when no row has the id.
@@ -225,7 +225,7 @@ func CollectWith(ctx context.Context, db *sql.DB, opts Options) (Snapshot, error
 	// "stuck" by one query's clock and not by another's.
 	// The mode and the live relays are debezium's questions, asked inside
 	// this snapshot's transaction so they describe the same instant.
-	mode, err := debezium.ReadMode(ctx, tx)
+	mode, err := relaymode.ReadMode(ctx, tx)
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("status: %w", err)
 	}
@@ -351,7 +351,7 @@ func readStuck(ctx context.Context, tx *sql.Tx, opts Options, s *Snapshot) error
 }
 
 func readRelays(ctx context.Context, tx *sql.Tx, s *Snapshot) error {
-	live, err := debezium.LiveRelays(ctx, tx, s.At)
+	live, err := relaymode.LiveRelays(ctx, tx, s.At)
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}
@@ -365,7 +365,7 @@ func readRelays(ctx context.Context, tx *sql.Tx, s *Snapshot) error {
 			budget = h.MaxAttempts
 		}
 	}
-	cdc, err := debezium.LiveCDCConsumers(ctx, tx, s.At)
+	cdc, err := relaymode.LiveCDCConsumers(ctx, tx, s.At)
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}
@@ -377,7 +377,7 @@ func readRelays(ctx context.Context, tx *sql.Tx, s *Snapshot) error {
 
 // ReadSlots reads the logical replication slots of db's database with their
 // lag (see [Slot]); the collector and `outboxctl status` use it.
-func ReadSlots(ctx context.Context, q debezium.Querier) ([]Slot, error) {
+func ReadSlots(ctx context.Context, q relaymode.Querier) ([]Slot, error) {
 	rows, err := q.QueryContext(ctx, slotsQuery)
 	if err != nil {
 		return nil, fmt.Errorf("status: replication slots: %w", err)
@@ -403,13 +403,13 @@ func ReadSlots(ctx context.Context, q debezium.Querier) ([]Slot, error) {
 }
 
 // CheckOneCDCConsumer is a readiness check for CDC mode: it returns
-// CDC_SECOND_CONSUMER (debezium.ErrSecondCDCConsumer) when the live CDC
+// CDC_SECOND_CONSUMER (relaymode.ErrSecondCDCConsumer) when the live CDC
 // consumers stream from more than one slot, naming them: each slot delivers
 // every insert. A native relay on a second slot is refused at start; a
 // Debezium connector cannot be, so this check (and `outboxctl status`, and
 // the outbox_cdc_consumer_slots gauge) is how it is reported.
-func CheckOneCDCConsumer(ctx context.Context, q debezium.Querier) error {
-	live, err := debezium.LiveCDCConsumers(ctx, q, time.Time{})
+func CheckOneCDCConsumer(ctx context.Context, q relaymode.Querier) error {
+	live, err := relaymode.LiveCDCConsumers(ctx, q, time.Time{})
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}
@@ -428,7 +428,7 @@ func CheckOneCDCConsumer(ctx context.Context, q debezium.Querier) error {
 	for i, sl := range order {
 		parts[i] = fmt.Sprintf("slot %s (%s)", sl, strings.Join(slots[sl], ", "))
 	}
-	return outbox.Errorf(debezium.CodeSecondCDCConsumer, "status.CheckOneCDCConsumer", "CDC consumers are live on %d slots: %s; every insert is delivered once per slot: stop all but one", len(order), strings.Join(parts, "; "))
+	return outbox.Errorf(relaymode.CodeSecondCDCConsumer, "status.CheckOneCDCConsumer", "CDC consumers are live on %d slots: %s; every insert is delivered once per slot: stop all but one", len(order), strings.Join(parts, "; "))
 }
 
 func readSlots(ctx context.Context, tx *sql.Tx, s *Snapshot) error {
@@ -471,7 +471,7 @@ func warnings(s Snapshot) []string {
 	if len(slots) > 1 {
 		w = append(w, fmt.Sprintf("%d CDC consumers stream from %d different slots: each slot delivers every insert, so every message is delivered more than once; stop all but one", len(s.CDCConsumers), len(slots)))
 	}
-	if len(s.CDCConsumers) > 0 && s.Mode != string(debezium.ModeCDC) {
+	if len(s.CDCConsumers) > 0 && s.Mode != string(relaymode.ModeCDC) {
 		w = append(w, fmt.Sprintf("%d CDC consumer(s) are live while the relay mode is %s", len(s.CDCConsumers), s.Mode))
 	}
 	for _, sl := range s.Slots {

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 type nopPublisher struct{}
@@ -30,7 +30,7 @@ func TestStatusShowsSlotLagForARunningAndAStoppedRelay(t *testing.T) {
 	t.Cleanup(func() {
 		_, _ = s.DB.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, slot)
 	})
-	require.NoError(t, debezium.Enable(ctx, s.DB, "test", time.Time{}))
+	require.NoError(t, relaymode.Enable(ctx, s.DB, "test", time.Time{}))
 	r, err := cdcrelay.New(cdcrelay.Config{
 		ConnString: testdb.ReplicationURL(base), DB: s.DB, Schema: s.Name, SlotName: slot, PublicationName: "pub_" + slot,
 		CreateSlot: true, CreatePublication: true,

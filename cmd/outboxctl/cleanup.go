@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
-	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 	"github.com/fencedoutbox/watermill-outbox/retention"
 )
 
@@ -43,11 +43,11 @@ Progress is printed per batch on stderr.`, retention.DefaultHorizon, retention.M
 				// CDC mode; the CLI only names that refusal its own way.
 				cfg.Mode = retention.ByCreatedAt
 			} else {
-				mode, err := debezium.CurrentMode(ctx, db)
+				mode, err := relaymode.CurrentMode(ctx, db)
 				if err != nil {
 					return err
 				}
-				if mode == debezium.ModeCDC {
+				if mode == relaymode.ModeCDC {
 					a.progress("warning: relay mode is CDC: rows are never marked PUBLISHED, so this run removes nothing; use --by-created-at")
 				}
 			}
@@ -63,7 +63,7 @@ Progress is printed per batch on stderr.`, retention.DefaultHorizon, retention.M
 				return err
 			}
 			res, err := c.Run(ctx)
-			if errors.Is(err, debezium.ErrRelayModeConflict) {
+			if errors.Is(err, relaymode.ErrRelayModeConflict) {
 				return outbox.Wrap(CodeRetentionMode, "outboxctl cleanup", err,
 					"--by-created-at removes rows of any status and is for CDC relay mode only")
 			}

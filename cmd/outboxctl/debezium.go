@@ -13,6 +13,7 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 func (a *app) debeziumCommand() *cobra.Command {
@@ -101,7 +102,7 @@ first, or wait for their heartbeats to expire. Once enabled, forwarders
 refuse to start.`,
 		Args: cobra.NoArgs,
 		RunE: a.withDB(func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
-			if err := debezium.Enable(ctx, db, by, time.Time{}); err != nil {
+			if err := relaymode.Enable(ctx, db, by, time.Time{}); err != nil {
 				return err
 			}
 			return a.printMode(ctx, db)
@@ -118,7 +119,7 @@ func (a *app) debeziumDisableCommand() *cobra.Command {
 		Short: "Switch the database back to POLLING relay mode (refused while a CDC consumer's heartbeat is live: stop it first)",
 		Args:  cobra.NoArgs,
 		RunE: a.withDB(func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
-			if err := debezium.Disable(ctx, db, by); err != nil {
+			if err := relaymode.Disable(ctx, db, by); err != nil {
 				return err
 			}
 			return a.printMode(ctx, db)
@@ -140,15 +141,15 @@ func (a *app) debeziumStatusCommand() *cobra.Command {
 }
 
 func (a *app) printMode(ctx context.Context, db *sql.DB) error {
-	mode, err := debezium.CurrentMode(ctx, db)
+	mode, err := relaymode.CurrentMode(ctx, db)
 	if err != nil {
 		return err
 	}
-	live, err := debezium.LiveRelays(ctx, db, time.Time{})
+	live, err := relaymode.LiveRelays(ctx, db, time.Time{})
 	if err != nil {
 		return err
 	}
-	cdc, err := debezium.LiveCDCConsumers(ctx, db, time.Time{})
+	cdc, err := relaymode.LiveCDCConsumers(ctx, db, time.Time{})
 	if err != nil {
 		return err
 	}

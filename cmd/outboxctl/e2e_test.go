@@ -18,6 +18,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 // binary is the outboxctl built once for the package's tests: every test
@@ -134,7 +135,7 @@ VALUES ('p1', 'orders', 'hello', 'PENDING', now() - interval '2 hours', 'acme', 
        ('e1', 'billing', 'x', 'EXHAUSTED', now() - interval '20 minutes', NULL, NULL, 'PUBLISH_TIMEOUT', now(), NULL, '{}'),
        ('a1', 'billing', 'x', 'AMBIGUOUS', now() - interval '5 minutes', NULL, NULL, 'PUBLISH_TIMEOUT', NULL, NULL, '{}'),
        ('done', 'orders', 'x', 'PUBLISHED', now() - interval '5 hours', NULL, NULL, NULL, NULL, now() - interval '4 hours', '{}')`)
-	require.NoError(t, debezium.Beat(context.Background(), s.DB, "relay-a", time.Hour))
+	require.NoError(t, relaymode.Beat(context.Background(), s.DB, "relay-a", time.Hour))
 }
 
 func TestStatusHumanAndJSON(t *testing.T) {
@@ -338,19 +339,19 @@ func TestDebeziumEnableRefusedWhileRelaysLive(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
 	ctx := context.Background()
-	require.NoError(t, debezium.Beat(ctx, s.DB, "relay-a", time.Hour))
+	require.NoError(t, relaymode.Beat(ctx, s.DB, "relay-a", time.Hour))
 
 	r := db(t, s, "debezium", "enable", "--by", "ops")
 	requireCode(t, r, 3)
 	require.Contains(t, r.stderr, "code: RELAY_MODE_CONFLICT")
 	require.Contains(t, r.stderr, "relay-a")
 
-	require.NoError(t, debezium.Leave(ctx, s.DB, "relay-a"))
+	require.NoError(t, relaymode.Leave(ctx, s.DB, "relay-a"))
 	r = db(t, s, "debezium", "enable", "--by", "ops")
 	requireCode(t, r, 0)
 	require.Contains(t, r.stdout, "relay mode: CDC")
 	// The forwarder's guard now refuses a polling relay.
-	require.ErrorIs(t, debezium.Beat(ctx, s.DB, "relay-b", time.Hour), debezium.ErrRelayModeConflict)
+	require.ErrorIs(t, relaymode.Beat(ctx, s.DB, "relay-b", time.Hour), relaymode.ErrRelayModeConflict)
 
 	r = db(t, s, "--json", "debezium", "status")
 	requireCode(t, r, 0)
@@ -362,7 +363,7 @@ func TestDebeziumEnableRefusedWhileRelaysLive(t *testing.T) {
 	r = db(t, s, "debezium", "disable", "--by", "ops")
 	requireCode(t, r, 0)
 	require.Contains(t, r.stdout, "relay mode: POLLING")
-	require.NoError(t, debezium.Beat(ctx, s.DB, "relay-b", time.Hour))
+	require.NoError(t, relaymode.Beat(ctx, s.DB, "relay-b", time.Hour))
 }
 
 func TestUsageAndConnectionErrors(t *testing.T) {
@@ -456,13 +457,13 @@ func TestStatusWarnsWhenRelayBudgetsDiffer(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
 	ctx := context.Background()
-	require.NoError(t, debezium.BeatBudget(ctx, s.DB, "relay-a", time.Minute, 25))
+	require.NoError(t, relaymode.BeatBudget(ctx, s.DB, "relay-a", time.Minute, 25))
 	r := db(t, s, "status")
 	requireCode(t, r, 0)
 	require.Regexp(t, `(?m)^relay-a\s+.*\s25$`, r.stdout)
 	require.NotContains(t, r.stdout, "different MaxAttempts")
 
-	require.NoError(t, debezium.BeatBudget(ctx, s.DB, "relay-b", time.Minute, 3))
+	require.NoError(t, relaymode.BeatBudget(ctx, s.DB, "relay-b", time.Minute, 3))
 	r = db(t, s, "status")
 	requireCode(t, r, 0)
 	require.Regexp(t, `(?m)^relay-b\s+.*\s3$`, r.stdout)

@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/migrations"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 // Bounds of the relay's operations listener (/metrics, /healthz, /readyz).
@@ -94,15 +94,15 @@ func (r *readiness) Checks(ctx context.Context) []check {
 	if !add("schema", migrations.Check(ctx, r.db)) {
 		return out
 	}
-	mode, err := debezium.CurrentMode(ctx, r.db)
-	if err == nil && mode != debezium.ModePolling {
+	mode, err := relaymode.CurrentMode(ctx, r.db)
+	if err == nil && mode != relaymode.ModePolling {
 		err = fmt.Errorf("relay mode is %s: a polling relay does not run (outboxctl debezium disable switches back)", mode)
 	}
 	if !add("relay_mode", err) {
 		return out
 	}
-	live, err := debezium.LiveRelays(ctx, r.db, time.Time{})
-	if err == nil && !slices.ContainsFunc(live, func(h debezium.Heartbeat) bool { return h.Owner == r.owner }) {
+	live, err := relaymode.LiveRelays(ctx, r.db, time.Time{})
+	if err == nil && !slices.ContainsFunc(live, func(h relaymode.Heartbeat) bool { return h.Owner == r.owner }) {
 		err = fmt.Errorf("no live heartbeat of relay %s (starting, stopping, or its heartbeats fail)", r.owner)
 	}
 	if !add("heartbeat", err) || r.downstream == nil {

@@ -16,9 +16,9 @@ import (
 	"github.com/spf13/cobra"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/internal/redact"
 	"github.com/fencedoutbox/watermill-outbox/migrations"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 	"github.com/fencedoutbox/watermill-outbox/retention"
 )
 
@@ -47,8 +47,8 @@ const (
 // guardCodes are refusals by a guard (exit 3): the request was well formed
 // and the database was reachable, but running it would break a guarantee.
 var guardCodes = map[outbox.Code]bool{
-	debezium.CodeRelayModeConflict: true,
-	CodeRetentionMode:              true,
+	relaymode.CodeRelayModeConflict: true,
+	CodeRetentionMode:               true,
 }
 
 // usageCodes are typed errors that mean "change the command line" (exit 2).
@@ -56,7 +56,7 @@ var usageCodes = map[outbox.Code]bool{
 	outbox.CodeInvalidConfig:        true,
 	outbox.CodeLeaseTooShort:        true,
 	outbox.CodeMessageIDRequired:    true,
-	debezium.CodeOperatorRequired:   true,
+	relaymode.CodeOperatorRequired:  true,
 	CodeDatabaseURLRequired:         true,
 	CodeInvalidDatabaseURL:          true,
 	CodeUsage:                       true,

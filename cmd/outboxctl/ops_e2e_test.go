@@ -17,8 +17,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 // secret is the password of every DSN below; it must never be printed.
@@ -303,7 +303,7 @@ func TestRelayServiceEnvHealthReadyAndJSONLogs(t *testing.T) {
 	require.Contains(t, body, `"owner":"owner-from-flag"`)
 
 	// Without its heartbeat the relay is not ready, and says why.
-	require.NoError(t, debezium.Leave(context.Background(), s.DB, "owner-from-flag"))
+	require.NoError(t, relaymode.Leave(context.Background(), s.DB, "owner-from-flag"))
 	code, body = get(t, metrics+"/readyz")
 	require.Equal(t, http.StatusServiceUnavailable, code, body)
 	require.Contains(t, body, `"name":"heartbeat","ok":false`)

@@ -15,7 +15,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/inbox"
@@ -24,6 +23,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/journal"
 	"github.com/fencedoutbox/watermill-outbox/migrations"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 	"github.com/fencedoutbox/watermill-outbox/retention"
 	"github.com/fencedoutbox/watermill-outbox/status"
 )
@@ -194,8 +194,8 @@ func TestEveryComponentRunsWithExactlyItsGrants(t *testing.T) {
 	require.True(t, insufficient(err), "a relay login switched the relay mode: %v", err)
 
 	// The mode login switches to CDC and back (no relay is alive now).
-	require.NoError(t, debezium.Enable(ctx, mode, "lp-test", time.Time{}), "debezium enable under the mode login")
-	require.NoError(t, debezium.Disable(ctx, mode, "lp-test"), "debezium disable under the mode login")
+	require.NoError(t, relaymode.Enable(ctx, mode, "lp-test", time.Time{}), "debezium enable under the mode login")
+	require.NoError(t, relaymode.Disable(ctx, mode, "lp-test"), "debezium disable under the mode login")
 
 	// status and inspect, read only.
 	_, err = status.Collect(ctx, reader)

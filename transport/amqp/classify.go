@@ -29,30 +29,28 @@ var rejected = map[int]string{
 	amqp091.NotImplemented:     "NOT_IMPLEMENTED",
 }
 
-func classify(err error) outcome.Result {
+// Classify is a forwarder.Classifier for AMQP publish errors: pass it as
+// forwarder.Config.Classifier. The rules are in the package documentation.
+func Classify(err error) forwarder.Verdict {
 	if err == nil {
-		return outcome.Result{Kind: outcome.Confirmed}
+		return forwarder.Verdict{Outcome: forwarder.Confirmed}
 	}
 	if errors.Is(err, amqp091.ErrClosed) {
 		// The connection or channel was closed before the publish was
 		// written: nothing reached the broker.
-		return outcome.Result{Kind: outcome.Unavailable, Code: CodeClosed}
+		return forwarder.Verdict{Outcome: forwarder.Unavailable, Code: CodeClosed}
 	}
 	var aerr *amqp091.Error
 	if errors.As(err, &aerr) {
 		if name, ok := rejected[aerr.Code]; ok {
-			return outcome.Result{Kind: outcome.Rejected, Code: "AMQP_" + name}
+			return forwarder.Verdict{Outcome: forwarder.Rejected, Code: "AMQP_" + name}
 		}
-		return outcome.Result{Kind: outcome.Ambiguous, Code: "AMQP_" + strconv.Itoa(aerr.Code)}
+		return forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: "AMQP_" + strconv.Itoa(aerr.Code)}
 	}
 	if r, ok := outcome.Context(err); ok {
 		return r
 	}
-	return outcome.Result{Kind: outcome.Ambiguous, Code: CodeUnknown}
+	return forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: CodeUnknown}
 }
-
-// Classify is a forwarder.Classifier for AMQP publish errors: pass it as
-// forwarder.Config.Classifier. The rules are in the package documentation.
-func Classify(err error) forwarder.Verdict { return classify(err).Verdict() }
 
 var _ forwarder.Classifier = Classify

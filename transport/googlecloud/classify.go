@@ -31,42 +31,44 @@ var rejectedCodes = map[codes.Code]bool{
 	codes.FailedPrecondition: true,
 }
 
-func classify(err error) outcome.Result {
+// Classify is a forwarder.Classifier for Pub/Sub publish errors: pass it as
+// forwarder.Config.Classifier. The rules are in the package documentation.
+func Classify(err error) forwarder.Verdict {
 	if err == nil {
-		return outcome.Result{Kind: outcome.Confirmed}
+		return forwarder.Verdict{Outcome: forwarder.Confirmed}
 	}
 	switch {
 	case errors.Is(err, ErrReservedAttribute):
-		return outcome.Result{Kind: outcome.Rejected, Code: string(CodeReservedAttribute)}
+		return forwarder.Verdict{Outcome: forwarder.Rejected, Code: string(CodeReservedAttribute)}
 	case errors.Is(err, wgc.ErrTopicDoesNotExist):
-		return outcome.Result{Kind: outcome.Rejected, Code: CodeTopicNotFound}
+		return forwarder.Verdict{Outcome: forwarder.Rejected, Code: CodeTopicNotFound}
 	case errors.Is(err, pubsub.ErrOversizedMessage):
-		return outcome.Result{Kind: outcome.Rejected, Code: CodeMessageTooLarge}
+		return forwarder.Verdict{Outcome: forwarder.Rejected, Code: CodeMessageTooLarge}
 	}
 	var paused pubsub.ErrPublishingPaused
 	if errors.As(err, &paused) {
 		// An earlier publish with this ordering key failed; the key resumes
 		// (automatically with EnableMessageOrdering) and a retry can succeed.
-		return outcome.Result{Kind: outcome.Ambiguous, Code: CodeOrderingPaused}
+		return forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: CodeOrderingPaused}
 	}
 	// A gRPC status wins over the context rule: the client library reports a
 	// server-side deadline as codes.DeadlineExceeded, which is ambiguous too.
 	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
-		kind := outcome.Ambiguous
+		kind := forwarder.Ambiguous
 		switch {
 		case rejectedCodes[st.Code()]:
-			kind = outcome.Rejected
+			kind = forwarder.Rejected
 		case st.Code() == codes.Unavailable:
 			// The service could not be reached: the downstream as a whole
 			// is down (its breaker, not the row's budget, deals with it).
-			kind = outcome.Unavailable
+			kind = forwarder.Unavailable
 		}
-		return outcome.Result{Kind: kind, Code: "PUBSUB_" + grpcName(st.Code())}
+		return forwarder.Verdict{Outcome: kind, Code: "PUBSUB_" + grpcName(st.Code())}
 	}
 	if r, ok := outcome.Context(err); ok {
 		return r
 	}
-	return outcome.Result{Kind: outcome.Ambiguous, Code: CodeUnknown}
+	return forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: CodeUnknown}
 }
 
 // grpcName spells a gRPC code the way the protocol does (NOT_FOUND), which
@@ -78,26 +80,4 @@ func grpcName(c codes.Code) string {
 	return "UNKNOWN"
 }
 
-// Kind and Result re-export the classifier's decision for callers and tests
-// that want it without the forwarder's types.
-type (
-	Kind   = outcome.Kind
-	Result = outcome.Result
-)
-
-// The three kinds ClassifyResult returns.
-const (
-	Confirmed   = outcome.Confirmed
-	Rejected    = outcome.Rejected
-	Ambiguous   = outcome.Ambiguous
-	Unavailable = outcome.Unavailable
-)
-
-// Classify is a forwarder.Classifier for Pub/Sub publish errors: pass it as
-// forwarder.Config.Classifier. The rules are in the package documentation.
-func Classify(err error) forwarder.Verdict { return classify(err).Verdict() }
-
 var _ forwarder.Classifier = Classify
-
-// ClassifyResult is Classify before translation into the forwarder's verdict.
-func ClassifyResult(err error) Result { return classify(err) }

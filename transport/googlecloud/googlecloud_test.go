@@ -113,8 +113,8 @@ func TestMissingTopicIsRejected(t *testing.T) {
 	pub := newPublisher(t, srv, googlecloud.Config{})
 	err := pub.Publish("no-such-topic", message.NewMessage("m1", []byte("x")))
 	require.Error(t, err)
-	v := googlecloud.ClassifyResult(err)
-	require.Equal(t, googlecloud.Rejected, v.Kind, "error: %v", err)
+	v := googlecloud.Classify(err)
+	require.Equal(t, forwarder.Rejected, v.Outcome, "error: %v", err)
 	require.Equal(t, googlecloud.CodeTopicNotFound, v.Code)
 	require.Equal(t, forwarder.Verdict{Outcome: forwarder.Rejected, Code: googlecloud.CodeTopicNotFound}, googlecloud.Classify(err))
 }
@@ -132,8 +132,8 @@ func TestMissingTopicWithoutExistenceCheckIsRejectedByServer(t *testing.T) {
 
 	err = pub.Publish("no-such-topic", message.NewMessage("m1", []byte("x")))
 	require.Error(t, err)
-	v := googlecloud.ClassifyResult(err)
-	require.Equal(t, googlecloud.Rejected, v.Kind, "error: %v", err)
+	v := googlecloud.Classify(err)
+	require.Equal(t, forwarder.Rejected, v.Outcome, "error: %v", err)
 	require.Equal(t, "PUBSUB_NOT_FOUND", v.Code)
 }
 
@@ -153,22 +153,22 @@ func TestOversizedMessageIsRejected(t *testing.T) {
 	pub := newPublisher(t, srv, googlecloud.Config{})
 	err := pub.Publish("orders", message.NewMessage("big", make([]byte, pubsub.MaxPublishRequestBytes+1)))
 	require.Error(t, err)
-	v := googlecloud.ClassifyResult(err)
-	require.Equal(t, googlecloud.Rejected, v.Kind, "error: %v", err)
+	v := googlecloud.Classify(err)
+	require.Equal(t, forwarder.Rejected, v.Outcome, "error: %v", err)
 	require.Equal(t, googlecloud.CodeMessageTooLarge, v.Code)
 }
 
 func TestServerErrorsClassify(t *testing.T) {
 	cases := []struct {
 		code codes.Code
-		want googlecloud.Kind
+		want forwarder.Outcome
 		name string
 	}{
-		{codes.PermissionDenied, googlecloud.Rejected, "PUBSUB_PERMISSION_DENIED"},
-		{codes.InvalidArgument, googlecloud.Rejected, "PUBSUB_INVALID_ARGUMENT"},
-		{codes.FailedPrecondition, googlecloud.Rejected, "PUBSUB_FAILED_PRECONDITION"},
-		{codes.Internal, googlecloud.Ambiguous, ""},
-		{codes.Unavailable, googlecloud.Ambiguous, ""},
+		{codes.PermissionDenied, forwarder.Rejected, "PUBSUB_PERMISSION_DENIED"},
+		{codes.InvalidArgument, forwarder.Rejected, "PUBSUB_INVALID_ARGUMENT"},
+		{codes.FailedPrecondition, forwarder.Rejected, "PUBSUB_FAILED_PRECONDITION"},
+		{codes.Internal, forwarder.Ambiguous, ""},
+		{codes.Unavailable, forwarder.Ambiguous, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.code.String(), func(t *testing.T) {
@@ -179,8 +179,8 @@ func TestServerErrorsClassify(t *testing.T) {
 			pub := newPublisher(t, srv, googlecloud.Config{PublishTimeout: 300 * time.Millisecond})
 			err := pub.Publish("orders", message.NewMessage("m1", []byte("x")))
 			require.Error(t, err)
-			v := googlecloud.ClassifyResult(err)
-			require.Equal(t, tc.want, v.Kind, "error: %v", err)
+			v := googlecloud.Classify(err)
+			require.Equal(t, tc.want, v.Outcome, "error: %v", err)
 			if tc.name != "" {
 				require.Equal(t, tc.name, v.Code)
 			}
@@ -197,8 +197,8 @@ func TestReservedUUIDAttributeIsRefused(t *testing.T) {
 	msg.Metadata.Set(wgc.UUIDHeaderKey, "forged")
 	err := pub.Publish("orders", msg)
 	require.ErrorIs(t, err, googlecloud.ErrReservedAttribute)
-	v := googlecloud.ClassifyResult(err)
-	require.Equal(t, googlecloud.Rejected, v.Kind)
+	v := googlecloud.Classify(err)
+	require.Equal(t, forwarder.Rejected, v.Outcome)
 	require.Equal(t, string(googlecloud.CodeReservedAttribute), v.Code)
 }
 
@@ -211,12 +211,12 @@ func TestEmptyReservedUUIDAttributeIsRefused(t *testing.T) {
 }
 
 func TestClassifyLocalErrors(t *testing.T) {
-	require.Equal(t, googlecloud.Confirmed, googlecloud.ClassifyResult(nil).Kind)
+	require.Equal(t, forwarder.Confirmed, googlecloud.Classify(nil).Outcome)
 	require.Equal(t, forwarder.Confirmed, googlecloud.Classify(nil).Outcome)
 	require.Equal(t, forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: "CONTEXT_DEADLINE_EXCEEDED"}, googlecloud.Classify(context.DeadlineExceeded))
 	for _, err := range []error{context.DeadlineExceeded, context.Canceled, errors.New("connection reset"),
 		pubsub.ErrPublishingPaused{OrderingKey: "k"}} {
-		require.Equal(t, googlecloud.Ambiguous, googlecloud.ClassifyResult(err).Kind, "%v", err)
+		require.Equal(t, forwarder.Ambiguous, googlecloud.Classify(err).Outcome, "%v", err)
 	}
 }
 

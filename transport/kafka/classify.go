@@ -46,56 +46,37 @@ var unavailable = map[sarama.KError]string{
 	sarama.ErrReplicaNotAvailable: "REPLICA_NOT_AVAILABLE",
 }
 
-func classify(err error) outcome.Result {
+// Classify is a forwarder.Classifier for Kafka publish errors: pass it as
+// forwarder.Config.Classifier. The rules are in the package documentation.
+func Classify(err error) forwarder.Verdict {
 	if err == nil {
-		return outcome.Result{Kind: outcome.Confirmed}
+		return forwarder.Verdict{Outcome: forwarder.Confirmed}
 	}
 	switch {
 	case errors.Is(err, sarama.ErrOutOfBrokers), errors.Is(err, sarama.ErrNotConnected), errors.Is(err, sarama.ErrClosedClient):
 		// No broker to send to: the record never left the client.
-		return outcome.Result{Kind: outcome.Unavailable, Code: CodeNoBroker}
+		return forwarder.Verdict{Outcome: forwarder.Unavailable, Code: CodeNoBroker}
 	}
 	var kerr sarama.KError
 	if errors.As(err, &kerr) {
 		if name, ok := unavailable[kerr]; ok {
-			return outcome.Result{Kind: outcome.Unavailable, Code: "KAFKA_" + name}
+			return forwarder.Verdict{Outcome: forwarder.Unavailable, Code: "KAFKA_" + name}
 		}
 		if name, ok := rejected[kerr]; ok {
-			return outcome.Result{Kind: outcome.Rejected, Code: "KAFKA_" + name}
+			return forwarder.Verdict{Outcome: forwarder.Rejected, Code: "KAFKA_" + name}
 		}
-		return outcome.Result{Kind: outcome.Ambiguous, Code: "KAFKA_ERROR_" + strconv.Itoa(int(kerr))}
+		return forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: "KAFKA_ERROR_" + strconv.Itoa(int(kerr))}
 	}
 	var cfgErr sarama.ConfigurationError
 	if errors.As(err, &cfgErr) {
 		// Raised by the producer for this record before anything was sent;
 		// the same record is refused again.
-		return outcome.Result{Kind: outcome.Rejected, Code: CodeClientRefused}
+		return forwarder.Verdict{Outcome: forwarder.Rejected, Code: CodeClientRefused}
 	}
 	if r, ok := outcome.Context(err); ok {
 		return r
 	}
-	return outcome.Result{Kind: outcome.Ambiguous, Code: CodeUnknown}
+	return forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: CodeUnknown}
 }
 
-// Classify is a forwarder.Classifier for Kafka publish errors: pass it as
-// forwarder.Config.Classifier. The rules are in the package documentation.
-func Classify(err error) forwarder.Verdict { return classify(err).Verdict() }
-
 var _ forwarder.Classifier = Classify
-
-// Kind and Result re-export the classifier's decision.
-type (
-	Kind   = outcome.Kind
-	Result = outcome.Result
-)
-
-// The three kinds ClassifyResult returns.
-const (
-	Confirmed   = outcome.Confirmed
-	Rejected    = outcome.Rejected
-	Ambiguous   = outcome.Ambiguous
-	Unavailable = outcome.Unavailable
-)
-
-// ClassifyResult is Classify before translation into the forwarder's verdict.
-func ClassifyResult(err error) Result { return classify(err) }

@@ -121,8 +121,8 @@ func TestInvalidTopicNameIsRejected(t *testing.T) {
 	pub := newPublisher(t, brokers)
 	err := pub.Publish("bad topic name!", message.NewMessage("m1", []byte("x")))
 	require.Error(t, err)
-	v := kafka.ClassifyResult(err)
-	require.Equal(t, kafka.Rejected, v.Kind, "error: %v", err)
+	v := kafka.Classify(err)
+	require.Equal(t, forwarder.Rejected, v.Outcome, "error: %v", err)
 }
 
 // The cluster gone (connection refused on every broker): the record never

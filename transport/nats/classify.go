@@ -25,9 +25,12 @@ const (
 // publish expectation).
 var rejectedStatus = map[int]bool{400: true, 404: true, 409: true}
 
-func classify(err error) outcome.Result {
+// Classify is a forwarder.Classifier for NATS JetStream publish errors: pass
+// it as forwarder.Config.Classifier. The rules are in the package
+// documentation.
+func Classify(err error) forwarder.Verdict {
 	if err == nil {
-		return outcome.Result{Kind: outcome.Confirmed}
+		return forwarder.Verdict{Outcome: forwarder.Confirmed}
 	}
 	switch {
 	case errors.Is(err, natsgo.ErrNoStreamResponse), errors.Is(err, natsgo.ErrNoResponders):
@@ -35,38 +38,33 @@ func classify(err error) outcome.Result {
 		// message. That is a missing stream or JetStream being down; both
 		// are the destination as a whole, not this message, so no attempt
 		// is spent and the breaker holds the backlog until a stream answers.
-		return outcome.Result{Kind: outcome.Unavailable, Code: CodeNoStream}
+		return forwarder.Verdict{Outcome: forwarder.Unavailable, Code: CodeNoStream}
 	case errors.Is(err, natsgo.ErrMaxPayload):
-		return outcome.Result{Kind: outcome.Rejected, Code: CodeMaxPayload}
+		return forwarder.Verdict{Outcome: forwarder.Rejected, Code: CodeMaxPayload}
 	}
 	var apiErr *natsgo.APIError
 	if errors.As(err, &apiErr) {
 		code := codeAPIPrefix + strconv.Itoa(int(apiErr.ErrorCode))
 		if rejectedStatus[apiErr.Code] {
-			return outcome.Result{Kind: outcome.Rejected, Code: code}
+			return forwarder.Verdict{Outcome: forwarder.Rejected, Code: code}
 		}
-		return outcome.Result{Kind: outcome.Ambiguous, Code: code}
+		return forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: code}
 	}
 	switch {
 	case errors.Is(err, natsgo.ErrTimeout):
-		return outcome.Result{Kind: outcome.Ambiguous, Code: CodeTimeout}
+		return forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: CodeTimeout}
 	case errors.Is(err, natsgo.ErrConnectionClosed), errors.Is(err, natsgo.ErrConnectionDraining),
 		errors.Is(err, natsgo.ErrInvalidConnection), errors.Is(err, natsgo.ErrNoServers):
 		// No connection to publish on: the message was not sent.
-		return outcome.Result{Kind: outcome.Unavailable, Code: CodeConnection}
+		return forwarder.Verdict{Outcome: forwarder.Unavailable, Code: CodeConnection}
 	case errors.Is(err, natsgo.ErrDisconnected), errors.Is(err, natsgo.ErrConnectionReconnecting):
 		// The client may have buffered or sent it before losing the server.
-		return outcome.Result{Kind: outcome.Ambiguous, Code: CodeConnection}
+		return forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: CodeConnection}
 	}
 	if r, ok := outcome.Context(err); ok {
 		return r
 	}
-	return outcome.Result{Kind: outcome.Ambiguous, Code: CodeUnknown}
+	return forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: CodeUnknown}
 }
-
-// Classify is a forwarder.Classifier for NATS JetStream publish errors: pass
-// it as forwarder.Config.Classifier. The rules are in the package
-// documentation.
-func Classify(err error) forwarder.Verdict { return classify(err).Verdict() }
 
 var _ forwarder.Classifier = Classify

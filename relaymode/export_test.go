@@ -1,4 +1,4 @@
-package debezium
+package relaymode
 
 // SQLBeat lets the race tests hold Beat's real statement open in a
 // transaction instead of a hand-written copy of it.

@@ -1,10 +1,11 @@
-package debezium
+package relaymode
 
 import (
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -107,7 +108,7 @@ func ReadMode(ctx context.Context, q Querier) (ModeRecord, error) {
 		return ModeRecord{Mode: ModePolling}, nil
 	}
 	if err != nil {
-		return ModeRecord{}, fmt.Errorf("debezium: read relay mode: %w", err)
+		return ModeRecord{}, fmt.Errorf("relaymode: read relay mode: %w", err)
 	}
 	return r, nil
 }
@@ -155,10 +156,10 @@ func Beat(ctx context.Context, db *sql.DB, owner string, ttl time.Duration) erro
 func BeatBudget(ctx context.Context, db *sql.DB, owner string, ttl time.Duration, maxAttempts int) error {
 	res, err := db.ExecContext(ctx, sqlBeat, owner, ttl.Seconds(), maxAttempts)
 	if err != nil {
-		return fmt.Errorf("debezium: relay heartbeat: %w", err)
+		return fmt.Errorf("relaymode: relay heartbeat: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return outbox.Errorf(CodeRelayModeConflict, "debezium.Beat", "the database's relay mode is CDC, or a CDC consumer's heartbeat is live; a polling forwarder must not run (stop the CDC consumer, then switch back with `outboxctl debezium disable`)")
+		return outbox.Errorf(CodeRelayModeConflict, "relaymode.Beat", "the database's relay mode is CDC, or a CDC consumer's heartbeat is live; a polling forwarder must not run (stop the CDC consumer, then switch back with `outboxctl debezium disable`)")
 	}
 	return nil
 }
@@ -183,8 +184,8 @@ var ErrSecondCDCConsumer = &outbox.Error{Code: CodeSecondCDCConsumer}
 // Debezium connector beats through [HeartbeatActionQuery] instead (which
 // cannot refuse, so a second connector is reported, not refused).
 func BeatCDC(ctx context.Context, db *sql.DB, owner, slot string, ttl time.Duration) error {
-	const op = "debezium.BeatCDC"
-	if strings.TrimSpace(owner) == "" || !IsIdentifier(slot) {
+	const op = "relaymode.BeatCDC"
+	if strings.TrimSpace(owner) == "" || !isSlotName(slot) {
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "owner must not be empty and slot %q must match ^[a-z_][a-z0-9_]{0,62}$", slot)
 	}
 	return inTx(ctx, db, func(tx *sql.Tx) error {
@@ -209,7 +210,7 @@ func BeatCDC(ctx context.Context, db *sql.DB, owner, slot string, ttl time.Durat
 			return outbox.Errorf(CodeSecondCDCConsumer, op, "another CDC consumer is live: %s; slot %s would deliver every insert a second time (stop the other consumer, or use the same slot: PostgreSQL lets one consumer stream a slot at a time)", strings.Join(others, ", "), slot)
 		}
 		if _, err := tx.ExecContext(ctx, sqlBeatCDC, owner, ttl.Seconds(), slot); err != nil {
-			return fmt.Errorf("debezium: CDC heartbeat: %w", err)
+			return fmt.Errorf("relaymode: CDC heartbeat: %w", err)
 		}
 		return nil
 	})
@@ -219,7 +220,7 @@ func BeatCDC(ctx context.Context, db *sql.DB, owner, slot string, ttl time.Durat
 func Leave(ctx context.Context, db *sql.DB, owner string) error {
 	_, err := db.ExecContext(ctx, sqlLeave, owner)
 	if err != nil {
-		return fmt.Errorf("debezium: relay leave: %w", err)
+		return fmt.Errorf("relaymode: relay leave: %w", err)
 	}
 	return nil
 }
@@ -253,7 +254,7 @@ func LiveCDCConsumers(ctx context.Context, q Querier, now time.Time) ([]Heartbea
 func liveHeartbeats(ctx context.Context, q Querier, now time.Time, kind Mode) ([]Heartbeat, error) {
 	rows, err := q.QueryContext(ctx, sqlLiveHeartbeats, nullTime(now), string(kind))
 	if err != nil {
-		return nil, fmt.Errorf("debezium: read heartbeats: %w", err)
+		return nil, fmt.Errorf("relaymode: read heartbeats: %w", err)
 	}
 	defer rows.Close()
 	var out []Heartbeat
@@ -261,13 +262,13 @@ func liveHeartbeats(ctx context.Context, q Querier, now time.Time, kind Mode) ([
 		var h Heartbeat
 		var k string
 		if err := rows.Scan(&h.Owner, &h.StartedAt, &h.HeartbeatAt, &h.ExpiresAt, &k, &h.SlotName, &h.MaxAttempts); err != nil {
-			return nil, fmt.Errorf("debezium: read heartbeats: %w", err)
+			return nil, fmt.Errorf("relaymode: read heartbeats: %w", err)
 		}
 		h.Kind = Mode(k)
 		out = append(out, h)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("debezium: read heartbeats: %w", err)
+		return nil, fmt.Errorf("relaymode: read heartbeats: %w", err)
 	}
 	return out, nil
 }
@@ -293,7 +294,7 @@ func Enable(ctx context.Context, db *sql.DB, by string, now time.Time) error {
 // locked until tx ends, so every Beat in the meantime waits, then sees the
 // outcome: refused if tx committed CDC, accepted if it rolled back.
 func EnableTx(ctx context.Context, tx *sql.Tx, by string, now time.Time) error {
-	const op = "debezium.Enable"
+	const op = "relaymode.Enable"
 	if strings.TrimSpace(by) == "" {
 		return outbox.Errorf(CodeOperatorRequired, op, "say who switches the relay mode (by must not be empty)")
 	}
@@ -339,7 +340,7 @@ func DisableAt(ctx context.Context, db *sql.DB, by string, now time.Time) error 
 // DisableTx is [DisableAt] inside the caller's transaction (package cdcrelay's
 // handover switches in the transaction that holds inserts).
 func DisableTx(ctx context.Context, tx *sql.Tx, by string, now time.Time) error {
-	const op = "debezium.Disable"
+	const op = "relaymode.Disable"
 	if strings.TrimSpace(by) == "" {
 		return outbox.Errorf(CodeOperatorRequired, op, "say who switches the relay mode (by must not be empty)")
 	}
@@ -366,14 +367,14 @@ func lockMode(ctx context.Context, tx *sql.Tx) (Mode, error) {
 	if err := tx.QueryRowContext(ctx, sqlLockMode).Scan(&m); err != nil {
 		// The migration inserts the row; its absence is a broken schema,
 		// not a mode.
-		return "", fmt.Errorf("debezium: lock relay mode: %w", err)
+		return "", fmt.Errorf("relaymode: lock relay mode: %w", err)
 	}
 	return Mode(m), nil
 }
 
 func setMode(ctx context.Context, tx *sql.Tx, m Mode, by string, now time.Time) error {
 	if _, err := tx.ExecContext(ctx, sqlSetMode, string(m), nullTime(now), by); err != nil {
-		return fmt.Errorf("debezium: set relay mode %s: %w", m, err)
+		return fmt.Errorf("relaymode: set relay mode %s: %w", m, err)
 	}
 	return nil
 }
@@ -381,14 +382,20 @@ func setMode(ctx context.Context, tx *sql.Tx, m Mode, by string, now time.Time) 
 func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("debezium: begin: %w", err)
+		return fmt.Errorf("relaymode: begin: %w", err)
 	}
 	if err := fn(tx); err != nil {
 		_ = tx.Rollback()
 		return err
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("debezium: commit: %w", err)
+		return fmt.Errorf("relaymode: commit: %w", err)
 	}
 	return nil
 }
+
+// slotName is PostgreSQL's replication slot name rule (debezium.IsIdentifier
+// checks the same; this package does not import debezium).
+var slotName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+func isSlotName(s string) bool { return slotName.MatchString(s) }

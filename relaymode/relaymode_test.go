@@ -1,4 +1,4 @@
-package debezium_test
+package relaymode_test
 
 import (
 	"context"
@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
-	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 func relayDB(t *testing.T) *testdb.Schema {
@@ -24,29 +24,29 @@ func TestTwoPollingRelaysAreFineAndBlockTheSwitchToCDC(t *testing.T) {
 	t.Parallel()
 	s := relayDB(t)
 	ctx := context.Background()
-	require.NoError(t, debezium.Beat(ctx, s.DB, "relay-a", time.Minute))
-	require.NoError(t, debezium.Beat(ctx, s.DB, "relay-b", time.Minute))
-	require.NoError(t, debezium.Beat(ctx, s.DB, "relay-a", time.Minute), "a second beat of the same owner renews it")
+	require.NoError(t, relaymode.Beat(ctx, s.DB, "relay-a", time.Minute))
+	require.NoError(t, relaymode.Beat(ctx, s.DB, "relay-b", time.Minute))
+	require.NoError(t, relaymode.Beat(ctx, s.DB, "relay-a", time.Minute), "a second beat of the same owner renews it")
 
-	live, err := debezium.LiveRelays(ctx, s.DB, time.Time{})
+	live, err := relaymode.LiveRelays(ctx, s.DB, time.Time{})
 	require.NoError(t, err)
 	require.Len(t, live, 2)
 	require.Equal(t, "relay-a", live[0].Owner)
 	require.Equal(t, "relay-b", live[1].Owner)
 
-	err = debezium.Enable(ctx, s.DB, "ops@example", time.Time{})
-	require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
+	err = relaymode.Enable(ctx, s.DB, "ops@example", time.Time{})
+	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
 	require.Equal(t, outbox.Code("RELAY_MODE_CONFLICT"), outbox.CodeOf(err))
 	require.Contains(t, err.Error(), "relay-a")
 	require.Contains(t, err.Error(), "relay-b")
-	mode, err := debezium.CurrentMode(ctx, s.DB)
+	mode, err := relaymode.CurrentMode(ctx, s.DB)
 	require.NoError(t, err)
-	require.Equal(t, debezium.ModePolling, mode, "a refused switch changes nothing")
+	require.Equal(t, relaymode.ModePolling, mode, "a refused switch changes nothing")
 
 	// After one relay leaves, the other still blocks, and is the only one named.
-	require.NoError(t, debezium.Leave(ctx, s.DB, "relay-a"))
-	err = debezium.Enable(ctx, s.DB, "ops@example", time.Time{})
-	require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
+	require.NoError(t, relaymode.Leave(ctx, s.DB, "relay-a"))
+	err = relaymode.Enable(ctx, s.DB, "ops@example", time.Time{})
+	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
 	require.NotContains(t, err.Error(), "relay-a")
 	require.Contains(t, err.Error(), "relay-b")
 }
@@ -55,37 +55,37 @@ func TestEnableAfterHeartbeatsExpireThenBeatRefusesUntilDisable(t *testing.T) {
 	t.Parallel()
 	s := relayDB(t)
 	ctx := context.Background()
-	require.NoError(t, debezium.Beat(ctx, s.DB, "crashed-relay", time.Minute))
+	require.NoError(t, relaymode.Beat(ctx, s.DB, "crashed-relay", time.Minute))
 
 	// The injected clock is past the heartbeat's expiry: a relay that died
 	// without Leave does not block the switch forever.
 	later := time.Now().Add(2 * time.Hour)
-	require.NoError(t, debezium.Enable(ctx, s.DB, "ops@example", later))
-	mode, err := debezium.CurrentMode(ctx, s.DB)
+	require.NoError(t, relaymode.Enable(ctx, s.DB, "ops@example", later))
+	mode, err := relaymode.CurrentMode(ctx, s.DB)
 	require.NoError(t, err)
-	require.Equal(t, debezium.ModeCDC, mode)
+	require.Equal(t, relaymode.ModeCDC, mode)
 	var by string
 	var at time.Time
 	require.NoError(t, s.DB.QueryRow(`SELECT changed_by, changed_at FROM messaging_relay_mode WHERE id`).Scan(&by, &at))
 	require.Equal(t, "ops@example", by)
 	require.WithinDuration(t, later, at, time.Millisecond, "changed_at is the injected clock")
 
-	require.NoError(t, debezium.Enable(ctx, s.DB, "someone-else", time.Time{}), "enabling twice is a no-op")
+	require.NoError(t, relaymode.Enable(ctx, s.DB, "someone-else", time.Time{}), "enabling twice is a no-op")
 	require.NoError(t, s.DB.QueryRow(`SELECT changed_by FROM messaging_relay_mode WHERE id`).Scan(&by))
 	require.Equal(t, "ops@example", by)
 
-	err = debezium.Beat(ctx, s.DB, "new-relay", time.Minute)
-	require.ErrorIs(t, err, debezium.ErrRelayModeConflict, "a forwarder must not start in CDC mode")
+	err = relaymode.Beat(ctx, s.DB, "new-relay", time.Minute)
+	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict, "a forwarder must not start in CDC mode")
 	var n int
 	require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_relay_heartbeat WHERE owner = 'new-relay'`).Scan(&n))
 	require.Zero(t, n, "a refused beat leaves no heartbeat")
 
-	require.NoError(t, debezium.Disable(ctx, s.DB, "ops@example"))
-	require.NoError(t, debezium.Disable(ctx, s.DB, "ops@example"), "disabling twice is a no-op")
-	mode, err = debezium.CurrentMode(ctx, s.DB)
+	require.NoError(t, relaymode.Disable(ctx, s.DB, "ops@example"))
+	require.NoError(t, relaymode.Disable(ctx, s.DB, "ops@example"), "disabling twice is a no-op")
+	mode, err = relaymode.CurrentMode(ctx, s.DB)
 	require.NoError(t, err)
-	require.Equal(t, debezium.ModePolling, mode)
-	require.NoError(t, debezium.Beat(ctx, s.DB, "new-relay", time.Minute))
+	require.Equal(t, relaymode.ModePolling, mode)
+	require.NoError(t, relaymode.Beat(ctx, s.DB, "new-relay", time.Minute))
 }
 
 func TestModeSwitchRequiresAnOperator(t *testing.T) {
@@ -93,15 +93,15 @@ func TestModeSwitchRequiresAnOperator(t *testing.T) {
 	s := relayDB(t)
 	ctx := context.Background()
 	for _, by := range []string{"", "   "} {
-		err := debezium.Enable(ctx, s.DB, by, time.Time{})
-		require.ErrorIs(t, err, debezium.ErrOperatorRequired)
+		err := relaymode.Enable(ctx, s.DB, by, time.Time{})
+		require.ErrorIs(t, err, relaymode.ErrOperatorRequired)
 		require.Equal(t, outbox.Code("RELAY_MODE_OPERATOR_REQUIRED"), outbox.CodeOf(err))
-		err = debezium.Disable(ctx, s.DB, by)
-		require.ErrorIs(t, err, debezium.ErrOperatorRequired)
+		err = relaymode.Disable(ctx, s.DB, by)
+		require.ErrorIs(t, err, relaymode.ErrOperatorRequired)
 	}
-	mode, err := debezium.CurrentMode(ctx, s.DB)
+	mode, err := relaymode.CurrentMode(ctx, s.DB)
 	require.NoError(t, err)
-	require.Equal(t, debezium.ModePolling, mode)
+	require.Equal(t, relaymode.ModePolling, mode)
 }
 
 // waitForLockWait waits until the backend of pool (identified by its
@@ -133,11 +133,11 @@ func TestBeatConcurrentWithEnableWaitsThenRefuses(t *testing.T) {
 	tx, err := s.DB.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback() })
-	require.NoError(t, debezium.EnableTx(ctx, tx, "ops@example", time.Time{}))
+	require.NoError(t, relaymode.EnableTx(ctx, tx, "ops@example", time.Time{}))
 
 	app := "h4_beat_" + s.Name
 	done := make(chan error, 1)
-	go func() { done <- debezium.Beat(ctx, beatPool(t, s, app), "racing-relay", time.Minute) }()
+	go func() { done <- relaymode.Beat(ctx, beatPool(t, s, app), "racing-relay", time.Minute) }()
 	waitForLockWait(t, s.DB, app)
 	select {
 	case err := <-done:
@@ -145,9 +145,9 @@ func TestBeatConcurrentWithEnableWaitsThenRefuses(t *testing.T) {
 	default:
 	}
 	require.NoError(t, tx.Commit())
-	require.ErrorIs(t, <-done, debezium.ErrRelayModeConflict)
+	require.ErrorIs(t, <-done, relaymode.ErrRelayModeConflict)
 
-	live, err := debezium.LiveRelays(ctx, s.DB, time.Time{})
+	live, err := relaymode.LiveRelays(ctx, s.DB, time.Time{})
 	require.NoError(t, err)
 	require.Empty(t, live, "CDC is on and no polling relay slipped in")
 }
@@ -159,17 +159,17 @@ func TestBeatConcurrentWithAbandonedEnableProceeds(t *testing.T) {
 	ctx := context.Background()
 	tx, err := s.DB.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	require.NoError(t, debezium.EnableTx(ctx, tx, "ops@example", time.Time{}))
+	require.NoError(t, relaymode.EnableTx(ctx, tx, "ops@example", time.Time{}))
 
 	app := "h4_beat_rb_" + s.Name
 	done := make(chan error, 1)
-	go func() { done <- debezium.Beat(ctx, beatPool(t, s, app), "racing-relay", time.Minute) }()
+	go func() { done <- relaymode.Beat(ctx, beatPool(t, s, app), "racing-relay", time.Minute) }()
 	waitForLockWait(t, s.DB, app)
 	require.NoError(t, tx.Rollback())
 	require.NoError(t, <-done)
-	mode, err := debezium.CurrentMode(ctx, s.DB)
+	mode, err := relaymode.CurrentMode(ctx, s.DB)
 	require.NoError(t, err)
-	require.Equal(t, debezium.ModePolling, mode)
+	require.Equal(t, relaymode.ModePolling, mode)
 }
 
 // The other order: a Beat holding its FOR SHARE lock delays the switch,
@@ -183,18 +183,18 @@ func TestEnableConcurrentWithBeatSeesTheHeartbeat(t *testing.T) {
 	t.Cleanup(func() { _ = beatTx.Rollback() })
 	// Beat's own statement, held open in a transaction so the switch has to
 	// wait for it.
-	res, err := beatTx.ExecContext(ctx, debezium.SQLBeat, "slow-relay", time.Minute.Seconds(), 0)
+	res, err := beatTx.ExecContext(ctx, relaymode.SQLBeat, "slow-relay", time.Minute.Seconds(), 0)
 	require.NoError(t, err)
 	n, _ := res.RowsAffected()
 	require.EqualValues(t, 1, n)
 
 	app := "h4_enable_" + s.Name
 	done := make(chan error, 1)
-	go func() { done <- debezium.Enable(ctx, beatPool(t, s, app), "ops@example", time.Time{}) }()
+	go func() { done <- relaymode.Enable(ctx, beatPool(t, s, app), "ops@example", time.Time{}) }()
 	waitForLockWait(t, s.DB, app)
 	require.NoError(t, beatTx.Commit())
 	err = <-done
-	require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
+	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
 	require.Contains(t, err.Error(), "slow-relay")
 }
 
@@ -206,43 +206,43 @@ func TestCDCHeartbeatsExcludePollingAndASecondSlot(t *testing.T) {
 	s := relayDB(t)
 	ctx := context.Background()
 
-	err := debezium.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute)
-	require.ErrorIs(t, err, debezium.ErrRelayModeConflict, "a CDC consumer must not publish in POLLING mode")
-	require.NoError(t, debezium.Enable(ctx, s.DB, "ops", time.Time{}))
-	require.NoError(t, debezium.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute))
-	require.NoError(t, debezium.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute), "renewal")
-	require.NoError(t, debezium.BeatCDC(ctx, s.DB, "cdc-a2", "slot_a", time.Minute), "the same slot: PostgreSQL itself lets one of them stream")
+	err := relaymode.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute)
+	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict, "a CDC consumer must not publish in POLLING mode")
+	require.NoError(t, relaymode.Enable(ctx, s.DB, "ops", time.Time{}))
+	require.NoError(t, relaymode.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute))
+	require.NoError(t, relaymode.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute), "renewal")
+	require.NoError(t, relaymode.BeatCDC(ctx, s.DB, "cdc-a2", "slot_a", time.Minute), "the same slot: PostgreSQL itself lets one of them stream")
 
-	err = debezium.BeatCDC(ctx, s.DB, "cdc-b", "slot_b", time.Minute)
-	require.ErrorIs(t, err, debezium.ErrSecondCDCConsumer)
+	err = relaymode.BeatCDC(ctx, s.DB, "cdc-b", "slot_b", time.Minute)
+	require.ErrorIs(t, err, relaymode.ErrSecondCDCConsumer)
 	require.Equal(t, outbox.Code("CDC_SECOND_CONSUMER"), outbox.CodeOf(err))
 	require.Contains(t, err.Error(), "cdc-a on slot slot_a")
 
-	live, err := debezium.LiveCDCConsumers(ctx, s.DB, time.Time{})
+	live, err := relaymode.LiveCDCConsumers(ctx, s.DB, time.Time{})
 	require.NoError(t, err)
 	require.Len(t, live, 2)
 	require.Equal(t, "cdc-a", live[0].Owner)
 	require.Equal(t, "slot_a", live[0].SlotName)
 
-	err = debezium.Disable(ctx, s.DB, "ops")
-	require.ErrorIs(t, err, debezium.ErrRelayModeConflict, "Disable refuses while a CDC consumer is live")
+	err = relaymode.Disable(ctx, s.DB, "ops")
+	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict, "Disable refuses while a CDC consumer is live")
 	require.Contains(t, err.Error(), "cdc-a on slot slot_a")
-	mode, err := debezium.CurrentMode(ctx, s.DB)
+	mode, err := relaymode.CurrentMode(ctx, s.DB)
 	require.NoError(t, err)
-	require.Equal(t, debezium.ModeCDC, mode)
+	require.Equal(t, relaymode.ModeCDC, mode)
 
-	require.NoError(t, debezium.Leave(ctx, s.DB, "cdc-a"))
-	require.NoError(t, debezium.Leave(ctx, s.DB, "cdc-a2"))
-	require.NoError(t, debezium.Disable(ctx, s.DB, "ops"))
-	err = debezium.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute)
-	require.ErrorIs(t, err, debezium.ErrRelayModeConflict, "after Disable the CDC consumer's next beat refuses")
+	require.NoError(t, relaymode.Leave(ctx, s.DB, "cdc-a"))
+	require.NoError(t, relaymode.Leave(ctx, s.DB, "cdc-a2"))
+	require.NoError(t, relaymode.Disable(ctx, s.DB, "ops"))
+	err = relaymode.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute)
+	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict, "after Disable the CDC consumer's next beat refuses")
 
 	// A CDC consumer that beats in POLLING mode anyway (a Debezium
 	// connector's action query cannot refuse) keeps the forwarders out.
 	_, err = s.DB.Exec(`INSERT INTO messaging_relay_heartbeat (owner, expires_at, kind, slot_name) VALUES ('debezium:x', now() + interval '1 minute', 'CDC', 'slot_x')`)
 	require.NoError(t, err)
-	err = debezium.Beat(ctx, s.DB, "fw", time.Minute)
-	require.ErrorIs(t, err, debezium.ErrRelayModeConflict)
-	require.NoError(t, debezium.Leave(ctx, s.DB, "debezium:x"))
-	require.NoError(t, debezium.Beat(ctx, s.DB, "fw", time.Minute))
+	err = relaymode.Beat(ctx, s.DB, "fw", time.Minute)
+	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
+	require.NoError(t, relaymode.Leave(ctx, s.DB, "debezium:x"))
+	require.NoError(t, relaymode.Beat(ctx, s.DB, "fw", time.Minute))
 }

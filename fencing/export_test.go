@@ -1,0 +1,16 @@
+package fencing
+
+// The claim and outcome statements, for the tests that run them directly
+// (generic plans, the all-PUBLISHED form against the general one, the claim
+// under each policy). They are not part of the API: Claim and Apply pick
+// between them, and ClaimStatement shows a caller (the benchmark) the claim
+// it would run.
+const (
+	ApplySQL          = applySQL
+	ApplyPublishedSQL = applyPublishedSQL
+)
+
+var (
+	ClaimBlockKeySQL   = claimBlockKeySQL
+	ClaimSkipParkedSQL = claimSkipParkedSQL
+)
