@@ -174,3 +174,50 @@ func TestReview2NoPublishStartsAfterTheDrainDeadline(t *testing.T) {
 	require.Never(t, func() bool { return len(out.ids()) > 0 }, 300*time.Millisecond, 5*time.Millisecond,
 		"ma was handed to the publisher after the drain deadline had left it behind (RunOnce already returned)")
 }
+
+// ctxPublisher blocks until the message's context ends (a well-behaved
+// downstream) or release, and hands the context to the test.
+type ctxPublisher struct {
+	ctxs    chan context.Context
+	release chan struct{}
+}
+
+func (p *ctxPublisher) Publish(_ string, msgs ...*message.Message) error {
+	ctx := msgs[0].Context()
+	p.ctxs <- ctx
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-p.release:
+		return nil
+	}
+}
+
+func (p *ctxPublisher) Close() error { return nil }
+
+// Review2: the drain deadline leaves a running publish behind (its row is
+// recorded AMBIGUOUS and RunOnce/Close return) but never cancels the
+// publish's context: a downstream that honours its context keeps sending
+// for the rest of PublishTimeout after Close returned, when the application
+// closes that publisher. expire should cancel the call's context.
+func TestReview2DrainDeadlineCancelsTheLeftBehindPublish(t *testing.T) {
+	s := newDB(t)
+	insertN(t, s.DB, "orders", "m1")
+	out := &ctxPublisher{ctxs: make(chan context.Context, 1), release: make(chan struct{})}
+	t.Cleanup(func() { close(out.release) })
+	f := newForwarder(t, s.DB, out, forwarder.Config{
+		Concurrency: 1, PublishTimeout: 10 * time.Second, DrainTimeout: 50 * time.Millisecond,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.RunOnce(ctx)
+		done <- err
+	}()
+	pctx := waitOrFail(t, out.ctxs, "the publish of m1")
+	cancel()
+	require.NoError(t, waitOrFail(t, done, "RunOnce returning after the drain deadline"))
+	require.Equal(t, "AMBIGUOUS", state(t, s.DB, "m1").Status)
+	require.Error(t, pctx.Err(), "RunOnce returned (the drain deadline left m1 behind) but m1's publish context is still live: the downstream keeps sending after the relay stopped")
+}
