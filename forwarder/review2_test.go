@@ -4,6 +4,9 @@ package forwarder_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -220,4 +223,49 @@ func TestReview2DrainDeadlineCancelsTheLeftBehindPublish(t *testing.T) {
 	require.NoError(t, waitOrFail(t, done, "RunOnce returning after the drain deadline"))
 	require.Equal(t, "AMBIGUOUS", state(t, s.DB, "m1").Status)
 	require.Error(t, pctx.Err(), "RunOnce returned (the drain deadline left m1 behind) but m1's publish context is still live: the downstream keeps sending after the relay stopped")
+}
+
+// Review2: README "every 8th claim walks all keys, so a row that commits
+// late below a resumed key's position waits at most 8 claims" does not
+// hold once more keys have work than one batch takes: the full walk starts
+// at the key cursor and stops when the batch is full, so it reaches the
+// late row's key only when the cursor wraps around, and meanwhile the key
+// is resumed on every other claim and its later rows keep going out ahead
+// of the late row (here 40 other keys, BatchSize 2: about 20 full walks).
+func TestReview2LateRowBelowResumedKeyWaitsAtMostEightClaims(t *testing.T) {
+	s := newDB(t)
+	for i := 1; i <= 60; i++ {
+		insertKeyed(t, s.DB, fmt.Sprintf("k%02d", i), "K")
+	}
+	for i := 0; i < 40; i++ {
+		insertKeyed(t, s.DB, fmt.Sprintf("l%02d", i), fmt.Sprintf("L%02d", i))
+	}
+	rec := &recorder{}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{Now: newClock().Now, BatchSize: 2, Concurrency: 2})
+	ctx := context.Background()
+	_, err := f.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Contains(t, rec.ids(), "k01")
+
+	_, err = s.DB.Exec(`INSERT INTO messaging_outbox (seq, message_id, destination, payload, ordering_key)
+		OVERRIDING SYSTEM VALUE VALUES (0, 'late', 'orders', 'x', 'K')`)
+	require.NoError(t, err)
+	before := len(rec.ids())
+	passes := 0
+	for !slices.Contains(rec.ids(), "late") && passes < 400 {
+		passes++
+		_, err := f.RunOnce(ctx)
+		require.NoError(t, err)
+	}
+	var overtook []string
+	for _, id := range rec.ids()[before:] {
+		if id == "late" {
+			break
+		}
+		if strings.HasPrefix(id, "k") {
+			overtook = append(overtook, id)
+		}
+	}
+	require.LessOrEqual(t, passes, 8, "the late row of K waited %d claims (README: at most 8); %d later rows of K went out ahead of it meanwhile: %v",
+		passes, len(overtook), overtook)
 }
