@@ -269,3 +269,28 @@ func TestReview2LateRowBelowResumedKeyWaitsAtMostEightClaims(t *testing.T) {
 	require.LessOrEqual(t, passes, 8, "the late row of K waited %d claims (README: at most 8); %d later rows of K went out ahead of it meanwhile: %v",
 		passes, len(overtook), overtook)
 }
+
+// Review2: MaxAbandoned ("a downstream that hangs on everything costs at
+// most this many goroutines") is only checked before a claim. Within one
+// pass every publish that times out is left behind and the worker goes on
+// to the next unit, which hangs too: one batch of rows for distinct
+// destinations (so no breaker opens) leaves the whole batch behind.
+func TestReview2OnePassLeavesAtMostMaxAbandonedBehind(t *testing.T) {
+	s := newDB(t)
+	for i := range 12 {
+		insert(t, s.DB, fmt.Sprintf("dest%02d", i), message.NewMessage(fmt.Sprintf("m%02d", i), []byte("x")))
+	}
+	h := &hangCounter{release: make(chan struct{})}
+	t.Cleanup(func() { close(h.release) })
+	const maxAbandoned = 2
+	f := newForwarder(t, s.DB, h, forwarder.Config{
+		BatchSize: 12, Concurrency: 1, MaxAbandoned: maxAbandoned, Now: newClock().Now,
+		PublishTimeout: 20 * time.Millisecond, LeaseDuration: time.Second, DrainTimeout: 20 * time.Millisecond,
+	})
+	rep, err := f.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 12, rep.Claimed)
+	require.LessOrEqual(t, int(h.hanging.Load()), maxAbandoned+1,
+		"one pass left %d publishes running in a downstream that ignores its context (MaxAbandoned %d); report %+v",
+		h.hanging.Load(), maxAbandoned, withoutDuration(rep))
+}
