@@ -294,3 +294,62 @@ func TestReview2OnePassLeavesAtMostMaxAbandonedBehind(t *testing.T) {
 		"one pass left %d publishes running in a downstream that ignores its context (MaxAbandoned %d); report %+v",
 		h.hanging.Load(), maxAbandoned, withoutDuration(rep))
 }
+
+// Review2 (guard; passes on the PostgreSQL the suite runs): the claim's
+// lock step no longer repeats the claimable test and relies on the TID scan
+// refusing, under EvalPlanQual, a row version other than the ctid the walk
+// judged. PostgreSQL's TidRecheck long returned true unconditionally (see
+// nodeTidscan.c "XXX shouldn't we check here to make sure tuple matches TID
+// list?"); on a server that still does, the lock step locks the version
+// another relay just committed (IN_FLIGHT under it), the rank check counts
+// it, and the rows behind it are claimed while the key's head is with the
+// other relay. This test fails on such a server.
+func TestReview2LockByCtidRefusesANewerVersion(t *testing.T) {
+	s := newDB(t)
+	insertKeyed(t, s.DB, "k1", "K")
+	ctx := context.Background()
+	var ctid string
+	require.NoError(t, s.DB.QueryRow(`SELECT ctid::text FROM messaging_outbox WHERE message_id = 'k1'`).Scan(&ctid))
+
+	other, err := s.DB.BeginTx(ctx, nil) // "another relay" claims k1
+	require.NoError(t, err)
+	defer func() { _ = other.Rollback() }()
+	_, err = other.Exec(`UPDATE messaging_outbox SET status = 'IN_FLIGHT', lease_owner = 'other',
+		lease_token = lease_token + 1, lease_expires_at = now() + interval '1 minute' WHERE message_id = 'k1'`)
+	require.NoError(t, err)
+
+	type res struct {
+		ids []string
+		err error
+	}
+	got := make(chan res, 1)
+	go func() {
+		rows, err := s.DB.QueryContext(ctx, `SELECT o.message_id FROM messaging_outbox o
+			WHERE o.ctid = ANY (ARRAY[$1::tid]) FOR UPDATE OF o`, ctid)
+		if err != nil {
+			got <- res{err: err}
+			return
+		}
+		defer rows.Close()
+		var ids []string
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				got <- res{err: err}
+				return
+			}
+			ids = append(ids, id)
+		}
+		got <- res{ids, rows.Err()}
+	}()
+	require.Eventually(t, func() bool { // the lock waits on "other"
+		var n int
+		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%o.ctid = ANY (ARRAY[$1::tid])%'`).Scan(&n))
+		return n == 1
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, other.Commit())
+	r := waitOrFail(t, got, "the lock by ctid")
+	require.NoError(t, r.err)
+	require.Empty(t, r.ids, "the lock by ctid took the newer version of k1 (TidRecheck does not check the TID list on this server)")
+}
