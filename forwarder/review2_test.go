@@ -353,3 +353,51 @@ func TestReview2LockByCtidRefusesANewerVersion(t *testing.T) {
 	require.NoError(t, r.err)
 	require.Empty(t, r.ids, "the lock by ctid took the newer version of k1 (TidRecheck does not check the TID list on this server)")
 }
+
+// Review2: the claim "that walks every key" every walkEvery-th time does
+// not walk when the last walk found no keyed rows: Forwarder.claim sets
+// walk := full, then, since a full walk resumes nothing (resume is empty),
+// overwrites it with walkDue(), which says no until walkEvery calls of its
+// own. A single hot key K resumed on every claim beside unkeyed traffic
+// that fills the batches: the every-8th claim claims unkeyed rows only, and
+// a late row of K waits ~walkEvery x walkEvery claims while K's later rows
+// overtake it.
+func TestReview2FullWalkClaimWalksEvenAfterAWalkFoundNoKeys(t *testing.T) {
+	s := newDB(t)
+	insertKeyed(t, s.DB, "k01", "K")
+	rec := &recorder{}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{Now: newClock().Now, BatchSize: 2, Concurrency: 2})
+	ctx := context.Background()
+	_, err := f.RunOnce(ctx) // walks: k01
+	require.NoError(t, err)
+	insertKeyed(t, s.DB, "k02", "K")
+	_, err = f.RunOnce(ctx) // resumes K: k02; short, so the keys are walked for the rest and none is found
+	require.NoError(t, err)
+	require.Equal(t, []string{"k01", "k02"}, rec.ids())
+
+	_, err = s.DB.Exec(`INSERT INTO messaging_outbox (seq, message_id, destination, payload, ordering_key)
+		OVERRIDING SYSTEM VALUE VALUES (0, 'late', 'orders', 'x', 'K')`)
+	require.NoError(t, err)
+	for i := 3; i <= 80; i++ { // K and unkeyed rows interleaved: every batch is one of each, full
+		insertKeyed(t, s.DB, fmt.Sprintf("k%02d", i), "K")
+		insertKeyed(t, s.DB, fmt.Sprintf("u%02d", i), "")
+	}
+	before := len(rec.ids())
+	passes := 0
+	for !slices.Contains(rec.ids(), "late") && passes < 400 {
+		passes++
+		_, err := f.RunOnce(ctx)
+		require.NoError(t, err)
+	}
+	var overtook []string
+	for _, id := range rec.ids()[before:] {
+		if id == "late" {
+			break
+		}
+		if strings.HasPrefix(id, "k") {
+			overtook = append(overtook, id)
+		}
+	}
+	require.LessOrEqual(t, passes, 8, "the late row of K waited %d claims (README: at most 8); %d later rows of K went out ahead of it: %v",
+		passes, len(overtook), overtook)
+}
