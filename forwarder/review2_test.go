@@ -401,3 +401,36 @@ func TestReview2FullWalkClaimWalksEvenAfterAWalkFoundNoKeys(t *testing.T) {
 	require.LessOrEqual(t, passes, 8, "the late row of K waited %d claims (README: at most 8); %d later rows of K went out ahead of it: %v",
 		passes, len(overtook), overtook)
 }
+
+// closingPublisher calls Close on the forwarder from inside Publish (a
+// downstream that shuts the relay down on a fatal error).
+type closingPublisher struct {
+	f        *forwarder.Forwarder
+	closeErr chan error
+	once     sync.Once
+}
+
+func (p *closingPublisher) Publish(string, ...*message.Message) error {
+	p.once.Do(func() { p.closeErr <- p.f.Close() })
+	return nil
+}
+
+func (p *closingPublisher) Close() error { return nil }
+
+// Review2 (held): a publisher that calls Forwarder.Close from inside
+// Publish does not deadlock the inline publish: the drain deadline leaves
+// the call behind, the pass ends, Run returns and so does Close.
+func TestReview2PublisherClosingTheRelayFromPublish(t *testing.T) {
+	s := newDB(t)
+	insertN(t, s.DB, "orders", "m1", "m2")
+	out := &closingPublisher{closeErr: make(chan error, 1)}
+	f := newForwarder(t, s.DB, out, forwarder.Config{Concurrency: 1, DrainTimeout: 50 * time.Millisecond})
+	out.f = f
+	runErr := make(chan error, 1)
+	go func() { runErr <- f.Run(context.Background()) }()
+	require.NoError(t, waitOrFail(t, runErr, "Run returning"))
+	require.NoError(t, waitOrFail(t, out.closeErr, "Close returning inside Publish"))
+	require.Zero(t, s.Count(t, "status = 'IN_FLIGHT'"))
+	require.Equal(t, "AMBIGUOUS", state(t, s.DB, "m1").Status, "m1's publish outlived the drain deadline")
+	require.Equal(t, "PENDING", state(t, s.DB, "m2").Status)
+}
