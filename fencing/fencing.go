@@ -227,7 +227,8 @@ func (c Claimed) Held() bool { return c.Row.Status == envelope.StatusInFlight }
 //
 // Continuations ($9-$11) extend chains this owner already holds: for each
 // (key, after_seq, after_id), the run behind after_seq, provided the row
-// after_id is still this owner's IN_FLIGHT row or already published. Keys
+// after_id is still this owner's IN_FLIGHT row under a live lease, or
+// already published. Keys
 // being continued are left out of the walk. The runs are not capped at $8:
 // the recursion adds one row to every run per step and stops at $5 rows, so
 // one hot key fills a batch in one statement and several share it evenly.
@@ -235,12 +236,14 @@ func (c Claimed) Held() bool { return c.Row.Status == envelope.StatusInFlight }
 // The chains are read without locks, then locked with SKIP LOCKED through
 // their ctids (a TID scan); a row that another relay has locked or changed
 // since this statement's snapshot is not returned (its new version fails
-// the TID recheck) and ends its chain there. The lock step does not repeat
-// the claimable test: the version it locks is the one the walk judged (same
-// ctid, same statement clock), and with the test in it a generic plan may
-// scan messaging_outbox_claimable_idx, whose predicate the test implies,
-// instead of fetching the ctids (measured on a table not yet analyzed: 64 ms
-// for a 100-key continuation instead of 1 ms). Only rows whose position in
+// the TID recheck) and ends its chain there. The lock step repeats the
+// claimable test on the version it locked, but in its select list, not its
+// WHERE: in the WHERE a generic plan may scan messaging_outbox_claimable_idx,
+// whose predicate the test implies, instead of fetching the ctids (measured
+// on a table not yet analyzed: 64 ms for a 100-key continuation instead of
+// 1 ms); and the test must stay, because servers whose TID recheck does not
+// compare the TID would otherwise lock and take the newer version of a row
+// another relay just claimed. Only rows whose position in
 // the chain equals their rank among the locked rows of their key are kept,
 // so a chain is always a prefix of its key's claimable run and a row never
 // goes out while an earlier row of its key is with someone else.
@@ -342,7 +345,8 @@ continued AS (
          WHERE ` + claimable("y") + `
            AND EXISTS (SELECT 1 FROM messaging_outbox p
                         WHERE p.message_id = ck.after_id AND p.ordering_key = ck.k AND p.seq = ck.after_seq
-                          AND (p.published_at IS NOT NULL OR (p.status = 'IN_FLIGHT' AND p.lease_owner = $2)))
+                          AND (p.published_at IS NOT NULL OR (p.status = 'IN_FLIGHT' AND p.lease_owner = $2
+                                                                  AND p.lease_expires_at > coalesce($1::timestamptz, now()))))
       UNION ALL
         SELECT ` + walkStep("y", "c.pos + 1", "false") + `
           FROM run c CROSS JOIN LATERAL (` + rowAfter("c.k", "c.seq", notParked) + `) y
@@ -355,7 +359,8 @@ candidates AS (
 ),
 locked AS (
     SELECT o.ctid AS picked_ctid, o.seq, o.ordering_key AS k, ` + rowBytes + ` AS bytes,
-           o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
+           o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park,
+           ` + claimable("o") + ` AS ok
       FROM messaging_outbox o
      WHERE o.ctid = ANY (ARRAY(SELECT row_ctid FROM candidates))
        FOR UPDATE OF o SKIP LOCKED
@@ -374,7 +379,8 @@ picked AS (
         UNION ALL
         SELECT picked_ctid, seq, bytes, expired, park
           FROM (SELECT l.*, c.pos, row_number() OVER (PARTITION BY l.k ORDER BY l.seq) AS rank
-                  FROM locked l JOIN candidates c ON c.seq = l.seq) r
+                  FROM locked l JOIN candidates c ON c.seq = l.seq
+                 WHERE l.ok) r
          WHERE r.rank = r.pos
     ) u
     ORDER BY u.seq

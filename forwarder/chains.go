@@ -94,7 +94,8 @@ func (l *chainLog) confirmedThrough(key string, seq int64) bool {
 // of the key with a lower seq became claimable since (a transaction that
 // committed after later rows of its key were published, or a redriven
 // row). Such a row waits until a claim that does not resume keys walks
-// them (Forwarder.claim: one claim in walkEvery).
+// them and reaches its key (Forwarder.claim: one claim in walkEvery, which
+// walks from the key cursor like every walk).
 func (l *chainLog) positions(busy []fencing.Continuation, limit int) []fencing.Continuation {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -115,6 +116,19 @@ func (l *chainLog) positions(busy []fencing.Continuation, limit int) []fencing.C
 		out = append(out, p.c)
 	}
 	return out
+}
+
+// forget drops the chains of the keys of items whose outcomes were not
+// written (or were stale): no claim may resume those keys behind a row that
+// is not PUBLISHED, nor a continuation of them go out.
+func (l *chainLog) forget(items []*item) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, it := range items {
+		if k := it.claimed.Row.OrderingKey; k != "" {
+			delete(l.until, k)
+		}
+	}
 }
 
 // endPass drops what no later claim can use.

@@ -101,7 +101,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		resume = f.chains.positions(cont, 2*f.cfg.BatchSize)
 	}
 	walk := full
-	if len(cont)+len(resume) == 0 {
+	if len(cont)+len(resume) == 0 && !full {
 		walk = f.start.walkDue()
 	}
 	p := fencing.ClaimParams{

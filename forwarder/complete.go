@@ -47,6 +47,9 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []item) {
 				t.rep.UnrecordedPublishes++
 			}
 		}
+		// Their keys may not be resumed behind these rows: they are not
+		// PUBLISHED, and once their leases expire they are claimable again.
+		f.chains.forget(written)
 		f.logger.Error("Outbox outcomes not written: these rows stay IN_FLIGHT until their leases expire and are then claimed again, so those already published may be published twice", err, watermill.LogFields{
 			"rows": len(outcomes), "message_ids": ids, "lease_tokens": tokens, "unrecorded_publishes": t.rep.UnrecordedPublishes,
 		})
@@ -70,6 +73,7 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []item) {
 		row := it.claimed.Row
 		verdict := it.verdict()
 		if stale[it] {
+			f.chains.forget([]*item{it})
 			rep.Stale++
 			f.metrics.message("stale", row.Destination)
 			f.warn("Outbox lease lost before the outcome was written: possible duplicate publication", watermill.LogFields{

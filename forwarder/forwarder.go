@@ -53,9 +53,11 @@ var (
 	ErrOutcomesNotWritten = &outbox.Error{Code: CodeOutcomesNotWritten}
 )
 
-// wakeGapDivisor: passes started by notifications begin at least
-// PollInterval/wakeGapDivisor apart (50ms by default).
-const wakeGapDivisor = 10
+// wakeGap is how far apart passes started by notifications begin at least:
+// PollInterval/10 (50 ms by default), never more than 50 ms, so that a relay
+// polling rarely (PollInterval of minutes, leaning on NOTIFY) still wakes at
+// once for each of a few commits while a NOTIFY flood is held to 20 passes/s.
+func wakeGap(poll time.Duration) time.Duration { return min(poll/10, 50*time.Millisecond) }
 
 // errReleaseFailed marks the failed release of a batch claimed ahead on the
 // way out; Close returns it like ErrOutcomesNotWritten.
@@ -430,7 +432,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 				return err
 			case <-wakeCh:
 				wakeCh, woken, idle = nil, true, 0
-				if d := time.Until(lastWoken.Add(f.cfg.PollInterval / wakeGapDivisor)); d > 0 {
+				if d := time.Until(lastWoken.Add(wakeGap(f.cfg.PollInterval))); d > 0 {
 					t.Reset(min(d, time.Until(deadline)))
 					continue
 				}

@@ -22,7 +22,7 @@ import (
 // listener does, so a lost notification delays a message by at most
 // MaxPollInterval. Any login may NOTIFY the channel, so a notification never
 // shortens a failure backoff, and passes started by notifications begin at
-// least PollInterval/10 apart (TestANotifyFloodStartsOneWokenPassPerGap,
+// least PollInterval/10 (at most 50 ms) apart (TestANotifyFloodStartsOneWokenPassPerGap,
 // TestNotificationsDoNotCutTheFailureBackoff).
 type Listener interface {
 	// Listen listens on channel until ctx is done, then returns. It calls

@@ -201,15 +201,16 @@ var (
 // call is one publish in flight: item at of unit u, on worker slot, with
 // the chain's state st before it.
 type call struct {
-	w     *workers
-	slot  int
-	u     *unit
-	at    int
-	st    chainState
-	state atomic.Int32
-	span  trace.Span
-	began time.Time
-	timer *time.Timer
+	w      *workers
+	slot   int
+	u      *unit
+	at     int
+	st     chainState
+	state  atomic.Int32
+	span   trace.Span
+	began  time.Time
+	timer  *time.Timer
+	cancel context.CancelFunc // ends the publish's context once it is left behind
 }
 
 // publish sends c's item downstream on the calling goroutine, under a span
@@ -225,7 +226,10 @@ func (w *workers) publish(c *call) (sent, bool) {
 		return sent{}, true
 	default:
 	}
-	if w.drained.Load() || f.localNow().After(w.startBy) {
+	// Not started, and given back without an attempt: the drain deadline
+	// passed, the lease would not outlive the publish, or more publishes
+	// than MaxAbandoned are already left running in a hanging downstream.
+	if w.drained.Load() || f.localNow().After(w.startBy) || f.abandoned.Load() > int64(f.cfg.MaxAbandoned) {
 		return sent{}, true
 	}
 	attempt := row.Attempts + 1
@@ -242,11 +246,16 @@ func (w *workers) publish(c *call) (sent, bool) {
 	defer cancel()
 	it.msg.SetContext(ctx)
 
-	c.span, c.began = span, time.Now()
+	c.span, c.began, c.cancel = span, time.Now(), cancel
 	w.calls[c.slot].Store(c)
 	c.timer = time.AfterFunc(f.cfg.PublishTimeout, c.expire)
 	if w.drained.Load() {
-		c.expire() // the drain deadline passed before this call was registered
+		// The drain deadline passed before this call was registered: it
+		// is settled as timed out and the worker handed on, and the
+		// publish never starts (Close may have returned already).
+		c.expire()
+		f.abandoned.Add(-1) // counted as left running by expire: it never ran
+		return sent{}, false
 	}
 	err := publishRecovering(f.out, row.Destination, it.msg)
 	if !c.state.CompareAndSwap(running, returned) {
@@ -273,6 +282,7 @@ func (c *call) expire() {
 		w.f.abandoned.Add(-1)
 		return
 	}
+	c.cancel() // a publisher that honours its context stops sending
 	s := sent{started: true, code: FailurePublishTimeout, err: fmt.Errorf("publish did not return within %s", w.f.cfg.PublishTimeout)}
 	if w.drained.Load() {
 		s.err = errDrainExpired
