@@ -1,6 +1,7 @@
 package testdb
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -29,7 +30,9 @@ import (
 // EXHAUSTED row without ParkedAt gets parked_at = now(), and a row that sets
 // published_at or parked_at for a status the CHECKs refuse fails the test
 // before it reaches the database. A non-zero Seq is written with OVERRIDING
-// SYSTEM VALUE. RoutingKey (a generated column) must stay empty.
+// SYSTEM VALUE. RoutingKey is a generated column: it is not written, and a
+// Row that sets it (as envelope.ToRow does) must agree with the column's
+// rule (PartitionKey, else MessageID).
 //
 // A value a Row cannot hold ('infinity', now() - interval '1 hour', a jsonb
 // literal) is given with [SQL], which sets the column to a trusted SQL
@@ -84,20 +87,34 @@ func InsertRow(t testing.TB, db Execer, r envelope.Row, opts ...RowOption) {
 }
 
 // InsertRows writes rows in one INSERT statement, so they share one
-// transaction and one now(), as a hand-written multi-row VALUES list does.
-// A column any row sets is listed; the rows that do not set it write
-// DEFAULT. It fails the test if a row is invalid or the database refuses
-// the statement.
+// transaction and one now(), as a hand-written multi-row VALUES list does,
+// and take seq in the order given. A column any row sets is listed; the
+// rows that do not set it write DEFAULT. Rows needing more than the
+// protocol's 65,535 bound values are split into several statements, in
+// order (pass a *sql.Tx to keep them in one transaction). It fails the test
+// if a row is invalid or the database refuses a statement.
 func InsertRows(t testing.TB, db Execer, rows ...OutboxRow) {
 	t.Helper()
 	q, args, err := insertStatement(rows)
 	if err != nil {
 		t.Fatalf("testdb: %v", err)
 	}
+	if len(args) > maxBoundValues && len(rows) > 1 {
+		InsertRows(t, db, rows[:len(rows)/2]...)
+		InsertRows(t, db, rows[len(rows)/2:]...)
+		return
+	}
 	if _, err := db.ExecContext(context.Background(), q, args...); err != nil {
+		if len(q) > 2000 {
+			q = q[:2000] + "…"
+		}
 		t.Fatalf("testdb: insert %d outbox row(s): %v\n%s", len(rows), err, q)
 	}
 }
+
+// maxBoundValues is the most parameters one statement may bind (the wire
+// protocol counts them in 16 bits).
+const maxBoundValues = 65535
 
 // outboxColumns lists the insertable columns of messaging_outbox in table
 // order, each with its value in a Row (nil when not set). routing_key and
@@ -195,8 +212,11 @@ func (o OutboxRow) complete() (envelope.Row, map[string]string, error) {
 	if r.Payload == nil && exprs["payload"] == "" {
 		r.Payload = []byte("{}")
 	}
-	if r.RoutingKey != "" || exprs["routing_key"] != "" || exprs["created_at_utc"] != "" {
-		return r, nil, fmt.Errorf("row %q: routing_key and created_at_utc are generated columns: leave RoutingKey empty", r.MessageID)
+	if _, ok := exprs["routing_key"]; ok || exprs["created_at_utc"] != "" {
+		return r, nil, fmt.Errorf("row %q: routing_key and created_at_utc are generated columns: they cannot be written", r.MessageID)
+	}
+	if r.RoutingKey != "" && r.RoutingKey != cmp.Or(r.PartitionKey, r.MessageID) {
+		return r, nil, fmt.Errorf("row %q: RoutingKey %q is not what the generated routing_key column will hold (PartitionKey, else MessageID): leave it empty", r.MessageID, r.RoutingKey)
 	}
 	for c := range exprs {
 		if !insertable(c) {

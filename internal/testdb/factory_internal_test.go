@@ -20,7 +20,7 @@ func TestFactoryRefusesInvalidRows(t *testing.T) {
 		{Row(envelope.Row{Status: envelope.StatusAmbiguous}, SQL("published_at", "now()")), "published_at_check"},
 		{Row(envelope.Row{Status: envelope.StatusPublished, ParkedAt: now}), "parked_at_check"},
 		{Row(envelope.Row{Status: "DONE"}), "not one of the six states"},
-		{Row(envelope.Row{RoutingKey: "k"}), "generated"},
+		{Row(envelope.Row{MessageID: "m", RoutingKey: "k"}), "generated routing_key"},
 		{Row(envelope.Row{}, SQL("routing_key", "'k'")), "generated"},
 		{Row(envelope.Row{}, SQL("no_such_column", "1")), "not an insertable"},
 	} {

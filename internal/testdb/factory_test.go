@@ -1,6 +1,7 @@
 package testdb_test
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -92,5 +93,23 @@ func TestInsertRowsSQLAndSharedStatement(t *testing.T) {
 	}
 	if n := s.Count(t, `message_id = 'b' AND created_at < now() - interval '1 day' AND published_at = (SELECT created_at FROM messaging_outbox WHERE message_id = 'a')`); n != 1 {
 		t.Fatal("row b: created_at from SQL, published_at = the statement's now()")
+	}
+}
+
+// Rows past the protocol's bound-value limit go in several statements, in
+// the order given.
+func TestInsertRowsSplitsPastTheParameterLimit(t *testing.T) {
+	s := testdb.New(t)
+	rows := make([]testdb.OutboxRow, 0, 22000)
+	for i := 1; i <= 22000; i++ { // 3 bound values a row: 66,000
+		rows = append(rows, testdb.Row(envelope.Row{MessageID: fmt.Sprintf("m%05d", i)}))
+	}
+	testdb.InsertRows(t, s.DB, rows...)
+	if n := s.Count(t, ""); n != 22000 {
+		t.Fatalf("%d rows", n)
+	}
+	if n := testdb.QueryInt(t, s.DB, `SELECT count(*) FROM (SELECT message_id, row_number() OVER (ORDER BY seq) AS rn FROM messaging_outbox) x
+		WHERE message_id <> 'm' || lpad(rn::text, 5, '0')`); n != 0 {
+		t.Fatalf("%d rows out of seq order", n)
 	}
 }
