@@ -12,34 +12,6 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 )
 
-// The row factory: tests write messaging_outbox rows from an envelope.Row
-// instead of hand-written INSERTs that drift from the schema (River's
-// testfactory in this project's words). Any status and any column can be
-// written; the zero value of a field means "not set", so the column takes
-// its default:
-//
-//   - message_id: a random "row-…" id; destination: "orders"; payload: "{}"
-//     (a nil Payload; an empty non-nil one is stored empty)
-//   - status: PENDING; headers: {} (a nil or empty map); attempts and
-//     lease_token: 0; created_at: now(); seq: the identity sequence
-//   - every other text column NULL for "" (so ordering_key is NULL, never
-//     ''), every other time column NULL for the zero time
-//
-// Rows are valid by construction where the schema ties columns together: a
-// PUBLISHED row without PublishedAt gets published_at = now(), a FAILED or
-// EXHAUSTED row without ParkedAt gets parked_at = now(), and a row that sets
-// published_at or parked_at for a status the CHECKs refuse fails the test
-// before it reaches the database. A non-zero Seq is written with OVERRIDING
-// SYSTEM VALUE. RoutingKey is a generated column: it is not written, and a
-// Row that sets it (as envelope.ToRow does) must agree with the column's
-// rule (PartitionKey, else MessageID).
-//
-// A value a Row cannot hold ('infinity', now() - interval '1 hour', a jsonb
-// literal) is given with [SQL], which sets the column to a trusted SQL
-// expression and overrides the Row's field. Rows meant to break the schema
-// (bad input, constraint tests) are still written by hand: the factory only
-// writes rows the schema accepts.
-
 // Execer is what the factory writes through: *sql.DB, *sql.Tx and *sql.Conn
 // all satisfy it.
 type Execer interface {
@@ -79,8 +51,34 @@ func Row(r envelope.Row, opts ...RowOption) OutboxRow {
 	return o
 }
 
-// InsertRow writes one messaging_outbox row built from r and opts (see the
-// factory's defaults above) and fails the test if the database refuses it.
+// InsertRow writes one messaging_outbox row built from r and opts, and fails
+// the test if the row is invalid or the database refuses it. It is the row
+// factory: tests write outbox rows from an envelope.Row instead of
+// hand-written INSERTs that drift from the schema (River's testfactory in
+// this project's words). Any status and any column can be written; the zero
+// value of a field means "not set", so the column takes its default:
+//
+//   - message_id: a random "row-…" id; destination: "orders"; payload: "{}"
+//     (a nil Payload; an empty non-nil one is stored empty)
+//   - status: PENDING; headers: {} (a nil or empty map); attempts and
+//     lease_token: 0; created_at: now(); seq: the identity sequence
+//   - every other text column NULL for "" (so ordering_key is NULL, never an
+//     empty string), every other time column NULL for the zero time
+//
+// Rows are valid by construction where the schema ties columns together: a
+// PUBLISHED row without PublishedAt gets published_at = now(), a FAILED or
+// EXHAUSTED row without ParkedAt gets parked_at = now(), and a row that sets
+// published_at or parked_at for a status the CHECKs refuse fails the test
+// before it reaches the database. A non-zero Seq is written with OVERRIDING
+// SYSTEM VALUE. RoutingKey is a generated column: it is not written, and a
+// Row that sets it (as envelope.ToRow does) must agree with the column's
+// rule (PartitionKey, else MessageID).
+//
+// A value a Row cannot hold ('infinity', now() - interval '1 hour', a jsonb
+// literal) is given with [SQL], which sets the column to a trusted SQL
+// expression and overrides the Row's field. Rows meant to break the schema
+// (bad input, constraint tests) are still written by hand: the factory only
+// writes rows the schema accepts.
 func InsertRow(t testing.TB, db Execer, r envelope.Row, opts ...RowOption) {
 	t.Helper()
 	InsertRows(t, db, Row(r, opts...))
