@@ -93,18 +93,17 @@ func TestScanRowReportsCorruptRows(t *testing.T) {
 func TestRowScannerReadsEachRowAfresh(t *testing.T) {
 	s := testdb.New(t)
 	s.DB.SetMaxOpenConns(2)
-	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, headers, producer, correlation_id,
-		causation_id, tenant, partition_key, ordering_key, traceparent, tracestate, baggage, schema_subject, schema_version,
-		content_type, message_type, aggregate_type, aggregate_id, aggregate_version, occurred_at) VALUES
-		('r1', 'full', 'payload one', '{"a":"1","b":"2"}', 'p', 'c', 'k', 'acme', 'pk', 'ok', 'tp', 'ts', 'bg', 'ss', 'sv',
-		 'ct', 'mt', 'at', 'aid', 7, now() - interval '1 hour')`)
-	require.NoError(t, err)
-	_, err = s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload) VALUES ('r2', 'bare', '')`)
-	require.NoError(t, err)
-	_, err = s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, headers) VALUES ('r3', 'corrupt', 'x', '{"a":1}')`)
-	require.NoError(t, err)
-	_, err = s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, aggregate_version) VALUES ('r4', 'again', 'payload four', 9)`)
-	require.NoError(t, err)
+	seven, nine := int64(7), int64(9)
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "r1", Destination: "full", Payload: []byte("payload one"),
+		Headers: map[string]string{"a": "1", "b": "2"}, Producer: "p", CorrelationID: "c", CausationID: "k", Tenant: "acme",
+		PartitionKey: "pk", OrderingKey: "ok", Traceparent: "tp", Tracestate: "ts", Baggage: "bg", SchemaSubject: "ss",
+		SchemaVersion: "sv", ContentType: "ct", MessageType: "mt", AggregateType: "at", AggregateID: "aid", AggregateVersion: &seven},
+		testdb.SQL("occurred_at", "now() - interval '1 hour'"))
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "r2", Destination: "bare", Payload: []byte{}})
+	// A header value that is not a string: valid jsonb, a corrupt row to the envelope.
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "r3", Destination: "corrupt", Payload: []byte("x")},
+		testdb.SQL("headers", `'{"a":1}'`))
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "r4", Destination: "again", Payload: []byte("payload four"), AggregateVersion: &nine})
 
 	rows, err := s.DB.Query(`SELECT ` + envelope.SelectColumns + ` FROM messaging_outbox ORDER BY seq`)
 	require.NoError(t, err)

@@ -3,11 +3,13 @@ package fencing_test
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 )
@@ -63,16 +65,22 @@ func claimWork(t *testing.T, s *testdb.Schema, p fencing.ClaimParams) (read, cla
 // outage), then the other keys' work: 50 keys x 4 rows and 100 unkeyed rows.
 func parkedHeadThenTraffic(t *testing.T, queue int) *testdb.Schema {
 	s := newDB(t)
-	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, ordering_key, status, attempts, parked_at, last_failure_code)
-		VALUES ('p-head', 'd', '', 'P', 'EXHAUSTED', 10, now(), 'PUBLISH_TIMEOUT')`)
-	require.NoError(t, err)
-	_, err = s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, ordering_key)
-		SELECT 'p' || g, 'd', '', 'P' FROM generate_series(1, $1::int) g`, queue)
-	require.NoError(t, err)
-	_, err = s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, ordering_key)
-		SELECT 'o' || g, 'd', '', CASE WHEN g % 3 = 0 THEN NULL ELSE 'key' || (g % 50) END
-		  FROM generate_series(1, 300) g`)
-	require.NoError(t, err)
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "p-head", Destination: "d", Payload: []byte{}, OrderingKey: "P",
+		Status: envelope.StatusExhausted, Attempts: 10, LastFailureCode: "PUBLISH_TIMEOUT"}) // parked_at: now()
+	rows := make([]testdb.OutboxRow, 0, queue)
+	for g := 1; g <= queue; g++ {
+		rows = append(rows, testdb.Row(envelope.Row{MessageID: "p" + strconv.Itoa(g), Destination: "d", Payload: []byte{}, OrderingKey: "P"}))
+	}
+	testdb.InsertRows(t, s.DB, rows...)
+	rows = rows[:0]
+	for g := 1; g <= 300; g++ {
+		key := "key" + strconv.Itoa(g%50)
+		if g%3 == 0 {
+			key = "" // NULL: unkeyed
+		}
+		rows = append(rows, testdb.Row(envelope.Row{MessageID: "o" + strconv.Itoa(g), Destination: "d", Payload: []byte{}, OrderingKey: key}))
+	}
+	testdb.InsertRows(t, s.DB, rows...)
 	return s
 }
 

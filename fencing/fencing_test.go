@@ -19,12 +19,9 @@ import (
 
 var t0 = time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
 
-const insertSQL = `INSERT INTO messaging_outbox (message_id, destination, payload, ordering_key) VALUES ($1, $2, $3, nullif($4, ''))`
-
 func insert(t *testing.T, db *sql.DB, id, key string) {
 	t.Helper()
-	_, err := db.Exec(insertSQL, id, "orders", []byte("p-"+id), key)
-	require.NoError(t, err)
+	testdb.InsertRow(t, db, envelope.Row{MessageID: id, Destination: "orders", Payload: []byte("p-" + id), OrderingKey: key})
 }
 
 func newDB(t *testing.T) *testdb.Schema {

@@ -7,7 +7,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 )
 
 // MaxBytes cuts a claim in seq order where the payloads and headers would
@@ -32,8 +34,7 @@ func TestClaimTakesAtMostMaxBytes(t *testing.T) {
 				if !keyed {
 					r.key = ""
 				}
-				_, err := s.DB.Exec(insertSQL, r.id, "orders", []byte(strings.Repeat("x", r.size)), r.key)
-				require.NoError(t, err)
+				testdb.InsertRow(t, s.DB, envelope.Row{MessageID: r.id, Destination: "orders", Payload: []byte(strings.Repeat("x", r.size)), OrderingKey: r.key})
 			}
 			// A budget below the first row: it goes out alone.
 			c, err := fencing.Claim(ctx, s.DB, p(fencing.ClaimParams{Owner: "r", Limit: 100, Lease: 30e9, MaxAttempts: 3, Now: t0, MaxBytes: kib}))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,8 +14,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 )
 
 // Regression (hostile review): 4 relays, BlockKey, keys whose rows alternate between two
@@ -30,11 +33,21 @@ func TestHostileFlappingDestinationInMixedChains(t *testing.T) {
 	}
 	s := newDB(t)
 	s.DB.SetMaxOpenConns(24)
-	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, ordering_key)
-		SELECT 'r' || lpad(g::text, 5, '0'), CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, '\x00'::bytea,
-		       CASE WHEN g % 3 = 0 THEN 'hot' WHEN g % 7 = 0 THEN NULL ELSE 'k' || (g % 200) END
-		  FROM generate_series(1, 1200) g`)
-	require.NoError(t, err)
+	rows := make([]testdb.OutboxRow, 0, 1200)
+	for g := 1; g <= 1200; g++ {
+		dest, key := "b", "k"+strconv.Itoa(g%200)
+		if g%2 == 0 {
+			dest = "a"
+		}
+		switch {
+		case g%3 == 0:
+			key = "hot"
+		case g%7 == 0:
+			key = "" // NULL: unkeyed
+		}
+		rows = append(rows, testdb.Row(envelope.Row{MessageID: fmt.Sprintf("r%05d", g), Destination: dest, Payload: []byte{0}, OrderingKey: key}))
+	}
+	testdb.InsertRows(t, s.DB, rows...)
 	seqOf, keyOf := map[string]int64{}, map[string]string{}
 	res, err := s.DB.Query(`SELECT message_id, seq, coalesce(ordering_key, '') FROM messaging_outbox`)
 	require.NoError(t, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 )
 
 // insertKeyed writes one row of key (no key: "") with id.
@@ -239,9 +240,8 @@ func TestResumedKeyStillFindsALateRowBelowItsPosition(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, 1, rep.Published)
 
-			_, err = s.DB.Exec(`INSERT INTO messaging_outbox (seq, message_id, destination, payload, ordering_key)
-				OVERRIDING SYSTEM VALUE VALUES (0, 'late', 'orders', 'x', 'K')`)
-			require.NoError(t, err)
+			testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "late", Destination: "orders", Payload: []byte("x"), OrderingKey: "K"},
+				testdb.SQL("seq", "0")) // Seq 0 would mean "not set"
 			for i := 2; i <= 1+c.queued; i++ {
 				insertKeyed(t, s.DB, fmt.Sprintf("k%02d", i), "K")
 			}

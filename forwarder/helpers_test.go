@@ -61,16 +61,7 @@ func newDB(t *testing.T) *testdb.Schema {
 	return s
 }
 
-const insertSQL = `INSERT INTO messaging_outbox (message_id, destination, payload, headers, occurred_at, producer,
-  correlation_id, causation_id, tenant, partition_key, ordering_key, traceparent, tracestate, baggage,
-  schema_subject, schema_version, content_type, message_type, aggregate_type, aggregate_id, aggregate_version)
-VALUES ($1, $2, $3, $4, $5, nullif($6, ''), nullif($7, ''), nullif($8, ''), nullif($9, ''), nullif($10, ''),
-  nullif($11, ''), nullif($12, ''), nullif($13, ''), nullif($14, ''), nullif($15, ''), nullif($16, ''),
-  nullif($17, ''), nullif($18, ''), nullif($19, ''), nullif($20, ''), $21)`
-
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
+type execer = testdb.Execer
 
 // insert writes msg for topic the way the transactional publisher does:
 // through envelope.ToRow.
@@ -78,16 +69,7 @@ func insert(t *testing.T, db execer, topic string, msg *message.Message) {
 	t.Helper()
 	r, err := envelope.ToRow(topic, msg, envelope.Options{})
 	require.NoError(t, err)
-	h, err := envelope.EncodeHeaders(r.Headers)
-	require.NoError(t, err)
-	var occurred any
-	if !r.OccurredAt.IsZero() {
-		occurred = r.OccurredAt
-	}
-	_, err = db.ExecContext(context.Background(), insertSQL, r.MessageID, r.Destination, r.Payload, h, occurred, r.Producer,
-		r.CorrelationID, r.CausationID, r.Tenant, r.PartitionKey, r.OrderingKey, r.Traceparent, r.Tracestate, r.Baggage,
-		r.SchemaSubject, r.SchemaVersion, r.ContentType, r.MessageType, r.AggregateType, r.AggregateID, r.AggregateVersion)
-	require.NoError(t, err)
+	testdb.InsertRow(t, db, r)
 }
 
 func insertN(t *testing.T, db execer, topic string, ids ...string) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/fencedoutbox/watermill-outbox/status"
@@ -81,9 +83,11 @@ func (o *outage) counts() (delivered, failedCalls int) {
 
 func fill(t *testing.T, s *testdb.Schema, dest, prefix string, n int) {
 	t.Helper()
-	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload)
-		SELECT $1::text || g, $2::text, '\x00'::bytea FROM generate_series(1, $3::int) g`, prefix, dest, n)
-	require.NoError(t, err)
+	rows := make([]testdb.OutboxRow, 0, n)
+	for g := 1; g <= n; g++ {
+		rows = append(rows, testdb.Row(envelope.Row{MessageID: prefix + strconv.Itoa(g), Destination: dest, Payload: []byte{0}}))
+	}
+	testdb.InsertRows(t, s.DB, rows...)
 }
 
 // statusCounts returns how many rows are in each status.
@@ -258,10 +262,15 @@ func TestBrokerOutageSpendsNoBudget(t *testing.T) {
 // and the down one's rows keep their budget (no attempts beyond the probes).
 func TestOneDestinationDownTheOtherFlows(t *testing.T) {
 	s := newDB(t)
-	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload)
-		SELECT CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END || g, CASE WHEN g % 2 = 0 THEN 'down' ELSE 'up' END, '\x00'::bytea
-		  FROM generate_series(1, 600) g`)
-	require.NoError(t, err)
+	rows := make([]testdb.OutboxRow, 0, 600)
+	for g := 1; g <= 600; g++ {
+		id, dest := "b"+strconv.Itoa(g), "up"
+		if g%2 == 0 {
+			id, dest = "a"+strconv.Itoa(g), "down"
+		}
+		rows = append(rows, testdb.Row(envelope.Row{MessageID: id, Destination: dest, Payload: []byte{0}}))
+	}
+	testdb.InsertRows(t, s.DB, rows...)
 	out := newOutage("down")
 	rs := startRelays(t, s, out, 1, outageConfig())
 	require.Eventually(t, func() bool {

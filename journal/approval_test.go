@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/fencedoutbox/watermill-outbox/journal"
 )
@@ -28,14 +29,13 @@ func TestApprovalBindsTheRowSetAndItsCount(t *testing.T) {
 	s := newSchema(t)
 	ctx := context.Background()
 	// 'between' is pending at approval, with a seq inside the approved range.
-	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload) VALUES ('between', 'orders', 'x')`)
-	require.NoError(t, err)
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "between", Destination: "orders", Payload: []byte("x")})
 	parked(t, s.DB, "old", 3, "EXHAUSTED", "orders", "", "", t0)
 	c := newClock(t0.Add(time.Hour))
 	j := approvingJournal(t, s.DB, "ops", c)
 	f := journal.Filter{}
 
-	_, err = j.Purge(ctx, "CHG-1", f, journal.Options{})
+	_, err := j.Purge(ctx, "CHG-1", f, journal.Options{})
 	require.ErrorIs(t, err, journal.ErrNotApproved, "no approval recorded: refused")
 	require.Equal(t, 3, s.Count(t, "status = 'EXHAUSTED'"))
 

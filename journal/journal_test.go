@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -53,15 +54,20 @@ func newJournal(t *testing.T, db *sql.DB, owner string, c *clock, batch int) *jo
 // as the status requires) at `at`.
 func parked(t *testing.T, db *sql.DB, prefix string, n int, status, dest, tenant, code string, at time.Time) {
 	t.Helper()
-	_, err := db.Exec(`
-INSERT INTO messaging_outbox (message_id, destination, payload, status, tenant, created_at, attempts,
-    lease_owner, lease_token, lease_expires_at, last_failure_code, last_failure_detail, parked_at, next_attempt_at,
-    published_at)
-SELECT $1 || '-' || g, $3, '\x01'::bytea, $2, nullif($4, ''), $6, 10,
-    'relay-x', 7, $6, nullif($5, ''), 'why', CASE WHEN $2 IN ('FAILED', 'EXHAUSTED') THEN $6::timestamptz END, $6,
-    CASE WHEN $2 = 'PUBLISHED' THEN $6::timestamptz END
-  FROM generate_series(1, $7) g`, prefix, status, dest, tenant, code, at, n)
-	require.NoError(t, err)
+	rows := make([]testdb.OutboxRow, 0, n)
+	for g := 1; g <= n; g++ {
+		r := envelope.Row{MessageID: prefix + "-" + strconv.Itoa(g), Destination: dest, Payload: []byte{1},
+			Status: envelope.Status(status), Tenant: tenant, CreatedAt: at, Attempts: 10, LeaseOwner: "relay-x",
+			LeaseToken: 7, LeaseExpiresAt: at, LastFailureCode: code, LastFailureDetail: "why", NextAttemptAt: at}
+		if r.Status.Parked() {
+			r.ParkedAt = at
+		}
+		if r.Status == envelope.StatusPublished {
+			r.PublishedAt = at
+		}
+		rows = append(rows, testdb.Row(r))
+	}
+	testdb.InsertRows(t, db, rows...)
 }
 
 // logRedrives installs a trigger that records every parked -> PENDING

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -39,22 +40,25 @@ func newSchema(t *testing.T) *testdb.Schema {
 // insertPublished inserts n PUBLISHED rows with published_at = at - i seconds.
 func insertPublished(t *testing.T, db *sql.DB, prefix string, n int, at time.Time) {
 	t.Helper()
-	_, err := db.Exec(`
-INSERT INTO messaging_outbox (message_id, destination, payload, status, created_at, published_at)
-SELECT $1 || g, 'orders', '\x01'::bytea, 'PUBLISHED', $2::timestamptz - make_interval(secs => g + 10), $2::timestamptz - make_interval(secs => g)
-  FROM generate_series(1, $3) g`, prefix, at, n)
-	require.NoError(t, err)
+	rows := make([]testdb.OutboxRow, 0, n)
+	for g := 1; g <= n; g++ {
+		sec := time.Duration(g) * time.Second
+		rows = append(rows, testdb.Row(envelope.Row{MessageID: prefix + strconv.Itoa(g), Destination: "orders", Payload: []byte{1},
+			Status: envelope.StatusPublished, CreatedAt: at.Add(-sec - 10*time.Second), PublishedAt: at.Add(-sec)}))
+	}
+	testdb.InsertRows(t, db, rows...)
 }
 
 // insertOtherStatuses inserts one row per non-PUBLISHED status, created and
 // (FAILED, EXHAUSTED) parked long before the horizon.
 func insertOtherStatuses(t *testing.T, db *sql.DB, at time.Time) {
 	t.Helper()
-	for _, st := range []string{"PENDING", "IN_FLIGHT", "AMBIGUOUS", "FAILED", "EXHAUSTED"} {
-		_, err := db.Exec(`
-INSERT INTO messaging_outbox (message_id, destination, payload, status, created_at, parked_at)
-VALUES ($1, 'orders', '\x01'::bytea, $1, $2, CASE WHEN $1 IN ('FAILED', 'EXHAUSTED') THEN $2::timestamptz END)`, st, at)
-		require.NoError(t, err)
+	for _, st := range []envelope.Status{envelope.StatusPending, envelope.StatusInFlight, envelope.StatusAmbiguous, envelope.StatusFailed, envelope.StatusExhausted} {
+		r := envelope.Row{MessageID: string(st), Destination: "orders", Payload: []byte{1}, Status: st, CreatedAt: at}
+		if st.Parked() {
+			r.ParkedAt = at
+		}
+		testdb.InsertRow(t, db, r)
 	}
 }
 
@@ -210,17 +214,16 @@ func TestArchiveMovesRowsWithAllColumns(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
 	old := now.Add(-80 * time.Hour)
-	_, err := s.DB.Exec(`
-INSERT INTO messaging_outbox (message_id, destination, payload, headers, status, created_at, occurred_at,
-  published_at, attempts, next_attempt_at, lease_owner, lease_token, lease_expires_at, last_failure_code,
-  last_failure_detail, last_attempt_at, producer, correlation_id, causation_id, tenant, partition_key,
-  ordering_key, traceparent, tracestate, baggage, schema_subject, schema_version, content_type,
-  message_type, aggregate_type, aggregate_id, aggregate_version, parked_at)
-VALUES ('full', 'orders', '\xdeadbeef'::bytea, '{"a":"b"}', 'PUBLISHED', $1, $1, $1, 3, $1, 'relay-1', 7, $1,
-  'TIMEOUT', 'detail', $1, 'svc', 'corr', 'caus', 'acme', 'pk', 'ok',
-  '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', 'k=v', 'b=1', 'subj', '2', 'application/json',
-  'OrderPaid', 'order', 'o-1', 42, NULL)`, old)
-	require.NoError(t, err)
+	aggVersion := int64(42)
+	testdb.InsertRow(t, s.DB, envelope.Row{
+		MessageID: "full", Destination: "orders", Payload: []byte{0xde, 0xad, 0xbe, 0xef}, Headers: map[string]string{"a": "b"},
+		Status: envelope.StatusPublished, CreatedAt: old, OccurredAt: old, PublishedAt: old, Attempts: 3, NextAttemptAt: old,
+		LeaseOwner: "relay-1", LeaseToken: 7, LeaseExpiresAt: old, LastFailureCode: "TIMEOUT", LastFailureDetail: "detail",
+		LastAttemptAt: old, Producer: "svc", CorrelationID: "corr", CausationID: "caus", Tenant: "acme", PartitionKey: "pk",
+		OrderingKey: "ok", Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", Tracestate: "k=v",
+		Baggage: "b=1", SchemaSubject: "subj", SchemaVersion: "2", ContentType: "application/json",
+		MessageType: "OrderPaid", AggregateType: "order", AggregateID: "o-1", AggregateVersion: &aggVersion,
+	})
 	insertPublished(t, s.DB, "old-", 20, old)
 	insertOtherStatuses(t, s.DB, old)
 
@@ -274,15 +277,18 @@ func TestByCreatedAtRemovesOldRowsOfAnyStatus(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
 	insertOtherStatuses(t, s.DB, now.Add(-100*time.Hour))
-	_, err := s.DB.Exec(`
-INSERT INTO messaging_outbox (message_id, destination, payload, created_at)
-SELECT 'cdc-old-' || g, 'orders', '\x01'::bytea, $1::timestamptz - make_interval(secs => g) FROM generate_series(1, 250) g`,
-		now.Add(-73*time.Hour))
-	require.NoError(t, err)
-	_, err = s.DB.Exec(`
-INSERT INTO messaging_outbox (message_id, destination, payload, created_at)
-SELECT 'cdc-new-' || g, 'orders', '\x01'::bytea, $1::timestamptz FROM generate_series(1, 30) g`, now.Add(-71*time.Hour))
-	require.NoError(t, err)
+	var rows []testdb.OutboxRow
+	for g := 1; g <= 250; g++ {
+		rows = append(rows, testdb.Row(envelope.Row{MessageID: "cdc-old-" + strconv.Itoa(g), Destination: "orders", Payload: []byte{1},
+			CreatedAt: now.Add(-73*time.Hour - time.Duration(g)*time.Second)}))
+	}
+	testdb.InsertRows(t, s.DB, rows...)
+	rows = rows[:0]
+	for g := 1; g <= 30; g++ {
+		rows = append(rows, testdb.Row(envelope.Row{MessageID: "cdc-new-" + strconv.Itoa(g), Destination: "orders", Payload: []byte{1},
+			CreatedAt: now.Add(-71 * time.Hour)}))
+	}
+	testdb.InsertRows(t, s.DB, rows...)
 
 	// The default mode deletes none of these: none is PUBLISHED.
 	byPub, err := retention.New(s.DB, nil, retention.Config{Now: clock})
@@ -314,13 +320,15 @@ func TestByCreatedAtParkedByCreatedAtPublishedByPublishedAt(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
 	old, young := now.Add(-100*time.Hour), now.Add(-time.Hour)
-	_, err := s.DB.Exec(`
-INSERT INTO messaging_outbox (message_id, destination, payload, status, created_at, published_at, parked_at) VALUES
-  ('pub-old',      'orders', '\x01'::bytea, 'PUBLISHED', $1, $1, NULL),
-  ('pub-late',     'orders', '\x01'::bytea, 'PUBLISHED', $1, $2, NULL),
-  ('parked-old',   'orders', '\x01'::bytea, 'FAILED',    $1, NULL, $2),
-  ('parked-young', 'orders', '\x01'::bytea, 'EXHAUSTED', $2, NULL, $2)`, old, young)
-	require.NoError(t, err)
+	row := func(id string, st envelope.Status, created, published, parked time.Time) testdb.OutboxRow {
+		return testdb.Row(envelope.Row{MessageID: id, Destination: "orders", Payload: []byte{1}, Status: st,
+			CreatedAt: created, PublishedAt: published, ParkedAt: parked})
+	}
+	testdb.InsertRows(t, s.DB,
+		row("pub-old", envelope.StatusPublished, old, old, time.Time{}),
+		row("pub-late", envelope.StatusPublished, old, young, time.Time{}),
+		row("parked-old", envelope.StatusFailed, old, time.Time{}, young),
+		row("parked-young", envelope.StatusExhausted, young, time.Time{}, young))
 	enableCDC(t, s.DB)
 	c, err := retention.New(s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, Now: clock})
 	require.NoError(t, err)
@@ -339,8 +347,7 @@ func TestByCreatedAtRemovesInInsertionOrder(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
 	ins := func(id string, created time.Time) {
-		_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, created_at) VALUES ($1, 'orders', '\x01'::bytea, $2)`, id, created)
-		require.NoError(t, err)
+		testdb.InsertRow(t, s.DB, envelope.Row{MessageID: id, Destination: "orders", Payload: []byte{1}, CreatedAt: created})
 	}
 	ins("old-1", now.Add(-80*time.Hour))
 	ins("young", now.Add(-70*time.Hour))
@@ -549,10 +556,11 @@ func TestRetentionDoesNotBlockClaimsOrInserts(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
 	insertPublished(t, s.DB, "old-", 300, now.Add(-100*time.Hour))
-	_, err := s.DB.Exec(`
-INSERT INTO messaging_outbox (message_id, destination, payload)
-SELECT 'pending-' || g, 'orders', '\x01'::bytea FROM generate_series(1, 20) g`)
-	require.NoError(t, err)
+	var pending []testdb.OutboxRow
+	for g := 1; g <= 20; g++ {
+		pending = append(pending, testdb.Row(envelope.Row{MessageID: "pending-" + strconv.Itoa(g), Destination: "orders", Payload: []byte{1}}))
+	}
+	testdb.InsertRows(t, s.DB, pending...)
 
 	cfg, held, release := holdBatch(retention.Config{BatchSize: 100, Now: clock})
 	c, err := retention.New(s.DB, nil, cfg)
@@ -589,8 +597,7 @@ SELECT 'pending-' || g, 'orders', '\x01'::bytea FROM generate_series(1, 20) g`)
 	defer func() { _ = tx.Rollback() }()
 	_, err = tx.ExecContext(ctx, `SET LOCAL lock_timeout = '2s'`)
 	require.NoError(t, err)
-	_, err = tx.ExecContext(ctx, `INSERT INTO messaging_outbox (message_id, destination, payload) VALUES ('during-retention', 'orders', '\x02'::bytea)`)
-	require.NoError(t, err)
+	testdb.InsertRow(t, tx, envelope.Row{MessageID: "during-retention", Destination: "orders", Payload: []byte{2}})
 	// The relay's real claim (ordering probe, lease, token increment), on
 	// this transaction.
 	claimed, err := fencing.Claim(ctx, tx, fencing.ClaimParams{Owner: "relay", Limit: 10, Lease: time.Minute, MaxAttempts: 10})
@@ -700,11 +707,13 @@ SELECT 'a-' || message_id, destination, payload, headers, status, seq, created_a
 func TestByCreatedAtBoundReadsOnlyTheRunsWindow(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
-	_, err := s.DB.Exec(`
-INSERT INTO messaging_outbox (message_id, destination, payload, created_at)
-SELECT 'old-' || g, 'orders', '\x01'::bytea, $1::timestamptz FROM generate_series(1, 3000) g`, now.Add(-100*time.Hour))
-	require.NoError(t, err)
-	_, err = s.DB.Exec(`ANALYZE messaging_outbox`)
+	var rows []testdb.OutboxRow
+	for g := 1; g <= 3000; g++ {
+		rows = append(rows, testdb.Row(envelope.Row{MessageID: "old-" + strconv.Itoa(g), Destination: "orders", Payload: []byte{1},
+			CreatedAt: now.Add(-100 * time.Hour)}))
+	}
+	testdb.InsertRows(t, s.DB, rows...)
+	_, err := s.DB.Exec(`ANALYZE messaging_outbox`)
 	require.NoError(t, err)
 
 	var raw []byte

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 )
 
@@ -81,8 +82,8 @@ func TestCollectorOldestAge(t *testing.T) {
 	s := testdb.New(t)
 	s.DB.SetMaxOpenConns(2)
 	// Created one hour before the database's now(): the gauge reads about 3600.
-	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, created_at) VALUES ('old', 'd', 'x', now() - interval '1 hour')`)
-	require.NoError(t, err)
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "old", Destination: "d", Payload: []byte("x")},
+		testdb.SQL("created_at", "now() - interval '1 hour'"))
 	c, err := NewCollector(s.DB, CollectorOptions{})
 	require.NoError(t, err)
 	age := testutil.ToFloat64(prometheus.CollectorFunc(func(ch chan<- prometheus.Metric) {

@@ -17,13 +17,6 @@ import (
 // t0 is the pinned "now" of the tests.
 var t0 = time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC)
 
-const insertRow = `
-INSERT INTO messaging_outbox (message_id, destination, payload, status, created_at, tenant,
-                              correlation_id, last_failure_code, parked_at, published_at)
-VALUES ($1, $2, 'x', $3, $4, nullif($5, ''), nullif($6, ''), nullif($7, ''),
-        CASE WHEN $3 IN ('FAILED', 'EXHAUSTED') THEN $4::timestamptz END,
-        CASE WHEN $3 = 'PUBLISHED' THEN $4::timestamptz END)`
-
 type seed struct {
 	id, dest, status string
 	age              time.Duration
@@ -34,8 +27,16 @@ type seed struct {
 func insert(t *testing.T, db *sql.DB, rows ...seed) {
 	t.Helper()
 	for _, r := range rows {
-		_, err := db.Exec(insertRow, r.id, r.dest, r.status, t0.Add(-r.age), r.tenant, r.corr, r.code)
-		require.NoError(t, err, r.id)
+		at := t0.Add(-r.age)
+		row := envelope.Row{MessageID: r.id, Destination: r.dest, Payload: []byte("x"), Status: envelope.Status(r.status),
+			CreatedAt: at, Tenant: r.tenant, CorrelationID: r.corr, LastFailureCode: r.code}
+		if row.Status.Parked() {
+			row.ParkedAt = at
+		}
+		if row.Status == envelope.StatusPublished {
+			row.PublishedAt = at
+		}
+		testdb.InsertRow(t, db, row)
 	}
 }
 
@@ -163,12 +164,11 @@ func TestMessageReadsEveryColumn(t *testing.T) {
 	s := testdb.New(t)
 	s.DB.SetMaxOpenConns(2)
 	ctx := context.Background()
-	_, err := s.DB.Exec(`
-INSERT INTO messaging_outbox (message_id, destination, payload, headers, status, attempts, lease_owner, lease_token,
-    lease_expires_at, last_failure_code, last_failure_detail, tenant, partition_key, correlation_id, aggregate_version)
-VALUES ('m-1', 'orders', '\x7b7d', '{"k":"v"}', 'AMBIGUOUS', 3, 'relay-a', 7, $1, 'PUBLISH_TIMEOUT',
-    'no confirm within 5s', 'acme', 'order-9', 'corr-1', 4)`, t0)
-	require.NoError(t, err)
+	aggVersion := int64(4)
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "m-1", Destination: "orders", Payload: []byte("{}"), Headers: map[string]string{"k": "v"},
+		Status: envelope.StatusAmbiguous, Attempts: 3, LeaseOwner: "relay-a", LeaseToken: 7, LeaseExpiresAt: t0,
+		LastFailureCode: "PUBLISH_TIMEOUT", LastFailureDetail: "no confirm within 5s", Tenant: "acme", PartitionKey: "order-9",
+		CorrelationID: "corr-1", AggregateVersion: &aggVersion})
 
 	row, err := Message(ctx, s.DB, "m-1")
 	require.NoError(t, err)

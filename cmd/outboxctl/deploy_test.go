@@ -20,7 +20,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 )
 
 const deployDir = "../../deploy"
@@ -217,8 +219,8 @@ var metricRe = regexp.MustCompile(`\boutbox_[a-z_]+`)
 func exposedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	s := newSchema(t)
-	exec1(t, s.DB, `INSERT INTO messaging_outbox (message_id, destination, payload) VALUES ('m-1', 'orders', 'x')`)
-	exec1(t, s.DB, `INSERT INTO messaging_outbox (message_id, destination, payload, status, parked_at, last_failure_code) VALUES ('f-1', 'orders', 'x', 'FAILED', now(), 'X')`)
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "m-1", Destination: "orders", Payload: []byte("x")})
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "f-1", Destination: "orders", Payload: []byte("x"), Status: envelope.StatusFailed, LastFailureCode: "X"})
 	p := startRelayProc(t, nil, "--database-url", s.URL, "relay", "--to", "log", "--metrics-addr", "127.0.0.1:0",
 		"--poll-interval", "50ms", "--max-poll-interval", "200ms")
 	line := p.waitLine(t, func(l string) bool { return strings.Contains(l, "metrics on http://") })

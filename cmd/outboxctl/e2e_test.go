@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -87,6 +88,18 @@ func newSchema(t *testing.T) *testdb.Schema {
 	return s
 }
 
+// insertOldPublished writes n PUBLISHED rows old-1..old-n, published 100
+// hours before the database's now().
+func insertOldPublished(t *testing.T, s *testdb.Schema, n int) {
+	t.Helper()
+	rows := make([]testdb.OutboxRow, 0, n)
+	for g := 1; g <= n; g++ {
+		rows = append(rows, testdb.Row(envelope.Row{MessageID: "old-" + strconv.Itoa(g), Destination: "orders", Payload: []byte("x"),
+			Status: envelope.StatusPublished}, testdb.SQL("published_at", "now() - interval '100 hours'")))
+	}
+	testdb.InsertRows(t, s.DB, rows...)
+}
+
 func exec1(t *testing.T, d *sql.DB, q string, args ...any) {
 	t.Helper()
 	_, err := d.Exec(q, args...)
@@ -127,14 +140,22 @@ func TestMigrateAppliesEmbeddedMigrations(t *testing.T) {
 
 func seedStatus(t *testing.T, s *testdb.Schema) {
 	t.Helper()
-	exec1(t, s.DB, `
-INSERT INTO messaging_outbox (message_id, destination, payload, status, created_at, tenant, correlation_id, last_failure_code, parked_at, published_at, headers)
-VALUES ('p1', 'orders', 'hello', 'PENDING', now() - interval '2 hours', 'acme', 'flow-slow', NULL, NULL, NULL, '{"trace":"t-1"}'),
-       ('p2', 'billing', 'x', 'PENDING', now() - interval '1 minute', NULL, 'flow-ok', NULL, NULL, NULL, '{}'),
-       ('f1', 'orders', 'x', 'FAILED', now() - interval '10 minutes', 'acme', 'flow-park', 'REJECTED', now(), NULL, '{}'),
-       ('e1', 'billing', 'x', 'EXHAUSTED', now() - interval '20 minutes', NULL, NULL, 'PUBLISH_TIMEOUT', now(), NULL, '{}'),
-       ('a1', 'billing', 'x', 'AMBIGUOUS', now() - interval '5 minutes', NULL, NULL, 'PUBLISH_TIMEOUT', NULL, NULL, '{}'),
-       ('done', 'orders', 'x', 'PUBLISHED', now() - interval '5 hours', NULL, NULL, NULL, NULL, now() - interval '4 hours', '{}')`)
+	ago := func(interval string) testdb.RowOption {
+		return testdb.SQL("created_at", "now() - interval '"+interval+"'")
+	}
+	testdb.InsertRows(t, s.DB, // one statement: one now(), parked_at included
+		testdb.Row(envelope.Row{MessageID: "p1", Destination: "orders", Payload: []byte("hello"), Tenant: "acme",
+			CorrelationID: "flow-slow", Headers: map[string]string{"trace": "t-1"}}, ago("2 hours")),
+		testdb.Row(envelope.Row{MessageID: "p2", Destination: "billing", Payload: []byte("x"), CorrelationID: "flow-ok"}, ago("1 minute")),
+		testdb.Row(envelope.Row{MessageID: "f1", Destination: "orders", Payload: []byte("x"), Status: envelope.StatusFailed,
+			Tenant: "acme", CorrelationID: "flow-park", LastFailureCode: "REJECTED"}, ago("10 minutes")),
+		testdb.Row(envelope.Row{MessageID: "e1", Destination: "billing", Payload: []byte("x"), Status: envelope.StatusExhausted,
+			LastFailureCode: "PUBLISH_TIMEOUT"}, ago("20 minutes")),
+		testdb.Row(envelope.Row{MessageID: "a1", Destination: "billing", Payload: []byte("x"), Status: envelope.StatusAmbiguous,
+			LastFailureCode: "PUBLISH_TIMEOUT"}, ago("5 minutes")),
+		testdb.Row(envelope.Row{MessageID: "done", Destination: "orders", Payload: []byte("x"), Status: envelope.StatusPublished},
+			ago("5 hours"), testdb.SQL("published_at", "now() - interval '4 hours'")),
+	)
 	require.NoError(t, relaymode.Beat(context.Background(), s.DB, "relay-a", time.Hour))
 }
 
@@ -263,13 +284,11 @@ func TestInspect(t *testing.T) {
 func TestCleanupDeletesInBatchesWithProgress(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
-	exec1(t, s.DB, `
-INSERT INTO messaging_outbox (message_id, destination, payload, status, published_at)
-SELECT 'old-' || g, 'orders', 'x', 'PUBLISHED', now() - interval '100 hours' FROM generate_series(1, 25) g`)
-	exec1(t, s.DB, `
-INSERT INTO messaging_outbox (message_id, destination, payload, status, published_at, parked_at, created_at)
-VALUES ('new', 'orders', 'x', 'PUBLISHED', now(), NULL, now()),
-       ('parked', 'orders', 'x', 'FAILED', NULL, now(), now() - interval '100 hours')`)
+	insertOldPublished(t, s, 25)
+	testdb.InsertRows(t, s.DB,
+		testdb.Row(envelope.Row{MessageID: "new", Destination: "orders", Payload: []byte("x"), Status: envelope.StatusPublished}),
+		testdb.Row(envelope.Row{MessageID: "parked", Destination: "orders", Payload: []byte("x"), Status: envelope.StatusFailed},
+			testdb.SQL("created_at", "now() - interval '100 hours'")))
 
 	r := db(t, s, "cleanup", "--batch-size", "10", "--horizon", "72h")
 	requireCode(t, r, 0)
@@ -411,9 +430,8 @@ func TestResolvedURLTrimsAndFallsBackToEnv(t *testing.T) {
 func TestCleanupFloorAndVisibleSkip(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
-	exec1(t, s.DB, `
-INSERT INTO messaging_outbox (message_id, destination, payload, status, published_at)
-VALUES ('recent', 'orders', 'x', 'PUBLISHED', now() - interval '1 hour')`)
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "recent", Destination: "orders", Payload: []byte("x"), Status: envelope.StatusPublished},
+		testdb.SQL("published_at", "now() - interval '1 hour'"))
 	exec1(t, s.DB, `INSERT INTO messaging_inbox (message_id, consumer, processed_at) VALUES ('m1', 'billing', now() - interval '1 hour')`)
 	for _, args := range [][]string{{"--horizon", "1ns"}, {"--inbox-horizon", "1ns"}, {"--inbox-horizon", "24h"}} {
 		r := db(t, s, append([]string{"cleanup"}, args...)...)
@@ -481,9 +499,7 @@ func TestStatusWarnsWhenRelayBudgetsDiffer(t *testing.T) {
 func TestCleanupArchiveReportsDuplicatesAndConflicts(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
-	exec1(t, s.DB, `
-INSERT INTO messaging_outbox (message_id, destination, payload, status, published_at)
-SELECT 'old-' || g, 'orders', 'x', 'PUBLISHED', now() - interval '100 hours' FROM generate_series(1, 5) g`)
+	insertOldPublished(t, s, 5)
 	exec1(t, s.DB, `INSERT INTO messaging_outbox_archive (`+envelope.SelectColumns+`)
 SELECT `+envelope.SelectColumns+` FROM messaging_outbox WHERE message_id IN ('old-1', 'old-2')`)
 	exec1(t, s.DB, `UPDATE messaging_outbox_archive SET payload = 'other' WHERE message_id = 'old-2'`)

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/stretchr/testify/require"
 )
 
@@ -77,9 +80,12 @@ VALUES ('big', E'orders\x1b[2J', convert_to($1, 'UTF8'), '{"k":"v\u001b[31m"}', 
 func TestStatusSaysHowManyMoreStuck(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
-	exec1(t, s.DB, `
-INSERT INTO messaging_outbox (message_id, destination, payload, status, parked_at, last_failure_code, correlation_id)
-SELECT 'p-' || g, 'orders', 'x', 'FAILED', now(), 'X', 'flow-' || g FROM generate_series(1, 25) g`)
+	var rows []testdb.OutboxRow
+	for g := 1; g <= 25; g++ {
+		rows = append(rows, testdb.Row(envelope.Row{MessageID: "p-" + strconv.Itoa(g), Destination: "orders", Payload: []byte("x"),
+			Status: envelope.StatusFailed, LastFailureCode: "X", CorrelationID: "flow-" + strconv.Itoa(g)}))
+	}
+	testdb.InsertRows(t, s.DB, rows...)
 	r := db(t, s, "status")
 	requireCode(t, r, 0)
 	require.Contains(t, r.stdout, "... and 5 more (--max-stuck shows more)\n")

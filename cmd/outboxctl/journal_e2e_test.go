@@ -3,24 +3,44 @@ package main
 import (
 	"encoding/json"
 	"regexp"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 )
 
 func seedParked(t *testing.T, s *testdb.Schema) {
 	t.Helper()
-	exec1(t, s.DB, `
-INSERT INTO messaging_outbox (message_id, destination, payload, status, attempts, last_failure_code, parked_at, tenant)
-SELECT 'ex-' || g, CASE WHEN g <= 25 THEN 'orders' ELSE 'billing' END, 'x', 'EXHAUSTED', 10, 'PUBLISH_TIMEOUT', now(), 'acme'
-  FROM generate_series(1, 30) g`)
-	exec1(t, s.DB, `
-INSERT INTO messaging_outbox (message_id, destination, payload, status, attempts, last_failure_code, parked_at)
-VALUES ('fa-1', 'orders', 'x', 'FAILED', 1, 'REJECTED', now()),
-       ('fa-2', 'orders', 'x', 'FAILED', 1, 'REJECTED', now()),
-       ('pending-1', 'orders', 'x', 'PENDING', 0, NULL, NULL)`)
+	var exhausted []testdb.OutboxRow
+	for g := 1; g <= 30; g++ {
+		dest := "orders"
+		if g > 25 {
+			dest = "billing"
+		}
+		exhausted = append(exhausted, testdb.Row(envelope.Row{MessageID: "ex-" + strconv.Itoa(g), Destination: dest, Payload: []byte("x"),
+			Status: envelope.StatusExhausted, Attempts: 10, LastFailureCode: "PUBLISH_TIMEOUT", Tenant: "acme"}))
+	}
+	testdb.InsertRows(t, s.DB, exhausted...)
+	failed := envelope.Row{Destination: "orders", Payload: []byte("x"), Status: envelope.StatusFailed, Attempts: 1, LastFailureCode: "REJECTED"}
+	fa1, fa2 := failed, failed
+	fa1.MessageID, fa2.MessageID = "fa-1", "fa-2"
+	testdb.InsertRows(t, s.DB, testdb.Row(fa1), testdb.Row(fa2),
+		testdb.Row(envelope.Row{MessageID: "pending-1", Destination: "orders", Payload: []byte("x")}))
+}
+
+// insertExhausted writes n EXHAUSTED rows prefix1..prefixn in one statement,
+// parked at the SQL expression parkedAt.
+func insertExhausted(t *testing.T, s *testdb.Schema, prefix string, n int, parkedAt string) {
+	t.Helper()
+	rows := make([]testdb.OutboxRow, 0, n)
+	for g := 1; g <= n; g++ {
+		rows = append(rows, testdb.Row(envelope.Row{MessageID: prefix + strconv.Itoa(g), Destination: "orders", Payload: []byte("x"),
+			Status: envelope.StatusExhausted, Attempts: 10, LastFailureCode: "PUBLISH_TIMEOUT"}, testdb.SQL("parked_at", parkedAt)))
+	}
+	testdb.InsertRows(t, s.DB, rows...)
 }
 
 var digestRe = regexp.MustCompile(`(?m)^digest\s+([0-9a-f]{64})$`)
@@ -170,8 +190,7 @@ func dryRunDigest(t *testing.T, s *testdb.Schema, op string, filter ...string) s
 func TestPurgeNeedsARecordedApprovalBoundToItsRows(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
-	exec1(t, s.DB, `INSERT INTO messaging_outbox (message_id, destination, payload, status, attempts, last_failure_code, parked_at)
-SELECT 'a-' || g, 'orders', 'x', 'EXHAUSTED', 10, 'PUBLISH_TIMEOUT', now() - interval '1 hour' FROM generate_series(1, 3) g`)
+	insertExhausted(t, s, "a-", 3, "now() - interval '1 hour'")
 	digest := dryRunDigest(t, s, "purge", "--status", "exhausted")
 
 	r := db(t, s, "purge", "--status", "exhausted", "--ticket", "made-up-anything", "--expect-digest", digest)
@@ -192,8 +211,7 @@ SELECT 'a-' || g, 'orders', 'x', 'EXHAUSTED', 10, 'PUBLISH_TIMEOUT', now() - int
 	require.Contains(t, r.stderr, "code: JOURNAL_ALREADY_APPROVED")
 
 	// 100 more rows parked after the approval: the same digest purges 3.
-	exec1(t, s.DB, `INSERT INTO messaging_outbox (message_id, destination, payload, status, attempts, last_failure_code, parked_at)
-SELECT 'b-' || g, 'orders', 'x', 'EXHAUSTED', 10, 'PUBLISH_TIMEOUT', now() + interval '1 second' FROM generate_series(1, 100) g`)
+	insertExhausted(t, s, "b-", 100, "now() + interval '1 second'")
 	r = db(t, s, "purge", "--status", "exhausted", "--ticket", "CHG-7", "--expect-digest", digest)
 	requireCode(t, r, 0)
 	require.Contains(t, r.stdout, "purge complete under ticket CHG-7: 3 of 3 items")

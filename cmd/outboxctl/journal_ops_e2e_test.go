@@ -168,9 +168,7 @@ func TestJournalExecutionNeedsApprovedDigest(t *testing.T) {
 func TestJournalResumesAfterKill9(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
-	exec1(t, s.DB, `
-INSERT INTO messaging_outbox (message_id, destination, payload, status, attempts, last_failure_code, parked_at)
-SELECT 'k-' || g, 'orders', 'x', 'EXHAUSTED', 10, 'PUBLISH_TIMEOUT', now() FROM generate_series(1, 1000) g`)
+	insertExhausted(t, s, "k-", 1000, "now()")
 	digest := dryRunDigest(t, s, "redrive", "--status", "exhausted")
 	approve(t, s, "redrive", "CHG-KILL", digest, "--status", "exhausted")
 	args := []string{"--database-url", s.URL, "redrive", "--status", "exhausted", "--batch-size", "1", "--ticket", "CHG-KILL", "--expect-digest", digest}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
@@ -127,7 +128,7 @@ func TestSecretsNeverPrinted(t *testing.T) {
 func TestRelayRunningWithPasswordNeverLogsIt(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
-	exec1(t, s.DB, `INSERT INTO messaging_outbox (message_id, destination, payload) VALUES ('m-1', 'orders', 'x')`)
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "m-1", Destination: "orders", Payload: []byte("x")})
 	withPW := strings.Replace(s.URL, "postgres://postgres@", "postgres://postgres:"+secret+"@", 1)
 	require.NotEqual(t, s.URL, withPW)
 	for _, format := range []string{"text", "json"} {

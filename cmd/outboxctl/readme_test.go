@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 )
 
@@ -156,19 +157,39 @@ func TestREADMERunbook(t *testing.T) {
 	db, err := sql.Open("postgres", url)
 	require.NoError(t, err)
 	defer db.Close()
-	exec1(t, db, `
-INSERT INTO messaging_outbox (message_id, destination, payload, status, tenant, correlation_id, created_at, attempts, last_failure_code, last_failure_detail, parked_at, published_at)
-VALUES ('evt-1', 'orders.placed', '{"order":1}', 'PENDING', 'acme', 'req-1', now() - interval '20 minutes', 0, NULL, NULL, NULL, NULL),
-       ('evt-2', 'orders.placed', '{"order":2}', 'PENDING', 'globex', 'req-2', now() - interval '19 minutes', 0, NULL, NULL, NULL, NULL),
-       ('evt-3', 'billing.invoiced', '{"invoice":3}', 'PENDING', 'acme', 'req-3', now() - interval '18 minutes', 0, NULL, NULL, NULL, NULL),
-       ('evt-4', 'billing.invoiced', '{"invoice":4}', 'FAILED', 'acme', 'req-4', now() - interval '17 minutes', 1, 'PUBSUB_TOPIC_NOT_FOUND', 'topic billing.invoiced not found', now() - interval '16 minutes', NULL),
-       ('evt-5', 'billing.invoiced', '{"invoice":5}', 'FAILED', 'globex', 'req-5', now() - interval '16 minutes', 1, 'PUBSUB_TOPIC_NOT_FOUND', 'topic billing.invoiced not found', now() - interval '15 minutes', NULL),
-       ('evt-6', 'billing.invoiced', '{"invoice":6}', 'FAILED', 'globex', 'req-6', now() - interval '15 minutes', 1, 'PUBSUB_TOPIC_NOT_FOUND', 'topic billing.invoiced not found', now() - interval '14 minutes', NULL),
-       ('evt-7', 'orders.placed', '{"order":7}', 'EXHAUSTED', 'acme', 'req-7', now() - interval '14 minutes', 10, 'PUBLISH_TIMEOUT', 'publish did not return within 5s', now() - interval '5 minutes', NULL),
-       ('evt-8', 'orders.placed', '{"order":8}', 'EXHAUSTED', 'globex', 'req-8', now() - interval '13 minutes', 10, 'PUBLISH_TIMEOUT', 'publish did not return within 5s', now() - interval '4 minutes', NULL)`)
-	exec1(t, db, `
-INSERT INTO messaging_outbox (message_id, destination, payload, status, created_at, published_at)
-SELECT 'old-' || g, 'orders.placed', '{}', 'PUBLISHED', now() - interval '5 days', now() - interval '4 days' FROM generate_series(1, 5) g`)
+	ago := func(column, interval string) testdb.RowOption {
+		return testdb.SQL(column, "now() - interval '"+interval+"'")
+	}
+	evt := func(n int, dest, payload, tenant string) envelope.Row {
+		return envelope.Row{MessageID: fmt.Sprintf("evt-%d", n), Destination: dest, Payload: []byte(payload),
+			Tenant: tenant, CorrelationID: fmt.Sprintf("req-%d", n)}
+	}
+	parked := func(r envelope.Row, st envelope.Status, attempts int, code, detail string) envelope.Row {
+		r.Status, r.Attempts, r.LastFailureCode, r.LastFailureDetail = st, attempts, code, detail
+		return r
+	}
+	const notFound, timeout = "topic billing.invoiced not found", "publish did not return within 5s"
+	testdb.InsertRows(t, db,
+		testdb.Row(evt(1, "orders.placed", `{"order":1}`, "acme"), ago("created_at", "20 minutes")),
+		testdb.Row(evt(2, "orders.placed", `{"order":2}`, "globex"), ago("created_at", "19 minutes")),
+		testdb.Row(evt(3, "billing.invoiced", `{"invoice":3}`, "acme"), ago("created_at", "18 minutes")),
+		testdb.Row(parked(evt(4, "billing.invoiced", `{"invoice":4}`, "acme"), envelope.StatusFailed, 1, "PUBSUB_TOPIC_NOT_FOUND", notFound),
+			ago("created_at", "17 minutes"), ago("parked_at", "16 minutes")),
+		testdb.Row(parked(evt(5, "billing.invoiced", `{"invoice":5}`, "globex"), envelope.StatusFailed, 1, "PUBSUB_TOPIC_NOT_FOUND", notFound),
+			ago("created_at", "16 minutes"), ago("parked_at", "15 minutes")),
+		testdb.Row(parked(evt(6, "billing.invoiced", `{"invoice":6}`, "globex"), envelope.StatusFailed, 1, "PUBSUB_TOPIC_NOT_FOUND", notFound),
+			ago("created_at", "15 minutes"), ago("parked_at", "14 minutes")),
+		testdb.Row(parked(evt(7, "orders.placed", `{"order":7}`, "acme"), envelope.StatusExhausted, 10, "PUBLISH_TIMEOUT", timeout),
+			ago("created_at", "14 minutes"), ago("parked_at", "5 minutes")),
+		testdb.Row(parked(evt(8, "orders.placed", `{"order":8}`, "globex"), envelope.StatusExhausted, 10, "PUBLISH_TIMEOUT", timeout),
+			ago("created_at", "13 minutes"), ago("parked_at", "4 minutes")),
+	)
+	var history []testdb.OutboxRow
+	for g := 1; g <= 5; g++ {
+		history = append(history, testdb.Row(envelope.Row{MessageID: fmt.Sprintf("old-%d", g), Destination: "orders.placed",
+			Payload: []byte("{}"), Status: envelope.StatusPublished}, ago("created_at", "5 days"), ago("published_at", "4 days")))
+	}
+	testdb.InsertRows(t, db, history...)
 
 	r.comment("2. A relay: JSON logs on stderr, messages on stdout (--to log), /healthz and /readyz beside /metrics.",
 		"Kubernetes and systemd examples: deploy/. Every flag is also an OUTBOX_* variable.")
@@ -301,8 +322,8 @@ func TestREADMEHandRedriveSQL(t *testing.T) {
 	require.Contains(t, stmt, "'evt-7'")
 
 	s := newSchema(t)
-	exec1(t, s.DB, `INSERT INTO messaging_outbox (message_id, destination, payload, status, attempts, last_failure_code, parked_at)
-VALUES ('evt-7', 'orders', 'x', 'EXHAUSTED', 10, 'PUBLISH_TIMEOUT', now())`)
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "evt-7", Destination: "orders", Payload: []byte("x"),
+		Status: envelope.StatusExhausted, Attempts: 10, LastFailureCode: "PUBLISH_TIMEOUT"})
 	exec1(t, s.DB, stmt)
 	require.Equal(t, 1, s.Count(t, "message_id = 'evt-7' AND status = 'PENDING'"))
 

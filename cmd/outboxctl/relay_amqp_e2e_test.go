@@ -8,7 +8,9 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 )
 
 // TestRelayToAMQP runs the built relay against a local RabbitMQ. The test
@@ -37,9 +39,10 @@ func TestRelayToAMQP(t *testing.T) {
 
 	s := newSchema(t)
 	missing := brokertest.Unique("outboxctl-missing")
-	exec1(t, s.DB, `
-INSERT INTO messaging_outbox (message_id, destination, payload, headers)
-VALUES ('a-1', $1, 'one', '{"app":"shop"}'), ('a-2', $1, 'two', '{}'), ('a-missing', $2, 'x', '{}')`, exchange, missing)
+	testdb.InsertRows(t, s.DB,
+		testdb.Row(envelope.Row{MessageID: "a-1", Destination: exchange, Payload: []byte("one"), Headers: map[string]string{"app": "shop"}}),
+		testdb.Row(envelope.Row{MessageID: "a-2", Destination: exchange, Payload: []byte("two")}),
+		testdb.Row(envelope.Row{MessageID: "a-missing", Destination: missing, Payload: []byte("x")}))
 
 	cmd, stderr := startRelay(t, s, nil, "--to", "amqp", "--amqp-url", uri)
 	got := map[string]amqp091.Delivery{}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -14,16 +15,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/stretchr/testify/require"
 )
 
 func TestRelayToLogPublishesServesMetricsAndStopsCleanly(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
-	exec1(t, s.DB, `
-INSERT INTO messaging_outbox (message_id, destination, payload, headers, correlation_id)
-SELECT 'm-' || g, 'orders', convert_to('{"n":' || g || '}', 'UTF8'), '{"app":"shop"}', 'c-' || g
-  FROM generate_series(1, 5) g`)
+	var rows []testdb.OutboxRow
+	for g := 1; g <= 5; g++ {
+		rows = append(rows, testdb.Row(envelope.Row{MessageID: fmt.Sprintf("m-%d", g), Destination: "orders",
+			Payload: []byte(fmt.Sprintf(`{"n":%d}`, g)), Headers: map[string]string{"app": "shop"}, CorrelationID: fmt.Sprintf("c-%d", g)}))
+	}
+	testdb.InsertRows(t, s.DB, rows...)
 
 	cmd := exec.Command(binary, "--database-url", s.URL, "relay", "--to", "log", "--metrics-addr", "127.0.0.1:0",
 		"--poll-interval", "50ms", "--max-poll-interval", "200ms", "--owner", "relay-e2e")

@@ -7,7 +7,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/internal/brokertest/kafkatest"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 )
 
 // TestRelayToKafka runs the built relay against kfake, an in-process Kafka
@@ -16,11 +18,10 @@ func TestRelayToKafka(t *testing.T) {
 	t.Parallel()
 	brokers := kafkatest.Start(t, kfake.SeedTopics(2, "orders"))
 	s := newSchema(t)
-	exec1(t, s.DB, `
-INSERT INTO messaging_outbox (message_id, destination, payload, headers, partition_key)
-VALUES ('k-1', 'orders', 'one', '{"app":"shop"}', 'customer-1'),
-       ('k-2', 'orders', 'two', '{}', NULL),
-       ('k-missing', 'no-such-topic', 'x', '{}', NULL)`)
+	testdb.InsertRows(t, s.DB,
+		testdb.Row(envelope.Row{MessageID: "k-1", Destination: "orders", Payload: []byte("one"), Headers: map[string]string{"app": "shop"}, PartitionKey: "customer-1"}),
+		testdb.Row(envelope.Row{MessageID: "k-2", Destination: "orders", Payload: []byte("two")}),
+		testdb.Row(envelope.Row{MessageID: "k-missing", Destination: "no-such-topic", Payload: []byte("x")}))
 
 	cmd, stderr := startRelay(t, s, nil, "--to", "kafka", "--kafka-brokers", strings.Join(brokers, ","))
 	waitStatus(t, s, stderr, "k-1", "PUBLISHED")

@@ -8,8 +8,10 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
 	"github.com/fencedoutbox/watermill-outbox/internal/brokertest/natstest"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/fencedoutbox/watermill-outbox/transport/nats"
 )
 
@@ -24,9 +26,10 @@ func TestRelayToNATS(t *testing.T) {
 
 	s := newSchema(t)
 	missing := brokertest.Unique("outboxctl-nostream")
-	exec1(t, s.DB, `
-INSERT INTO messaging_outbox (message_id, destination, payload, headers)
-VALUES ('n-1', $1, 'one', '{"app":"shop"}'), ('n-2', $1, 'two', '{}'), ('n-missing', $2, 'x', '{}')`, subject, missing)
+	testdb.InsertRows(t, s.DB,
+		testdb.Row(envelope.Row{MessageID: "n-1", Destination: subject, Payload: []byte("one"), Headers: map[string]string{"app": "shop"}}),
+		testdb.Row(envelope.Row{MessageID: "n-2", Destination: subject, Payload: []byte("two")}),
+		testdb.Row(envelope.Row{MessageID: "n-missing", Destination: missing, Payload: []byte("x")}))
 
 	cmd, stderr := startRelay(t, s, nil, "--to", "nats", "--nats-url", u)
 	waitStatus(t, s, stderr, "n-1", "PUBLISHED")

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"cloud.google.com/go/pubsub/v2/pstest"
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/stretchr/testify/require"
 )
 
@@ -16,9 +18,9 @@ func TestRelayToPubSub(t *testing.T) {
 	srv := pstest.NewServer()
 	t.Cleanup(func() { _ = srv.Close() })
 	s := newSchema(t)
-	exec1(t, s.DB, `
-INSERT INTO messaging_outbox (message_id, destination, payload, headers)
-VALUES ('ps-1', 'orders', 'one', '{"app":"shop"}'), ('ps-2', 'orders', 'two', '{}')`)
+	testdb.InsertRows(t, s.DB,
+		testdb.Row(envelope.Row{MessageID: "ps-1", Destination: "orders", Payload: []byte("one"), Headers: map[string]string{"app": "shop"}}),
+		testdb.Row(envelope.Row{MessageID: "ps-2", Destination: "orders", Payload: []byte("two")}))
 
 	cmd, stderr := startRelay(t, s, []string{"PUBSUB_EMULATOR_HOST=" + srv.Addr},
 		"--to", "pubsub", "--pubsub-project", "outbox-test", "--pubsub-create-topics")

@@ -239,8 +239,10 @@ func TestEveryComponentRunsWithExactlyItsGrants(t *testing.T) {
 		if !archive {
 			require.Zero(t, testdb.QueryInt(t, e.admin, `SELECT count(*) FROM messaging_inbox`))
 			require.Zero(t, testdb.QueryInt(t, e.admin, `SELECT count(*) FROM messaging_outbox WHERE status = 'PUBLISHED'`))
-			_, err = e.admin.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, status, published_at) VALUES ('arch', 'orders', 'x', 'PUBLISHED', now()), ('conf', 'orders', 'x', 'PUBLISHED', now())`)
-			require.NoError(t, err)
+			published := func(id string) testdb.OutboxRow {
+				return testdb.Row(envelope.Row{MessageID: id, Destination: "orders", Payload: []byte("x"), Status: envelope.StatusPublished})
+			}
+			testdb.InsertRows(t, e.admin, published("arch"), published("conf")) // published_at: now()
 			// Already archived with other content: archive mode marks it.
 			_, err = e.admin.Exec(`INSERT INTO messaging_outbox_archive (` + envelope.SelectColumns + `, archived_at)
 				SELECT ` + envelope.SelectColumns + `, now() FROM messaging_outbox WHERE message_id = 'conf'`)

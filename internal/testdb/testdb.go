@@ -4,6 +4,11 @@
 // The server comes from OUTBOX_TEST_DATABASE_URL (default
 // postgres://postgres@127.0.0.1:5432/test?sslmode=disable). With no server
 // the tests fail loudly: the core suite never skips for want of a database.
+//
+// Outbox rows come from the row factory ([InsertRow], [InsertRows]): an
+// envelope.Row of any status with any columns set, defaults for the rest,
+// valid by construction against the table's CHECKs. Hand-written INSERTs are
+// for rows whose point is raw SQL: bad input, constraint and migration tests.
 package testdb
 
 import (

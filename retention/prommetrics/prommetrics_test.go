@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/fencedoutbox/watermill-outbox/retention"
 	"github.com/fencedoutbox/watermill-outbox/retention/prommetrics"
@@ -39,9 +40,11 @@ func value(t *testing.T, reg *prometheus.Registry, name, label, want string) flo
 func TestRunsAreCountedByResult(t *testing.T) {
 	ctx := context.Background()
 	s := testdb.New(t)
-	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, status, published_at)
-		SELECT 'old-' || g, 'd', 'x', 'PUBLISHED', now() - interval '100 hours' FROM generate_series(1, 3) g`)
-	require.NoError(t, err)
+	old := func(id string) testdb.OutboxRow {
+		return testdb.Row(envelope.Row{MessageID: id, Destination: "d", Payload: []byte("x"), Status: envelope.StatusPublished},
+			testdb.SQL("published_at", "now() - interval '100 hours'"))
+	}
+	testdb.InsertRows(t, s.DB, old("old-1"), old("old-2"), old("old-3"))
 	reg := prometheus.NewRegistry()
 	m, err := prommetrics.New(reg, prommetrics.Options{})
 	require.NoError(t, err)
