@@ -342,6 +342,30 @@ func (f *Forwarder) breakerChanged(dest string, open bool, why string) {
 		return
 	}
 	f.logger.Info("Outbox destination available again: breaker closed", watermill.LogFields{"destination": dest})
+	f.endHoldOff(dest)
+}
+
+// endHoldOff makes dest's rows that were put back during its outage
+// claimable at once when its breaker closes: their hold-off (as long as the
+// breaker had been open) only spread the probes over the backlog, and
+// without this a row given back late in a long outage would wait out most
+// of that outage's length again after the downstream is back (measured: a
+// 60 s outage emptied 45.6 s after recovery, 1.8 s of it draining). Best
+// effort: a failure is logged, and the rows come due on their own.
+func (f *Forwarder) endHoldOff(dest string) {
+	ctx, cancel := context.WithTimeout(context.Background(), f.dbTimeout)
+	defer cancel()
+	now := f.dbNow()
+	var at any
+	if !now.IsZero() {
+		at = now
+	}
+	if _, err := f.db.ExecContext(ctx, `UPDATE messaging_outbox SET next_attempt_at = NULL
+ WHERE destination = $1 AND published_at IS NULL AND parked_at IS NULL AND status IN ('PENDING', 'AMBIGUOUS')
+   AND last_failure_code IN ($2, $3) AND next_attempt_at > coalesce($4::timestamptz, now())`,
+		dest, FailureDownstreamUnavailable, FailureDownstreamFailing, at); err != nil {
+		f.logger.Error("Outbox rows held off during an outage not made claimable; they come due on their own", err, watermill.LogFields{"destination": dest})
+	}
 }
 
 // recordBreaker writes the change to messaging_relay_breaker for operators

@@ -53,8 +53,9 @@ var (
 	ErrOutcomesNotWritten = &outbox.Error{Code: CodeOutcomesNotWritten}
 )
 
-// wakeGap is how far apart passes started by notifications begin at least:
-// PollInterval/10 (50 ms by default), never more than 50 ms, so that a relay
+// wakeGap is how long after a pass that a notification started and that
+// claimed nothing the next woken pass may begin: PollInterval/10 (50 ms by
+// default), never more than 50 ms, so that a relay
 // polling rarely (PollInterval of minutes, leaning on NOTIFY) still wakes at
 // once for each of a few commits while a NOTIFY flood is held to 20 passes/s.
 func wakeGap(poll time.Duration) time.Duration { return min(poll/10, 50*time.Millisecond) }
@@ -350,7 +351,12 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		}
 	}()
 	var idle, failures int
-	var lastWoken time.Time // when the last pass a notification started began
+	// wokenIdle is when the last pass a notification started began, if it
+	// claimed nothing: a notification that brought no row (a NOTIFY from any
+	// login, or one whose rows another relay took) makes the next woken pass
+	// wait the gap, while notifications that bring rows wake passes at once.
+	var wokenIdle, wokenAt time.Time
+	var woken bool
 	for {
 		cur, pre := f.pass(ctx, stopping, drainExpired, next, !f.cfg.DisablePrefetch, behind)
 		var err error
@@ -359,6 +365,9 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		}
 		next, behind = pre, nil
 		claimed := cur.rep.Claimed
+		if woken && claimed == 0 {
+			wokenIdle = wokenAt
+		}
 		if pre != nil {
 			behind = cur // its outcomes are written while the batch claimed ahead is published
 		} else {
@@ -418,7 +427,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		}
 		t := time.NewTimer(delay)
 		deadline := time.Now().Add(delay)
-		woken := false
+		woken = false
 	wait:
 		for {
 			select {
@@ -432,7 +441,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 				return err
 			case <-wakeCh:
 				wakeCh, woken, idle = nil, true, 0
-				if d := time.Until(lastWoken.Add(wakeGap(f.cfg.PollInterval))); d > 0 {
+				if d := time.Until(wokenIdle.Add(wakeGap(f.cfg.PollInterval))); d > 0 {
 					t.Reset(min(d, time.Until(deadline)))
 					continue
 				}
@@ -443,7 +452,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			}
 		}
 		if woken {
-			lastWoken = time.Now()
+			wokenAt = time.Now()
 		}
 	}
 }
