@@ -292,29 +292,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	bg.Add(1)
 	go func() {
 		defer bg.Done()
-		t := time.NewTicker(f.cfg.HeartbeatInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopping:
-				return
-			case <-t.C:
-				hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HeartbeatInterval)
-				sent := time.Since(f.beatEpoch)
-				err := relaymode.BeatBudget(hctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts)
-				cancel()
-				if err == nil {
-					f.lastBeat.Store(int64(sent))
-				}
-				if errors.Is(err, relaymode.ErrRelayModeConflict) {
-					fatal <- err
-					return
-				}
-				if err != nil {
-					f.logger.Error("Relay heartbeat failed; claims stop once it has failed for longer than its lifetime", err, watermill.LogFields{"ttl": ttl})
-				}
-			}
-		}
+		f.heartbeat(ctx, stopping, ttl, fatal)
 	}()
 
 	wake := f.listen(stopping, &bg)
@@ -415,44 +393,27 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		if next := f.breakers.nextProbe(); !next.IsZero() && delay > 0 {
 			delay = max(0, min(delay, next.Sub(f.localNow())))
 		}
+		woken = false
 		if delay == 0 {
 			continue
 		}
 		// Any login may NOTIFY the channel, so a notification never cuts a
-		// failure backoff, and passes it starts begin at least wakeGap apart
-		// (a NOTIFY flood cannot turn the relay into a busy loop).
+		// failure backoff.
 		wakeCh := wake
 		if failures > 0 {
 			wakeCh = nil
 		}
-		t := time.NewTimer(delay)
-		deadline := time.Now().Add(delay)
-		woken = false
-	wait:
-		for {
-			select {
-			case <-stopping:
-				t.Stop()
-				f.logger.Info("Outbox forwarder stopped", nil)
-				return nil
-			case err := <-fatal:
-				t.Stop()
-				f.stopOnce.Do(func() { close(f.stop) })
-				return err
-			case <-wakeCh:
-				wakeCh, woken, idle = nil, true, 0
-				if d := time.Until(wokenIdle.Add(wakeGap(f.cfg.PollInterval))); d > 0 {
-					t.Reset(min(d, time.Until(deadline)))
-					continue
-				}
-				t.Stop()
-				break wait
-			case <-t.C:
-				break wait
-			}
-		}
-		if woken {
-			wokenAt = time.Now()
+		var stop bool
+		woken, stop, err = f.sleep(delay, wakeCh, stopping, fatal, wokenIdle)
+		switch {
+		case err != nil:
+			f.stopOnce.Do(func() { close(f.stop) })
+			return err
+		case stop:
+			f.logger.Info("Outbox forwarder stopped", nil)
+			return nil
+		case woken:
+			idle, wokenAt = 0, time.Now()
 		}
 	}
 }

@@ -6,8 +6,12 @@ package forwarder
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 // stopRequested reports whether ctx was cancelled or Close called. It reads
@@ -94,4 +98,63 @@ func (f *Forwarder) localNow() time.Time {
 		return f.cfg.Now()
 	}
 	return time.Now()
+}
+
+// heartbeat renews the relay's heartbeat every HeartbeatInterval until
+// stopping closes. A relay-mode conflict (a CDC switch made while this
+// relay's heartbeat had lapsed) is sent on fatal and ends it; any other
+// failure is logged, and claims stop once beats have failed for longer than
+// their lifetime ttl (Forwarder.claim).
+func (f *Forwarder) heartbeat(ctx context.Context, stopping <-chan struct{}, ttl time.Duration, fatal chan<- error) {
+	t := time.NewTicker(f.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stopping:
+			return
+		case <-t.C:
+			hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HeartbeatInterval)
+			sent := time.Since(f.beatEpoch)
+			err := relaymode.BeatBudget(hctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts)
+			cancel()
+			if err == nil {
+				f.lastBeat.Store(int64(sent))
+			}
+			if errors.Is(err, relaymode.ErrRelayModeConflict) {
+				fatal <- err
+				return
+			}
+			if err != nil {
+				f.logger.Error("Relay heartbeat failed; claims stop once it has failed for longer than its lifetime", err, watermill.LogFields{"ttl": ttl})
+			}
+		}
+	}
+}
+
+// sleep waits delay before the next pass. A notification on wake (nil: none
+// may cut this wait) ends it early, but not before wakeGap has passed since
+// wokenIdle, the start of the last woken pass that found nothing, so a
+// NOTIFY flood cannot turn the relay into a busy loop. It reports whether a
+// notification ended the wait, whether stopping closed, and a fatal error.
+func (f *Forwarder) sleep(delay time.Duration, wake <-chan struct{}, stopping <-chan struct{}, fatal <-chan error, wokenIdle time.Time) (woken, stop bool, err error) {
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	deadline := time.Now().Add(delay)
+	for {
+		select {
+		case <-stopping:
+			return false, true, nil
+		case err := <-fatal:
+			return false, false, err
+		case <-wake:
+			wake, woken = nil, true
+			if d := time.Until(wokenIdle.Add(wakeGap(f.cfg.PollInterval))); d > 0 {
+				t.Reset(min(d, time.Until(deadline)))
+				continue
+			}
+			return true, false, nil
+		case <-t.C:
+			return woken, false, nil
+		}
+	}
 }
