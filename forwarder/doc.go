@@ -143,9 +143,13 @@
 //   - A publish that overruns PublishTimeout is left behind (AMBIGUOUS). A
 //     downstream that ignores its context keeps such publishes running:
 //     while more than Config.MaxAbandoned (default 2 x Concurrency) still
-//     run, the relay claims nothing (Report.ClaimPaused,
+//     run, the relay claims nothing and starts no further publish of the
+//     batch in hand (its rows go back without an attempt; Report.ClaimPaused,
 //     Report.AbandonedPublishes, outbox_forwarder_claims_paused_total, the
-//     outbox_forwarder_abandoned_publishes gauge), so goroutines stay bounded.
+//     outbox_forwarder_abandoned_publishes gauge), so goroutines stay bounded
+//     (TestOnePassLeavesAtMostMaxAbandonedBehind). A publish left behind has
+//     its context cancelled, so a publisher that honours it stops sending;
+//     none starts after the drain deadline.
 //   - Rows the downstream confirmed whose outcome write failed stay IN_FLIGHT
 //     until their leases expire and are published again: they are counted
 //     as possible duplicates in Report.UnrecordedPublishes and
