@@ -66,15 +66,16 @@ func main() {
 	pErr := flag.Float64("p-error", 0.04, "probability of an error before accepting")
 	pAmbig := flag.Float64("p-ambiguous", 0.05, "probability of a timeout after accepting")
 	pHang := flag.Float64("p-hang", 0.02, "probability of a hang past the publish timeout")
+	noPrefetch := flag.Bool("no-prefetch", false, "DisablePrefetch: claim without pipelining")
 	flag.Parse()
-	if err := run(ctx, *dsn, *sinkDSN, *owner, *seed, *pErr, *pAmbig, *pHang); err != nil {
+	if err := run(ctx, *dsn, *sinkDSN, *owner, *seed, *pErr, *pAmbig, *pHang, *noPrefetch); err != nil {
 		fmt.Fprintln(os.Stderr, "relayproc:", err)
 		stop()
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAmbig, pHang float64) error {
+func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAmbig, pHang float64, noPrefetch bool) error {
 	db, err := sql.Open("postgres", dsn)
 	if err != nil {
 		return err
@@ -104,6 +105,7 @@ func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAm
 		MaxAttempts:       25,
 		HeartbeatInterval: time.Second,
 		BreakerProbeMax:   2 * time.Second,
+		DisablePrefetch:   noPrefetch,
 		TracerProvider:    sdktrace.NewTracerProvider(),
 		OnReport: func(r forwarder.Report) {
 			if r.Stale > 0 || r.UnrecordedPublishes > 0 || r.ClaimFailures > 0 {
