@@ -41,6 +41,18 @@ func continuations(claimed []fencing.Claimed) []fencing.Continuation {
 	return slices.DeleteFunc(out, func(c fencing.Continuation) bool { return c.AfterSeq <= 0 })
 }
 
+// keysOf is the set of the keys cont continues (nil for none).
+func keysOf(cont []fencing.Continuation) map[string]bool {
+	if len(cont) == 0 {
+		return nil
+	}
+	keys := make(map[string]bool, len(cont))
+	for _, c := range cont {
+		keys[c.Key] = true
+	}
+	return keys
+}
+
 // chainLog remembers, per ordering key, the row up to which this relay's
 // last chain of the key was confirmed. It serves two purposes:
 //
@@ -104,8 +116,9 @@ func (l *chainLog) positions(busy []fencing.Continuation, limit int) []fencing.C
 		pass int64
 	}
 	var all []pos
+	skip := keysOf(busy)
 	for k, e := range l.until {
-		if e.seq <= 0 || slices.ContainsFunc(busy, func(c fencing.Continuation) bool { return c.Key == k }) {
+		if e.seq <= 0 || skip[k] {
 			continue
 		}
 		all = append(all, pos{fencing.Continuation{Key: k, AfterSeq: e.seq, AfterID: e.id}, e.pass})

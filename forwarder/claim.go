@@ -216,9 +216,10 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 // the cap (a continued chain, cont, is capped by the batch only).
 func capped(claimed []fencing.Claimed, limit int, cont []fencing.Continuation) []fencing.Continuation {
 	var rows map[string]int
+	continued := keysOf(cont)
 	for _, c := range claimed {
 		k := c.Row.OrderingKey
-		if k != "" && !slices.ContainsFunc(cont, func(x fencing.Continuation) bool { return x.Key == k }) {
+		if k != "" && !continued[k] {
 			if rows == nil {
 				rows = make(map[string]int)
 			}

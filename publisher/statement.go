@@ -47,15 +47,19 @@ const (
 // insertOne* write one message with VALUES (cheaper to plan than unnest for a
 // single row: about 390µs against 520µs for the full column set).
 const (
+	// fullColumns are the columns the full variant writes (every statement
+	// of it, with or without the ordering-key lock).
+	fullColumns = `message_id, destination, payload, headers,
+    producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage,
+    tenant, partition_key, ordering_key, schema_subject, schema_version,
+    content_type, message_type, aggregate_type, aggregate_id, aggregate_version`
+
 	insertOneMinimal = `INSERT INTO messaging_outbox (message_id, destination, payload, headers)
 VALUES ($1, $2, $3, $4)`
 	insertOneCommon = `INSERT INTO messaging_outbox (message_id, destination, payload, headers,
     producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`
-	insertOneFull = `INSERT INTO messaging_outbox (message_id, destination, payload, headers,
-    producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage,
-    tenant, partition_key, ordering_key, schema_subject, schema_version,
-    content_type, message_type, aggregate_type, aggregate_id, aggregate_version)
+	insertOneFull = `INSERT INTO messaging_outbox (` + fullColumns + `)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)`
 )
 
@@ -74,6 +78,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $
 // ($1).
 const (
 	rowsPayload = `substring($3::bytea FROM u.payload_at FOR u.payload_len)`
+	rowsOrder   = "\nORDER BY u.ord"
 
 	insertRowsMinimal = `INSERT INTO messaging_outbox (message_id, destination, payload, headers)
 SELECT u.message_id, $1::text, ` + rowsPayload + `, u.headers
@@ -89,10 +94,7 @@ FROM unnest($2::text[], $4::int4[], $5::int4[], $6::jsonb[],
     WITH ORDINALITY AS u(message_id, payload_at, payload_len, headers,
     producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage, ord)
 ORDER BY u.ord`
-	insertRowsFull = `INSERT INTO messaging_outbox (message_id, destination, payload, headers,
-    producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage,
-    tenant, partition_key, ordering_key, schema_subject, schema_version,
-    content_type, message_type, aggregate_type, aggregate_id, aggregate_version)
+	insertRowsFullHead = `INSERT INTO messaging_outbox (` + fullColumns + `)
 SELECT u.message_id, $1::text, ` + rowsPayload + `, u.headers,
     u.producer, u.occurred_at, u.correlation_id, u.causation_id, u.traceparent, u.tracestate, u.baggage,
     u.tenant, u.partition_key, u.ordering_key, u.schema_subject, u.schema_version,
@@ -104,8 +106,8 @@ FROM unnest($2::text[], $4::int4[], $5::int4[], $6::jsonb[],
     WITH ORDINALITY AS u(message_id, payload_at, payload_len, headers,
     producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage,
     tenant, partition_key, ordering_key, schema_subject, schema_version,
-    content_type, message_type, aggregate_type, aggregate_id, aggregate_version, ord)
-ORDER BY u.ord`
+    content_type, message_type, aggregate_type, aggregate_id, aggregate_version, ord)`
+	insertRowsFull = insertRowsFullHead + rowsOrder
 )
 
 // The *AndNotify forms add the wake-up signal in the same statement: a
@@ -136,32 +138,15 @@ const (
 	// locks do not collide with an application's single-key advisory locks.
 	orderingLockSpace = "1869574002"
 
-	insertOneFullLocked = `INSERT INTO messaging_outbox (message_id, destination, payload, headers,
-    producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage,
-    tenant, partition_key, ordering_key, schema_subject, schema_version,
-    content_type, message_type, aggregate_type, aggregate_id, aggregate_version)
+	insertOneFullLocked = `INSERT INTO messaging_outbox (` + fullColumns + `)
 SELECT $1::text, $2::text, $3::bytea, $4::jsonb, $5::text, $6::timestamptz, $7::text, $8::text, $9::text, $10::text,
     $11::text, $12::text, $13::text, $14::text, $15::text, $16::text, $17::text, $18::text, $19::text, $20::text, $21::bigint
 FROM (SELECT pg_advisory_xact_lock(` + orderingLockSpace + `, hashtext($14::text))) AS ordering_lock`
-	insertRowsFullLocked = `INSERT INTO messaging_outbox (message_id, destination, payload, headers,
-    producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage,
-    tenant, partition_key, ordering_key, schema_subject, schema_version,
-    content_type, message_type, aggregate_type, aggregate_id, aggregate_version)
-SELECT u.message_id, $1::text, ` + rowsPayload + `, u.headers,
-    u.producer, u.occurred_at, u.correlation_id, u.causation_id, u.traceparent, u.tracestate, u.baggage,
-    u.tenant, u.partition_key, u.ordering_key, u.schema_subject, u.schema_version,
-    u.content_type, u.message_type, u.aggregate_type, u.aggregate_id, u.aggregate_version
-FROM unnest($2::text[], $4::int4[], $5::int4[], $6::jsonb[],
-    $7::text[], $8::timestamptz[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[],
-    $14::text[], $15::text[], $16::text[], $17::text[], $18::text[],
-    $19::text[], $20::text[], $21::text[], $22::text[], $23::bigint[])
-    WITH ORDINALITY AS u(message_id, payload_at, payload_len, headers,
-    producer, occurred_at, correlation_id, causation_id, traceparent, tracestate, baggage,
-    tenant, partition_key, ordering_key, schema_subject, schema_version,
-    content_type, message_type, aggregate_type, aggregate_id, aggregate_version, ord),
+	// insertRowsFullLocked is insertRowsFull joined with the locks on its
+	// distinct ordering keys ($16), taken before the rows are formed.
+	insertRowsFullLocked = insertRowsFullHead + `,
     (SELECT count(pg_advisory_xact_lock(` + orderingLockSpace + `, hashtext(k.key)))
-       FROM (SELECT DISTINCT key FROM unnest($16::text[]) AS key WHERE key IS NOT NULL ORDER BY key) AS k) AS ordering_lock
-ORDER BY u.ord`
+       FROM (SELECT DISTINCT key FROM unnest($16::text[]) AS key WHERE key IS NOT NULL ORDER BY key) AS k) AS ordering_lock` + rowsOrder
 
 	insertOneFullLockedAndNotify  = notifyHead + insertOneFullLocked + "\nRETURNING 1)\nSELECT pg_notify($22::text, '') WHERE EXISTS (SELECT 1 FROM ins)"
 	insertRowsFullLockedAndNotify = notifyHead + insertRowsFullLocked + "\nRETURNING 1)\nSELECT pg_notify($24::text, '') WHERE EXISTS (SELECT 1 FROM ins)"
