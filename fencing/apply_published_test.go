@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
@@ -37,18 +36,12 @@ func readFull(t *testing.T, db *sql.DB, id string) fullRow {
 // applyGeneric runs ApplySQL directly, the statement Apply uses for mixed
 // batches, to compare it with the all-PUBLISHED statement.
 func applyGeneric(ctx context.Context, db fencing.DBTX, now time.Time, cs []fencing.Claimed) (int, error) {
-	n := len(cs)
-	ids, owners, tos, empty := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	tokens, retries := make([]int64, n), make([]int64, n)
+	outcomes := make([]fencing.Outcome, len(cs))
 	for i, c := range cs {
-		ids[i], owners[i], tokens[i], tos[i] = c.Lease.MessageID, c.Lease.Owner, c.Lease.Token, string(envelope.StatusPublished)
+		outcomes[i] = fencing.Outcome{Lease: c.Lease, To: envelope.StatusPublished, Now: now}
 	}
-	var nowArg any
-	if !now.IsZero() {
-		nowArg = now
-	}
-	rows, err := db.QueryContext(ctx, fencing.ApplySQL, nowArg, pq.Array(ids), pq.Array(owners), pq.Array(tokens),
-		pq.Array(tos), pq.Array(empty), pq.Array(empty), pq.Array(empty), pq.Array(retries))
+	q, args := fencing.ApplyStatement(outcomes, true)
+	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return 0, err
 	}

@@ -11,6 +11,9 @@ const (
 )
 
 var (
+	// ApplyStatement returns the general statement (general) or the
+	// all-PUBLISHED one for outcomes, with its arguments.
+	ApplyStatement     = applyStatement
 	ClaimBlockKeySQL   = claimBlockKeySQL
 	ClaimSkipParkedSQL = claimSkipParkedSQL
 )
