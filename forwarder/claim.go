@@ -26,6 +26,7 @@ type claimedBatch struct {
 	err       error
 	failures  int // claim statements that failed after they were sent
 	released  int // rows released because of them
+	limit     int // the claim's size: rows it could have taken (see nextSize)
 }
 
 // claim takes the next batch: unkeyed rows and chains, continuing the
@@ -97,23 +98,25 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	// every walkEvery-th claim, which walks every key.
 	full := f.start.fullWalkDue()
 	var resume []fencing.Continuation
+	limit := f.size
+	chainCap := max(1, (limit+f.cfg.Concurrency-1)/f.cfg.Concurrency)
 	if !full {
-		resume = f.chains.positions(cont, 2*f.cfg.BatchSize)
+		resume = f.chains.positions(cont, 2*limit)
 	}
 	walk := full
 	if len(cont)+len(resume) == 0 && !full {
 		walk = f.start.walkDue()
 	}
 	p := fencing.ClaimParams{
-		Owner: f.cfg.Owner, Limit: f.cfg.BatchSize, Lease: f.cfg.LeaseDuration,
+		Owner: f.cfg.Owner, Limit: limit, Lease: f.cfg.LeaseDuration,
 		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
-		FromSeq: from, KeyCursor: cursor, MaxChain: f.chainCap, Continue: append(cont[:len(cont):len(cont)], resume...),
+		FromSeq: from, KeyCursor: cursor, MaxChain: chainCap, Continue: append(cont[:len(cont):len(cont)], resume...),
 		ExcludeDestinations: exclude, NoKeyWalk: !walk, MaxBytes: maxBytes,
 	}
 	claimed, err := claimFn(p)
 	if err != nil {
 		f.start.record(p.FromSeq, p.Limit, nil, err)
-		return claimedBatch{claimedAt: at, err: err, failures: failures, released: released}
+		return claimedBatch{claimedAt: at, err: err, failures: failures, released: released, limit: limit}
 	}
 	// What is left of the byte budget for the statements that complete the
 	// batch (payloads only, as the client sees them: headers are small).
@@ -157,7 +160,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 			claimed = mergeBySeq(claimed, rows)
 		}
 	}
-	if ext := capped(claimed, f.chainCap, p.Continue); len(ext) > 0 && len(claimed) < p.Limit && budget() > 0 {
+	if ext := capped(claimed, chainCap, p.Continue); len(ext) > 0 && len(claimed) < p.Limit && budget() > 0 {
 		room := p.Limit - len(claimed)
 		more := p
 		more.Limit, more.MaxChain, more.Continue = room, (room+len(ext)-1)/len(ext), ext
@@ -209,7 +212,8 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		}
 		after[c.Key] = c.AfterSeq
 	}
-	return claimedBatch{claimed: claimed, claimedAt: at, after: after, probes: probed, failures: failures, released: released}
+	f.size = f.nextSize(limit, len(claimed)-len(probed))
+	return claimedBatch{claimed: claimed, claimedAt: at, after: after, probes: probed, failures: failures, released: released, limit: limit}
 }
 
 // capped are the continuations of the chains the walk found that stopped at
@@ -253,4 +257,24 @@ func mergeBySeq(a, b []fencing.Claimed) []fencing.Claimed {
 	out := append(a, b...)
 	slices.SortFunc(out, func(x, y fencing.Claimed) int { return cmp.Compare(x.Row.Seq, y.Row.Seq) })
 	return out
+}
+
+// nextSize is the size of the claim after one of size limit that took n
+// rows (breaker probes not counted). A claim that came back full doubles
+// it, up to MaxBatchSize, when the last pass's pace says the doubled batch
+// is published within a quarter of its lease; a claim less than half full,
+// or a pace that says even this size no longer fits, halves it, down to
+// BatchSize. So a relay that keeps up claims BatchSize rows, and one that
+// is behind claims up to MaxBatchSize, which costs less per row.
+func (f *Forwarder) nextSize(limit, n int) int {
+	pace := time.Duration(f.pace.Load()) // per row; 0 before the first pass ends
+	fits := func(size int) bool { return pace*time.Duration(size) <= f.cfg.LeaseDuration/4 }
+	grown := min(2*limit, f.cfg.MaxBatchSize)
+	switch {
+	case n >= limit && grown > limit && fits(grown):
+		return grown
+	case n < limit/2 || !fits(limit):
+		return max(f.cfg.BatchSize, limit/2)
+	}
+	return limit
 }

@@ -18,7 +18,9 @@ import (
 
 // Defaults. Each satisfies the rules Validate enforces (a test says so).
 const (
-	DefaultBatchSize         = 100
+	DefaultBatchSize = 100
+	// DefaultMaxBatchSize is MaxBatchSize when neither it nor BatchSize is set.
+	DefaultMaxBatchSize      = 1000
 	DefaultLeaseDuration     = 30 * time.Second
 	DefaultPublishTimeout    = 5 * time.Second
 	DefaultPollInterval      = 500 * time.Millisecond
@@ -43,8 +45,21 @@ const (
 // Config tunes a Forwarder. The zero value of every field means "use the
 // default"; negative numbers are refused by Validate.
 type Config struct {
-	// BatchSize is how many rows one pass claims. Default 100.
+	// BatchSize is how many rows a pass claims while the relay keeps up
+	// (and at its start). Default 100.
 	BatchSize int
+	// MaxBatchSize is how many rows a pass may claim while the relay is
+	// behind. A claim that comes back full lets the next one take twice as
+	// many, up to MaxBatchSize, as long as the last pass's pace (its
+	// duration per row) says the larger batch is published within a
+	// quarter of its lease; a claim that comes back less than half full, or
+	// a pace that no longer fits, halves it again, down to BatchSize. Larger
+	// claims cost less per row on both sides (one statement, one commit,
+	// one walk of the keys for many rows), which is what lets a relay catch
+	// up with a backlog instead of trailing it. Default: 1000 when BatchSize
+	// is not set either; otherwise BatchSize, so a BatchSize you set stays
+	// fixed unless you also set MaxBatchSize. Must be at least BatchSize.
+	MaxBatchSize int
 	// LeaseDuration is how long a claimed row belongs to this relay. It must
 	// be at least 2 x PublishTimeout, so that a relay waiting for a confirm
 	// cannot see another relay publish the same row meanwhile. Default 30s.
@@ -90,7 +105,7 @@ type Config struct {
 	// MaxBatchBytes bounds what one claim takes by size: the claim
 	// statement stops adding rows (in seq order) once their payloads and
 	// headers, as stored, would exceed it; a single row larger than the
-	// budget is still claimed, alone. Rows are still at most BatchSize.
+	// budget is still claimed, alone. Rows are still at most the claim's size (BatchSize, up to MaxBatchSize).
 	// With prefetch a relay holds up to two batches. After a claim that
 	// failed (for example one that could not be read within DBTimeout over
 	// a slow link) the next claim gets half the budget, down to a single
@@ -166,7 +181,7 @@ type Config struct {
 	// DisablePrefetch turns off claiming the next batch while a full batch
 	// is being published, and publishing it while the previous batch's
 	// outcomes are written (Run only; RunOnce does neither). Prefetching
-	// holds up to 2 x BatchSize rows per relay, and the claim ahead and the
+	// holds up to 2 x MaxBatchSize rows per relay, and the claim ahead and the
 	// outcome statement each hold a pool connection while they run; per-key
 	// order, leases, what a crash leaves and Close's release are the same
 	// either way.
@@ -184,6 +199,9 @@ type Config struct {
 
 // withDefaults fills every unset field. The one place defaults live.
 func (c Config) withDefaults() Config {
+	if c.MaxBatchSize == 0 {
+		c.MaxBatchSize = cmp.Or(c.BatchSize, DefaultMaxBatchSize)
+	}
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.LeaseDuration = cmp.Or(c.LeaseDuration, DefaultLeaseDuration)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
@@ -228,7 +246,7 @@ func (c Config) validated() (Config, error) {
 		name string
 		v    int64
 	}{
-		{"BatchSize", int64(c.BatchSize)}, {"MaxAttempts", int64(c.MaxAttempts)}, {"Concurrency", int64(c.Concurrency)},
+		{"BatchSize", int64(c.BatchSize)}, {"MaxBatchSize", int64(c.MaxBatchSize)}, {"MaxAttempts", int64(c.MaxAttempts)}, {"Concurrency", int64(c.Concurrency)},
 		{"LeaseDuration", int64(c.LeaseDuration)}, {"PublishTimeout", int64(c.PublishTimeout)},
 		{"PollInterval", int64(c.PollInterval)}, {"MaxPollInterval", int64(c.MaxPollInterval)},
 		{"BackoffBase", int64(c.BackoffBase)}, {"BackoffMax", int64(c.BackoffMax)},
@@ -240,6 +258,9 @@ func (c Config) validated() (Config, error) {
 		if f.v < 0 {
 			return bad("%s must be positive (or zero for the default), got %d", f.name, f.v)
 		}
+	}
+	if c.MaxBatchSize < c.BatchSize {
+		return bad("MaxBatchSize %d is below BatchSize %d; raise MaxBatchSize (or leave it zero: BatchSize, fixed)", c.MaxBatchSize, c.BatchSize)
 	}
 	if c.LeaseDuration < 2*c.PublishTimeout {
 		return Config{}, outbox.Errorf(outbox.CodeLeaseTooShort, op,

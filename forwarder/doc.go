@@ -7,7 +7,8 @@
 //
 // # A pass
 //
-// One pass claims up to BatchSize rows (package fencing: one statement,
+// One pass claims up to BatchSize rows, or more while the relay is behind
+// (below), (package fencing: one statement,
 // FOR UPDATE SKIP LOCKED, a lease with an owner and a token), rebuilds each
 // message with package envelope, publishes up to Concurrency of them at once,
 // and writes every outcome in one fenced statement:
@@ -30,12 +31,25 @@
 // AMBIGUOUS and the pass returns FORWARDER_UNKNOWN_OUTCOME. No row is left
 // IN_FLIGHT by a pass that completes.
 //
+// # Claim size
+//
+// A relay that keeps up claims BatchSize rows per pass. When a claim comes
+// back full, the next one takes twice as many, up to MaxBatchSize (1000 at
+// the defaults), as long as the last pass's duration per row says the
+// larger batch is published within a quarter of its lease; a claim less
+// than half full, or a pace that no longer fits (a slow downstream), halves
+// it again, down to BatchSize. A larger claim costs less per row on both
+// sides (one statement, one commit and one walk of the keys for many rows),
+// so a relay behind a burst catches up instead of trailing it; the lease,
+// the fence and the order per key are the same at any size. A BatchSize set
+// without MaxBatchSize stays fixed.
+//
 // # Ordering
 //
 // Rows sharing an ordering key reach the publisher in seq order across any
 // number of relays and retries. A claim returns, per key, a chain: the key's
 // head (its earliest unpublished row) and the claimable rows right behind it,
-// at most ceil(BatchSize / Concurrency) of them, extended to fill the batch
+// at most ceil(claim size / Concurrency) of them, extended to fill the batch
 // when few keys have work. A chain is published in seq order, one publish at
 // a time, each waiting for the previous one's outcome; the first row that is
 // not confirmed cuts it and the rows behind it are released without an
@@ -103,7 +117,7 @@
 // previous batch's outcome statement runs (pipelining, on by the same
 // switch). Outcome statements still run one at a time, in pass order, each
 // started as soon as its batch's publishes end, as without pipelining: what
-// a crash leaves behind is the same. A relay then holds up to 2 x BatchSize
+// a crash leaves behind is the same. A relay then holds up to 2 x MaxBatchSize
 // rows, and the claim ahead and the outcome statement each hold a
 // connection of the pool while they run. Order
 // per key is unaffected (rows stay IN_FLIGHT, blocking their keys for every

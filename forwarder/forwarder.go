@@ -88,10 +88,11 @@ type Forwarder struct {
 	metrics    *metrics
 	seed       uint64 // from the owner: per-relay jitter, deterministic per owner
 	dbTimeout  time.Duration
-	start      claimStart // where each claim starts in the claimable index, and the key walk
-	chains     chainLog   // which of this relay's chains were confirmed to their end
-	chainCap   int        // rows of one key a claim takes before it looks at other keys
-	breakers   breakers   // per destination: is the downstream down as a whole
+	start      claimStart   // where each claim starts in the claimable index, and the key walk
+	chains     chainLog     // which of this relay's chains were confirmed to their end
+	size       int          // the next claim's size, BatchSize to MaxBatchSize (claim, under claimMu)
+	pace       atomic.Int64 // ns per row of the last pass that claimed rows (end)
+	breakers   breakers     // per destination: is the downstream down as a whole
 
 	// claimMu makes one claim (with the release after a failed one) run at
 	// a time. held are the rows this relay holds IN_FLIGHT (claimed, outcome
@@ -151,7 +152,7 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	m, err := newMetrics(cfg.Metrics, cfg.BatchSize)
+	m, err := newMetrics(cfg.Metrics, cfg.MaxBatchSize)
 	if err != nil {
 		return nil, outbox.Wrap(outbox.CodeInvalidConfig, op, err, "register metrics")
 	}
@@ -170,7 +171,7 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 		tracer:     tp.Tracer(tracerName),
 		seed:       seedOf(cfg.Owner),
 		dbTimeout:  cfg.DBTimeout,
-		chainCap:   max(1, (cfg.BatchSize+cfg.Concurrency-1)/cfg.Concurrency),
+		size:       cfg.BatchSize,
 		beatEpoch:  time.Now(),
 		stop:       make(chan struct{}),
 		running:    make(chan struct{}),
@@ -298,7 +299,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	wake := f.listen(stopping, &bg)
 	close(f.running)
 	f.logger.Info("Outbox forwarder running", watermill.LogFields{
-		"batch_size": f.cfg.BatchSize, "concurrency": f.cfg.Concurrency, "ordering_policy": f.cfg.OrderingPolicy.String(),
+		"batch_size": f.cfg.BatchSize, "max_batch_size": f.cfg.MaxBatchSize, "concurrency": f.cfg.Concurrency, "ordering_policy": f.cfg.OrderingPolicy.String(),
 		"listen": f.cfg.ListenURL != "",
 	})
 

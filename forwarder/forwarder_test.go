@@ -83,6 +83,9 @@ func TestConfigRefusals(t *testing.T) {
 		"db timeout":        {forwarder.Config{DBTimeout: 16 * time.Second}, outbox.CodeInvalidConfig, "lower DBTimeout or raise LeaseDuration"},
 		"negative bytes":    {forwarder.Config{MaxBatchBytes: -1}, outbox.CodeInvalidConfig, "MaxBatchBytes"},
 		"negative abandon":  {forwarder.Config{MaxAbandoned: -1}, outbox.CodeInvalidConfig, "MaxAbandoned"},
+		"negative max size": {forwarder.Config{MaxBatchSize: -1}, outbox.CodeInvalidConfig, "MaxBatchSize"},
+		"max below batch":   {forwarder.Config{BatchSize: 50, MaxBatchSize: 20}, outbox.CodeInvalidConfig, "MaxBatchSize 20 is below BatchSize 50"},
+		"max below default": {forwarder.Config{MaxBatchSize: 20}, outbox.CodeInvalidConfig, "MaxBatchSize 20 is below BatchSize 100"},
 	} {
 		err := tc.cfg.Validate()
 		require.Error(t, err, name)

@@ -78,6 +78,9 @@ func (t *tail) wait() (Report, error) {
 func (f *Forwarder) end(t *tail, err error) {
 	t.rep.OpenBreakers = f.breakers.open()
 	t.rep.Duration = time.Since(t.start)
+	if t.rep.Claimed > 0 {
+		f.pace.Store(int64(t.rep.Duration) / int64(t.rep.Claimed))
+	}
 	t.err = err
 	f.metrics.pass(t.rep.Claimed, err != nil)
 	f.metrics.contained(t.rep)
@@ -134,8 +137,8 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 		return t, nil
 	}
 	t.rep.Claimed = len(claimed)
-	t.full = f.full(claimed)
-	if prefetch && f.full(claimed) && f.abandoned.Load() <= int64(f.cfg.MaxAbandoned) {
+	t.full = f.full(claimed, b.limit)
+	if prefetch && t.full && f.abandoned.Load() <= int64(f.cfg.MaxAbandoned) {
 		select {
 		case <-stopping:
 		default:
