@@ -60,6 +60,7 @@ const (
 	relayOurs          = "outbox"                  // this module's forwarder (fencing on), defaults
 	relayOursTuned     = "outbox-tuned"            // same, BatchSize ourTunedBatch (watermill tuned reads 1000 per query)
 	relayOursNoPF      = "outbox-noprefetch"       // defaults but DisablePrefetch: the pipelining's paired baseline
+	relayOursB100      = "outbox-b100"             // BatchSize 100, fixed: the minimal relay's batch, claim for claim
 	relayOursTunedNoPF = "outbox-tuned-noprefetch" // BatchSize ourTunedBatch, DisablePrefetch
 	ourTunedBatch      = 1000
 	relayWMDefault     = "watermill"        // components/forwarder + watermill-sql subscriber, defaults
@@ -152,7 +153,7 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 		rctx, cancel := context.WithCancel(ctx)
 		errc := make(chan error, 1)
 		switch kind {
-		case relayOurs, relayOursTuned, relayOursNoPF, relayOursTunedNoPF, relayWMDefault, relayWMTuned:
+		case relayOurs, relayOursTuned, relayOursNoPF, relayOursTunedNoPF, relayOursB100, relayWMDefault, relayWMTuned:
 			f, err := newForwarder(kind, s, db, out, listen)
 			if err != nil {
 				cancel()
@@ -218,8 +219,11 @@ func newForwarder(kind string, s *schema, db *sql.DB, out message.Publisher, lis
 		return wmforwarder.NewForwarder(sub, out, watermill.NopLogger{}, wmforwarder.Config{ForwarderTopic: wmForwarderTopic})
 	default:
 		cfg := forwarder.Config{DisablePrefetch: kind == relayOursNoPF || kind == relayOursTunedNoPF}
-		if kind == relayOursTuned || kind == relayOursTunedNoPF {
+		switch kind {
+		case relayOursTuned, relayOursTunedNoPF:
 			cfg.BatchSize = ourTunedBatch
+		case relayOursB100:
+			cfg.BatchSize = minimalBatchSize // set alone: fixed, no growth to MaxBatchSize
 		}
 		if listen {
 			cfg.ListenURL = s.url
