@@ -261,14 +261,18 @@ func mergeBySeq(a, b []fencing.Claimed) []fencing.Claimed {
 
 // nextSize is the size of the claim after one of size limit that took n
 // rows (breaker probes not counted). A claim that came back full doubles
-// it, up to MaxBatchSize, when the last pass's pace says the doubled batch
-// is published within a quarter of its lease; a claim less than half full,
-// or a pace that says even this size no longer fits, halves it, down to
-// BatchSize. So a relay that keeps up claims BatchSize rows, and one that
-// is behind claims up to MaxBatchSize, which costs less per row.
+// it, up to MaxBatchSize, when the doubled batch would be published within
+// a quarter of its lease even one message at a time (a single hot key's
+// chain is published so), at the mean time a publish took lately; a claim
+// less than half full, or a pace at which even this size no longer fits,
+// halves it, down to BatchSize. So a relay that keeps up claims BatchSize
+// rows, and one that is behind claims up to MaxBatchSize, which costs less
+// per row.
 func (f *Forwarder) nextSize(limit, n int) int {
-	pace := time.Duration(f.pace.Load()) // per row; 0 before the first pass ends
-	fits := func(size int) bool { return pace*time.Duration(size) <= f.cfg.LeaseDuration/4 }
+	if count := f.publishCount.Swap(0); count > 0 {
+		f.pace = time.Duration(f.publishNanos.Swap(0) / count)
+	}
+	fits := func(size int) bool { return f.pace*time.Duration(size) <= f.cfg.LeaseDuration/4 }
 	grown := min(2*limit, f.cfg.MaxBatchSize)
 	switch {
 	case n >= limit && grown > limit && fits(grown):

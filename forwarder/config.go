@@ -50,10 +50,11 @@ type Config struct {
 	BatchSize int
 	// MaxBatchSize is how many rows a pass may claim while the relay is
 	// behind. A claim that comes back full lets the next one take twice as
-	// many, up to MaxBatchSize, as long as the last pass's pace (its
-	// duration per row) says the larger batch is published within a
-	// quarter of its lease; a claim that comes back less than half full, or
-	// a pace that no longer fits, halves it again, down to BatchSize. Larger
+	// many, up to MaxBatchSize, as long as the larger batch would be
+	// published within a quarter of its lease even one message at a time,
+	// at the mean time a publish took lately; a claim that comes back less
+	// than half full, or a pace that no longer fits, halves it again, down
+	// to BatchSize. Larger
 	// claims cost less per row on both sides (one statement, one commit,
 	// one walk of the keys for many rows), which is what lets a relay catch
 	// up with a backlog instead of trailing it. Default: 1000 when BatchSize

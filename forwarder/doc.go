@@ -35,8 +35,9 @@
 //
 // A relay that keeps up claims BatchSize rows per pass. When a claim comes
 // back full, the next one takes twice as many, up to MaxBatchSize (1000 at
-// the defaults), as long as the last pass's duration per row says the
-// larger batch is published within a quarter of its lease; a claim less
+// the defaults), as long as the larger batch would be published within a
+// quarter of its lease even one message at a time (as a single hot key's
+// chain is), at the mean time a publish took lately; a claim less
 // than half full, or a pace that no longer fits (a slow downstream), halves
 // it again, down to BatchSize. A larger claim costs less per row on both
 // sides (one statement, one commit and one walk of the keys for many rows),

@@ -88,11 +88,15 @@ type Forwarder struct {
 	metrics    *metrics
 	seed       uint64 // from the owner: per-relay jitter, deterministic per owner
 	dbTimeout  time.Duration
-	start      claimStart   // where each claim starts in the claimable index, and the key walk
-	chains     chainLog     // which of this relay's chains were confirmed to their end
-	size       int          // the next claim's size, BatchSize to MaxBatchSize (claim, under claimMu)
-	pace       atomic.Int64 // ns per row of the last pass that claimed rows (end)
-	breakers   breakers     // per destination: is the downstream down as a whole
+	start      claimStart // where each claim starts in the claimable index, and the key walk
+	chains     chainLog   // which of this relay's chains were confirmed to their end
+	size       int        // the next claim's size, BatchSize to MaxBatchSize (claim, under claimMu)
+	// pace is the mean time a publish took (ns) since the claim before the
+	// last one, from publishNanos and publishCount, which every publish
+	// adds to (call.end) and nextSize takes.
+	pace                       time.Duration
+	publishNanos, publishCount atomic.Int64
+	breakers                   breakers // per destination: is the downstream down as a whole
 
 	// claimMu makes one claim (with the release after a failed one) run at
 	// a time. held are the rows this relay holds IN_FLIGHT (claimed, outcome

@@ -78,9 +78,6 @@ func (t *tail) wait() (Report, error) {
 func (f *Forwarder) end(t *tail, err error) {
 	t.rep.OpenBreakers = f.breakers.open()
 	t.rep.Duration = time.Since(t.start)
-	if t.rep.Claimed > 0 {
-		f.pace.Store(int64(t.rep.Duration) / int64(t.rep.Claimed))
-	}
 	t.err = err
 	f.metrics.pass(t.rep.Claimed, err != nil)
 	f.metrics.contained(t.rep)

@@ -298,7 +298,10 @@ func (c *call) expire() {
 // end records the publish's time and ends its span.
 func (c *call) end(s sent) {
 	row := c.u.items[c.at].claimed.Row
-	c.w.f.metrics.published(row.Destination, time.Since(c.began))
+	took := time.Since(c.began)
+	c.w.f.metrics.published(row.Destination, took)
+	c.w.f.publishNanos.Add(int64(took))
+	c.w.f.publishCount.Add(1)
 	if s.err != nil {
 		c.span.RecordError(s.err)
 		c.span.SetStatus(codes.Error, cmp.Or(s.code, "publish failed"))
