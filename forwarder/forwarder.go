@@ -395,7 +395,10 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			return err
 		default:
 		}
-		if next := f.breakers.nextProbe(); !next.IsZero() && delay > 0 {
+		// A due breaker probe cuts the wait, but not while claims are paused
+		// (too many publishes left running): a paused pass runs no probe,
+		// so the probe would stay due and the loop would spin.
+		if next := f.breakers.nextProbe(); !next.IsZero() && delay > 0 && !cur.rep.ClaimPaused {
 			delay = max(0, min(delay, next.Sub(f.localNow())))
 		}
 		woken = false
