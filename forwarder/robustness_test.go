@@ -26,12 +26,16 @@ func TestOutcomesOfAPassLongerThanTheStatementTimeoutAreWritten(t *testing.T) {
 	const stmt = 100 * time.Millisecond
 	// The publish itself is what takes long here (4 statement timeouts), so
 	// waiting on a timer is the scenario, not a guess.
+	var f *forwarder.Forwarder
 	slow := &recorder{behave: func(string, *message.Message) (bool, error) {
+		// The claim is done: from here on every statement gets stmt (the
+		// claim itself keeps the default, so a busy machine cannot time
+		// it out).
+		forwarder.SetDBTimeout(f, stmt)
 		<-time.After(4 * stmt)
 		return true, nil
 	}}
-	f := newForwarder(t, s.DB, slow, forwarder.Config{PublishTimeout: 5 * time.Second})
-	forwarder.SetDBTimeout(f, stmt)
+	f = newForwarder(t, s.DB, slow, forwarder.Config{PublishTimeout: 5 * time.Second})
 	rep, err := f.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 1, rep.Published)
@@ -228,7 +232,7 @@ func TestRelayClaimsNothingWhileItsHeartbeatHasLapsed(t *testing.T) {
 	rec := &recorder{}
 	logs := &errLogger{}
 	f, err := forwarder.New(s.DB, rec, logs, forwarder.Config{
-		HeartbeatInterval: 20 * time.Millisecond,
+		HeartbeatInterval: 250 * time.Millisecond, // each beat must finish within it: shorter, and a busy machine lapses it for good
 		PollInterval:      5 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond,
 		BackoffBase: 5 * time.Millisecond, BackoffMax: 10 * time.Millisecond,
 	})

@@ -188,7 +188,8 @@ terminationGracePeriodSeconds, systemd TimeoutStopSec) of at least
 	f.StringVar(&lf.format, "log-format", "text", "log format on stderr: text or json")
 	f.StringVar(&lf.level, "log-level", "info", "least log level: debug, info, warn or error")
 	f.BoolVar(&listen, "listen", false, "LISTEN for the publisher's NOTIFY wake-ups on the same database")
-	f.IntVar(&cfg.BatchSize, "batch-size", forwarder.DefaultBatchSize, "rows claimed per pass")
+	f.IntVar(&cfg.BatchSize, "batch-size", forwarder.DefaultBatchSize, "rows claimed per pass while the relay keeps up")
+	f.IntVar(&cfg.MaxBatchSize, "max-batch-size", 0, "rows a pass may claim while the relay is behind (0 = 1000, or --batch-size when larger; equal to --batch-size: a fixed size)")
 	f.IntVar(&cfg.Concurrency, "concurrency", forwarder.DefaultConcurrency, "publishes in flight per pass")
 	f.IntVar(&cfg.MaxAttempts, "max-attempts", forwarder.DefaultMaxAttempts, "attempt budget per row before it is parked EXHAUSTED")
 	f.DurationVar(&cfg.LeaseDuration, "lease", forwarder.DefaultLeaseDuration, "lease per claimed row (>= 2 x --publish-timeout)")
@@ -232,9 +233,15 @@ func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, lf
 	if listen {
 		cfg.ListenURL = a.resolvedURL()
 	}
+	if cfg.MaxBatchSize == 0 {
+		cfg.MaxBatchSize = max(forwarder.DefaultMaxBatchSize, cfg.BatchSize)
+	}
+	if err := cfg.Validate(); err != nil { // before anything is built from it
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if cfg.Metrics, err = prommetrics.New(reg, prommetrics.Options{BatchSize: cfg.BatchSize}); err != nil {
+	if cfg.Metrics, err = prommetrics.New(reg, prommetrics.Options{BatchSize: cfg.MaxBatchSize}); err != nil {
 		return err
 	}
 	backlog, err := status.NewCollector(db, status.CollectorOptions{})

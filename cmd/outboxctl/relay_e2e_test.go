@@ -141,6 +141,12 @@ func TestRelayUsageErrors(t *testing.T) {
 	r = db(t, s, "relay", "--to", "log", "--max-abandoned", "-1")
 	requireCode(t, r, 2)
 	require.Contains(t, r.stderr, "MaxAbandoned")
+	r = db(t, s, "relay", "--to", "log", "--batch-size", "50", "--max-batch-size", "20")
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "MaxBatchSize 20 is below BatchSize 50")
+	r = db(t, s, "relay", "--to", "log", "--max-batch-size", "-1")
+	requireCode(t, r, 2)
+	require.Contains(t, r.stderr, "MaxBatchSize")
 }
 
 // syncBuffer collects the relay's stderr while the test reads it.

@@ -49,8 +49,9 @@ type Options struct {
 	// beyond the first MaxDestinations seen are counted under "_other".
 	// Default 50; must be >= 0.
 	MaxDestinations int
-	// BatchSize is the forwarder's Config.BatchSize, for the buckets of
-	// the claim batch size histogram. Default forwarder.DefaultBatchSize.
+	// BatchSize is the largest claim the forwarder makes (its
+	// Config.MaxBatchSize), for the buckets of the claim batch size
+	// histogram. Default forwarder.DefaultMaxBatchSize.
 	BatchSize int
 }
 
@@ -89,7 +90,7 @@ func New(reg prometheus.Registerer, o Options) (*Metrics, error) {
 	}
 	ns := cmp.Or(o.Namespace, "outbox")
 	name := func(metric string) string { return ns + strings.TrimPrefix(metric, "outbox") }
-	batch := cmp.Or(o.BatchSize, forwarder.DefaultBatchSize)
+	batch := cmp.Or(o.BatchSize, forwarder.DefaultMaxBatchSize)
 	m := &Metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name:        name(forwarder.MetricMessages),
