@@ -2,6 +2,7 @@ package fencing_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -79,5 +80,32 @@ func TestClaimTakesChainsContinuationsAndRotatesKeys(t *testing.T) {
 	require.ErrorIs(t, err, fencing.ErrInvalidArgument)
 	bad.Continue, bad.MaxChain = nil, -1
 	_, err = fencing.Claim(ctx, s.DB, bad)
+	require.ErrorIs(t, err, fencing.ErrInvalidArgument)
+}
+
+// MaxContinued bounds what one claim adds to a continued chain, however
+// large the claim: a chain goes out one message at a time, so its length,
+// not the claim's, decides how long the batch takes.
+func TestMaxContinuedBoundsAContinuedChain(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	for i := range 10 {
+		insert(t, s.DB, fmt.Sprintf("a%02d", i), "A")
+	}
+	insert(t, s.DB, "u1", "")
+	p := params("r", t0)
+	p.MaxChain = 1
+	first, err := fencing.Claim(ctx, s.DB, p)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a00", "u1"}, ids(first))
+	cont := params("r", t0)
+	cont.NoKeyWalk, cont.NoUnkeyed, cont.MaxContinued = true, true, 3
+	cont.Continue = []fencing.Continuation{{Key: "A", AfterSeq: first[0].Row.Seq, AfterID: "a00"}}
+	more, err := fencing.Claim(ctx, s.DB, cont)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a01", "a02", "a03"}, ids(more), "three rows added behind a00, though the claim's limit is 100")
+
+	cont.MaxContinued = -1
+	_, err = fencing.Claim(ctx, s.DB, cont)
 	require.ErrorIs(t, err, fencing.ErrInvalidArgument)
 }

@@ -112,9 +112,12 @@ type ClaimParams struct {
 	// MaxChain bounds the rows the walk takes from one key it finds (0:
 	// Limit). Shorter chains spread a batch over more keys, which a relay
 	// publishes concurrently; longer ones cost fewer round trips on a hot
-	// key. Continued chains are bounded by Limit only: they grow one row
-	// per chain per step, so a full batch is spread over them evenly.
+	// key.
 	MaxChain int
+	// MaxContinued bounds the rows this claim adds to one continued chain
+	// (0: Limit). Continued chains grow one row per chain per step, so a
+	// full batch is spread over them evenly.
+	MaxContinued int
 	// Continue extends chains the caller already holds (see [Continuation]).
 	Continue []Continuation
 	// NoKeyWalk leaves out the walk over keys (only Continue and, unless
@@ -352,7 +355,7 @@ continued AS (
       UNION ALL
         SELECT ` + walkStep("y", "c.pos + 1", "false") + `
           FROM run c CROSS JOIN LATERAL (` + rowAfter("c.k", "c.seq", notParked) + `) y
-         WHERE NOT c.park AND c.pos < $5 AND ` + claimable("y") + `
+         WHERE NOT c.park AND c.pos < $17 AND ` + claimable("y") + `
     )
     SELECT row_ctid, k, seq, pos FROM run LIMIT $5
 ),
@@ -507,6 +510,8 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "from seq must be >= 0, got %d", p.FromSeq)
 	case p.MaxChain < 0:
 		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "max chain must be >= 0, got %d", p.MaxChain)
+	case p.MaxContinued < 0:
+		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "max continued must be >= 0, got %d", p.MaxContinued)
 	case p.MaxBytes < 0:
 		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "max bytes must be >= 0, got %d", p.MaxBytes)
 	}
@@ -521,7 +526,7 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 		}
 		keys[i], afters[i], ids[i] = c.Key, c.AfterSeq, c.AfterID
 	}
-	maxChain := cmp.Or(p.MaxChain, p.Limit)
+	maxChain, maxContinued := cmp.Or(p.MaxChain, p.Limit), cmp.Or(p.MaxContinued, p.Limit)
 	unkeyed, walk := p.Limit, p.Limit
 	if p.NoUnkeyed {
 		unkeyed = 0
@@ -540,7 +545,7 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 	}
 	return q, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
 		p.KeyCursor, maxChain, pq.Array(keys), pq.Array(afters), pq.Array(ids), unkeyed, walk,
-		excluded, p.OnlyDestination, p.MaxBytes}, nil
+		excluded, p.OnlyDestination, p.MaxBytes, maxContinued}, nil
 }
 
 // Claim takes up to p.Limit claimable rows for p.Owner in one statement and

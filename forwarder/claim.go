@@ -98,8 +98,12 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	// every walkEvery-th claim, which walks every key.
 	full := f.start.fullWalkDue()
 	var resume []fencing.Continuation
+	// One key's chain is published one message at a time, so a claim
+	// takes at most BatchSize rows of a key (walked, continued or
+	// extended), however large it grew: growth adds keys and unkeyed rows,
+	// which go out in parallel, not length to a chain.
 	limit := f.size
-	chainCap := max(1, (limit+f.cfg.Concurrency-1)/f.cfg.Concurrency)
+	chainCap := min(max(1, (limit+f.cfg.Concurrency-1)/f.cfg.Concurrency), f.cfg.BatchSize)
 	if !full {
 		resume = f.chains.positions(cont, 2*limit)
 	}
@@ -110,7 +114,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	p := fencing.ClaimParams{
 		Owner: f.cfg.Owner, Limit: limit, Lease: f.cfg.LeaseDuration,
 		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
-		FromSeq: from, KeyCursor: cursor, MaxChain: chainCap, Continue: append(cont[:len(cont):len(cont)], resume...),
+		FromSeq: from, KeyCursor: cursor, MaxChain: chainCap, MaxContinued: f.cfg.BatchSize, Continue: append(cont[:len(cont):len(cont)], resume...),
 		ExcludeDestinations: exclude, NoKeyWalk: !walk, MaxBytes: maxBytes,
 	}
 	claimed, err := claimFn(p)
@@ -160,10 +164,11 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 			claimed = mergeBySeq(claimed, rows)
 		}
 	}
-	if ext := capped(claimed, chainCap, p.Continue); len(ext) > 0 && len(claimed) < p.Limit && budget() > 0 {
+	if ext := capped(claimed, chainCap, p.Continue); len(ext) > 0 && chainCap < f.cfg.BatchSize && len(claimed) < p.Limit && budget() > 0 {
 		room := p.Limit - len(claimed)
 		more := p
 		more.Limit, more.MaxChain, more.Continue = room, (room+len(ext)-1)/len(ext), ext
+		more.MaxContinued = f.cfg.BatchSize - chainCap // a capped chain holds chainCap rows already
 		more.NoKeyWalk, more.NoUnkeyed, more.FromSeq, more.MaxBytes = true, true, 0, budget()
 		if rows, xerr := claimFn(more); xerr != nil {
 			f.logger.Error("Outbox claim extending chains failed", xerr, watermill.LogFields{"held": len(claimed)})
@@ -262,8 +267,9 @@ func mergeBySeq(a, b []fencing.Claimed) []fencing.Claimed {
 // nextSize is the size of the claim after one of size limit that took n
 // rows (breaker probes not counted). A claim that came back full doubles
 // it, up to MaxBatchSize, when the doubled batch would be published within
-// a quarter of its lease even one message at a time (a single hot key's
-// chain is published so), at the mean time a publish took lately; a claim
+// a quarter of its lease at the mean time a publish took lately: its rows
+// Concurrency at a time, and a key's chain (at most BatchSize rows, see
+// claim) one at a time; a claim
 // less than half full, or a pace at which even this size no longer fits,
 // halves it, down to BatchSize. So a relay that keeps up claims BatchSize
 // rows, and one that is behind claims up to MaxBatchSize, which costs less
@@ -272,7 +278,12 @@ func (f *Forwarder) nextSize(limit, n int) int {
 	if count := f.publishCount.Swap(0); count > 0 {
 		f.pace = time.Duration(f.publishNanos.Swap(0) / count)
 	}
-	fits := func(size int) bool { return f.pace*time.Duration(size) <= f.cfg.LeaseDuration/4 }
+	// A pass of size rows publishes them Concurrency at a time, and one
+	// key's chain (at most BatchSize rows) one at a time.
+	fits := func(size int) bool {
+		serial := max(f.cfg.BatchSize, (size+f.cfg.Concurrency-1)/f.cfg.Concurrency)
+		return f.pace*time.Duration(serial) <= f.cfg.LeaseDuration/4
+	}
 	grown := min(2*limit, f.cfg.MaxBatchSize)
 	switch {
 	case n >= limit && grown > limit && fits(grown):

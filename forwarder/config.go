@@ -51,8 +51,9 @@ type Config struct {
 	// MaxBatchSize is how many rows a pass may claim while the relay is
 	// behind. A claim that comes back full lets the next one take twice as
 	// many, up to MaxBatchSize, as long as the larger batch would be
-	// published within a quarter of its lease even one message at a time,
-	// at the mean time a publish took lately; a claim that comes back less
+	// published within a quarter of its lease (Concurrency at a time, one
+	// key's chain of at most BatchSize rows one at a time) at the mean time
+	// a publish took lately; a claim that comes back less
 	// than half full, or a pace that no longer fits, halves it again, down
 	// to BatchSize. Larger
 	// claims cost less per row on both sides (one statement, one commit,

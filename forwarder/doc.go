@@ -36,21 +36,28 @@
 // A relay that keeps up claims BatchSize rows per pass. When a claim comes
 // back full, the next one takes twice as many, up to MaxBatchSize (1000 at
 // the defaults), as long as the larger batch would be published within a
-// quarter of its lease even one message at a time (as a single hot key's
-// chain is), at the mean time a publish took lately; a claim less
+// quarter of its lease (its rows Concurrency at a time, a key's chain one
+// at a time), at the mean time a publish took lately; a claim less
 // than half full, or a pace that no longer fits (a slow downstream), halves
 // it again, down to BatchSize. A larger claim costs less per row on both
 // sides (one statement, one commit and one walk of the keys for many rows),
 // so a relay behind a burst catches up instead of trailing it; the lease,
-// the fence and the order per key are the same at any size. A BatchSize set
-// without MaxBatchSize stays fixed.
+// the fence and the order per key are the same at any size. Growth adds
+// keys and unkeyed rows, which are published in parallel: one key's chain
+// (published one message at a time) stays at most BatchSize rows per
+// claim. A destination the relay has not published to lately is sized at
+// the pace of the others until its first publishes, so its first batch may
+// be too long for the start-by deadline; the rows not started by then go
+// back without an attempt. A BatchSize set without MaxBatchSize stays
+// fixed.
 //
 // # Ordering
 //
 // Rows sharing an ordering key reach the publisher in seq order across any
 // number of relays and retries. A claim returns, per key, a chain: the key's
 // head (its earliest unpublished row) and the claimable rows right behind it,
-// at most ceil(claim size / Concurrency) of them, extended to fill the batch
+// at most ceil(claim size / Concurrency) of them and never more than
+// BatchSize per claim, extended up to BatchSize to fill the batch
 // when few keys have work. A chain is published in seq order, one publish at
 // a time, each waiting for the previous one's outcome; the first row that is
 // not confirmed cuts it and the rows behind it are released without an
