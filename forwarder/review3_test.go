@@ -1,0 +1,137 @@
+package forwarder_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
+)
+
+// With prefetch (Run's default) the claim made ahead starts right after the
+// first claim, before any publish has returned, so nextSize still sees no
+// measured pace (zero) and doubles again: Run claims 10, 20, then 40 rows
+// against a downstream whose pace (20 ms a message, one at a time) lets a
+// 2 s lease publish 500 ms / 20 ms = 25 of them, i.e. claims of at most 20
+// (RunOnce keeps to it: TestClaimsDoNotOutgrowWhatTheLeaseCanPublish). The
+// 40-row claim waits for the 20 ahead of it and most of it is released
+// without an attempt once its start-by deadline passes.
+func TestRunClaimsAheadDoNotGrowBeforeAnyPublishWasTimed(t *testing.T) {
+	s := newDB(t)
+	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload)
+		SELECT 'a' || g, 'orders', 'x' FROM generate_series(1, 300) g`)
+	require.NoError(t, err)
+	rec := &recorder{behave: func(string, *message.Message) (bool, error) {
+		time.Sleep(20 * time.Millisecond) // the downstream's own pace, not a wait for an event
+		return true, nil
+	}}
+	var maxClaimed, released atomic.Int64
+	f := newForwarder(t, s.DB, rec, forwarder.Config{
+		BatchSize: 10, MaxBatchSize: 1000, Concurrency: 1, LeaseDuration: 2 * time.Second, PublishTimeout: time.Second,
+		OnReport: func(r forwarder.Report) {
+			for {
+				m := maxClaimed.Load()
+				if int64(r.Claimed) <= m || maxClaimed.CompareAndSwap(m, int64(r.Claimed)) {
+					break
+				}
+			}
+			released.Add(int64(r.Released))
+		},
+	})
+	runUntilDelivered(t, f, rec, 300, 60*time.Second)
+	require.LessOrEqual(t, maxClaimed.Load(), int64(20),
+		"a claim of %d rows, more than the lease can publish at the downstream's pace (%d rows released without an attempt)", maxClaimed.Load(), released.Load())
+}
+
+// A pass whose claim fails (the database refuses the statement) backs off
+// (BackoffBase, doubling to BackoffMax) before the next one. But a breaker
+// probe that is due cuts every wait, that backoff included, and a pass whose
+// claim fails runs no probe, so the probe stays due and Run goes again at
+// once: a relay whose database is down while one of its breakers is open
+// (the two often go together: a network partition) hammers the database
+// in a tight loop, the spin 18c08c1 fixed for paused claims only.
+func TestFailingClaimsBackOffWhileABreakerProbeIsDue(t *testing.T) {
+	s := newDB(t)
+	for i := range 5 {
+		insertN(t, s.DB, "orders", "m"+string(rune('a'+i)))
+	}
+	rec := &recorder{behave: func(string, *message.Message) (bool, error) {
+		return false, forwarder.MarkUnavailable(errBroker)
+	}}
+	var open, failed atomic.Int64
+	var counting atomic.Bool
+	f := newForwarder(t, s.DB, rec, forwarder.Config{
+		BatchSize: 5, Concurrency: 1,
+		PollInterval: 50 * time.Millisecond, MaxPollInterval: 200 * time.Millisecond,
+		BackoffBase: 100 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
+		BreakerThreshold: 2, BreakerProbeBase: 10 * time.Millisecond, BreakerProbeMax: 20 * time.Millisecond,
+		DBTimeout: time.Second,
+		OnReport: func(r forwarder.Report) {
+			if len(r.OpenBreakers) > 0 {
+				open.Add(1)
+			}
+			if counting.Load() && r.ClaimFailures > 0 {
+				failed.Add(1)
+			}
+		},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	require.Eventually(t, func() bool { return open.Load() > 0 }, 20*time.Second, 5*time.Millisecond, "the breaker never opened")
+
+	// The database refuses every claim from now on.
+	_, err := s.DB.Exec(`ALTER TABLE messaging_outbox RENAME TO messaging_outbox_away`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = s.DB.Exec(`ALTER TABLE messaging_outbox_away RENAME TO messaging_outbox`) })
+	counting.Store(true)
+	start := time.Now()
+	const watch = time.Second
+	require.Eventually(t, func() bool { return time.Since(start) >= watch }, 10*time.Second, 5*time.Millisecond)
+	n := failed.Load()
+	cancel()
+	_ = waitOrFail(t, done, "Run to return")
+	// At most one failing pass per BackoffBase, with room for a slow machine.
+	require.LessOrEqual(t, n, int64(2*watch/(100*time.Millisecond)),
+		"%d failing passes in %s: Run retries a failing claim at once while a breaker probe is due", n, watch)
+}
+
+// A claim may grow while pace x size fits in a quarter of the lease, but no
+// publish starts after the start-by deadline, LeaseDuration - 1.5 x
+// PublishTimeout after the claim, which is only a quarter of the lease at
+// the shortest lease Validate allows (2 x PublishTimeout); and with
+// prefetch a batch claimed ahead first waits for the whole batch before it.
+// So against a downstream taking 20 ms a message (one at a time, a 2 s
+// lease, a 1 s PublishTimeout: start by 500 ms) a relay grows its claims
+// from 5 to 20 rows (20 x 20 ms = 400 ms fits 500 ms), each waits about
+// 400 ms for the one ahead, and about half of every claim is released
+// without an attempt, pass after pass, where a claim of 5 or 10 releases
+// nothing: the growth makes the relay slower, and churns leases.
+func TestClaimsDoNotGrowPastWhatTheStartByDeadlineLetsStart(t *testing.T) {
+	s := newDB(t)
+	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload)
+		SELECT 'a' || g, 'orders', 'x' FROM generate_series(1, 300) g`)
+	require.NoError(t, err)
+	rec := &recorder{behave: func(string, *message.Message) (bool, error) {
+		time.Sleep(20 * time.Millisecond) // the downstream's own pace, not a wait for an event
+		return true, nil
+	}}
+	var released, claims atomic.Int64
+	f := newForwarder(t, s.DB, rec, forwarder.Config{
+		BatchSize: 5, MaxBatchSize: 1000, Concurrency: 1, LeaseDuration: 2 * time.Second, PublishTimeout: time.Second,
+		OnReport: func(r forwarder.Report) {
+			if r.Claimed > 0 {
+				claims.Add(1)
+			}
+			released.Add(int64(r.Released))
+		},
+	})
+	runUntilDelivered(t, f, rec, 300, 60*time.Second)
+	require.Zero(t, released.Load(), "%d rows released without an attempt over %d claims: claims grew past what their start-by deadline lets start",
+		released.Load(), claims.Load())
+}
