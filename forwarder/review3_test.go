@@ -2,6 +2,8 @@ package forwarder_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -139,4 +141,51 @@ func TestClaimsDoNotGrowPastWhatTheStartByDeadlineLetsStart(t *testing.T) {
 	runUntilDelivered(t, f, rec, 400, 60*time.Second)
 	require.LessOrEqual(t, maxClaimed.Load(), int64(25), "a claim of %d rows: twice that at 10 ms a message overruns the 500 ms start-by window (%d rows released without an attempt)",
 		maxClaimed.Load(), released.Load())
+}
+
+// While claims are paused (more publishes left behind than MaxAbandoned) a
+// pass claims nothing, and Run counts it as idle: the wait doubles towards
+// MaxPollInterval, pass after paused pass. A paused pass is not an idle
+// outbox (it did not look), so once the hanging publishes return the relay
+// still sleeps out the grown wait, with its backlog untouched: up to
+// MaxPollInterval after the downstream recovered (18c08c1 took away the
+// due probe that used to cut it, which spun). Here the hang ends right
+// after a paused pass that followed a wait of 1.5 s or more; the relay
+// should resume within a second (PollInterval is 50 ms), not seconds later.
+func TestPausedClaimsResumeSoonAfterTheHangEnds(t *testing.T) {
+	s := newDB(t)
+	for i := range 20 {
+		insertN(t, s.DB, "orders", fmt.Sprintf("m%02d", i))
+	}
+	h := &hangCounter{release: make(chan struct{})}
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(h.release) }) })
+	var lastPause, releasedAt, resumedAt atomic.Int64
+	f := newForwarder(t, s.DB, h, forwarder.Config{
+		BatchSize: 1, Concurrency: 1, MaxAbandoned: 1,
+		PublishTimeout: 20 * time.Millisecond, LeaseDuration: time.Second, DrainTimeout: 20 * time.Millisecond,
+		PollInterval: 50 * time.Millisecond, MaxPollInterval: 20 * time.Second,
+		OnReport: func(r forwarder.Report) {
+			now := time.Now().UnixNano()
+			switch {
+			case r.ClaimPaused && releasedAt.Load() == 0:
+				if prev := lastPause.Swap(now); prev != 0 && time.Duration(now-prev) >= 1500*time.Millisecond {
+					releasedAt.Store(now)
+					once.Do(func() { close(h.release) }) // the downstream recovers
+				}
+			case releasedAt.Load() != 0 && r.Published > 0:
+				resumedAt.CompareAndSwap(0, now)
+			}
+		},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	require.Eventually(t, func() bool { return releasedAt.Load() != 0 }, 30*time.Second, 5*time.Millisecond, "claims never stayed paused for 1.5 s")
+	require.Eventually(t, func() bool { return resumedAt.Load() != 0 }, 30*time.Second, 5*time.Millisecond, "the relay never resumed")
+	cancel()
+	require.NoError(t, waitOrFail(t, done, "Run to return"))
+	took := time.Duration(resumedAt.Load() - releasedAt.Load())
+	require.Less(t, took, time.Second, "the relay resumed %s after the hang ended (PollInterval 50 ms): paused passes grew the idle wait", took)
 }
