@@ -150,8 +150,9 @@ func TestClaimsDoNotGrowPastWhatTheStartByDeadlineLetsStart(t *testing.T) {
 // still sleeps out the grown wait, with its backlog untouched: up to
 // MaxPollInterval after the downstream recovered (18c08c1 took away the
 // due probe that used to cut it, which spun). Here the hang ends right
-// after a paused pass that followed a wait of 1.5 s or more; the relay
-// should resume within a second (PollInterval is 50 ms), not seconds later.
+// after a paused pass 3 s into the pause (an idle wait grown since is at
+// least 1.5 s); the relay should resume within a second (PollInterval is
+// 50 ms), not seconds later.
 func TestPausedClaimsResumeSoonAfterTheHangEnds(t *testing.T) {
 	s := newDB(t)
 	for i := range 20 {
@@ -160,7 +161,7 @@ func TestPausedClaimsResumeSoonAfterTheHangEnds(t *testing.T) {
 	h := &hangCounter{release: make(chan struct{})}
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { close(h.release) }) })
-	var lastPause, releasedAt, resumedAt atomic.Int64
+	var firstPause, releasedAt, resumedAt atomic.Int64
 	f := newForwarder(t, s.DB, h, forwarder.Config{
 		BatchSize: 1, Concurrency: 1, MaxAbandoned: 1,
 		PublishTimeout: 20 * time.Millisecond, LeaseDuration: time.Second, DrainTimeout: 20 * time.Millisecond,
@@ -169,7 +170,8 @@ func TestPausedClaimsResumeSoonAfterTheHangEnds(t *testing.T) {
 			now := time.Now().UnixNano()
 			switch {
 			case r.ClaimPaused && releasedAt.Load() == 0:
-				if prev := lastPause.Swap(now); prev != 0 && time.Duration(now-prev) >= 1500*time.Millisecond {
+				// Paused for 3 s: the idle wait, had it grown, is 1.5 s or more now.
+				if firstPause.CompareAndSwap(0, now); time.Duration(now-firstPause.Load()) >= 3*time.Second {
 					releasedAt.Store(now)
 					once.Do(func() { close(h.release) }) // the downstream recovers
 				}
@@ -182,7 +184,7 @@ func TestPausedClaimsResumeSoonAfterTheHangEnds(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()
-	require.Eventually(t, func() bool { return releasedAt.Load() != 0 }, 30*time.Second, 5*time.Millisecond, "claims never stayed paused for 1.5 s")
+	require.Eventually(t, func() bool { return releasedAt.Load() != 0 }, 30*time.Second, 5*time.Millisecond, "claims never stayed paused for 3 s")
 	require.Eventually(t, func() bool { return resumedAt.Load() != 0 }, 30*time.Second, 5*time.Millisecond, "the relay never resumed")
 	cancel()
 	require.NoError(t, waitOrFail(t, done, "Run to return"))
