@@ -375,6 +375,12 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		case claimed > 0:
 			failures, idle = 0, 0
 			delay = f.cfg.PollInterval
+		case cur.rep.ClaimPaused:
+			// Paused (too many publishes left running), not idle: it did not
+			// look, so the wait does not grow, and the relay resumes within
+			// PollInterval once the publishes left behind return.
+			failures, idle = 0, 0
+			delay = f.cfg.PollInterval
 		default:
 			failures = 0
 			idle++
