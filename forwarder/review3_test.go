@@ -191,3 +191,44 @@ func TestPausedClaimsResumeSoonAfterTheHangEnds(t *testing.T) {
 	took := time.Duration(resumedAt.Load() - releasedAt.Load())
 	require.Less(t, took, time.Second, "the relay resumed %s after the hang ended (PollInterval 50 ms): paused passes grew the idle wait", took)
 }
+
+// The claim size follows the mean publish time over every destination, and
+// a claim of size n holds at most n / Concurrency rows of one key while
+// other rows fill it; but once they run out, a claim extends a key's chain
+// to fill the whole batch. Behind many fast rows (an instant downstream)
+// and one hot key on a slow one (10 ms a message), the mean says claims of
+// a hundred rows and more fit the lease; when the fast rows run out the hot
+// key's chain is extended to the whole claim and published one message at
+// a time, at 10 ms, not at the mean: far past the start-by deadline (500 ms
+// after the claim: a 2 s lease, a 1 s PublishTimeout), so most of it is
+// released without an attempt, claim after claim.
+func TestAHotKeyOnASlowDestinationIsNotClaimedAtTheMeanPace(t *testing.T) {
+	s := newDB(t)
+	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload)
+		SELECT 'f' || g, 'fast', 'x' FROM generate_series(1, 3000) g`)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, ordering_key)
+		SELECT 'h' || g, 'slow', 'x', 'hot' FROM generate_series(1, 300) g`)
+	require.NoError(t, err)
+	rec := &recorder{behave: func(topic string, _ *message.Message) (bool, error) {
+		if topic == "slow" {
+			time.Sleep(10 * time.Millisecond) // the downstream's own pace, not a wait for an event
+		}
+		return true, nil
+	}}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{
+		BatchSize: 8, MaxBatchSize: 1000, Concurrency: 8, LeaseDuration: 2 * time.Second, PublishTimeout: time.Second,
+	})
+	var released, claims int
+	for range 1000 {
+		rep, err := f.RunOnce(context.Background())
+		require.NoError(t, err)
+		released += rep.Released
+		claims++
+		if rep.Claimed == 0 {
+			break
+		}
+	}
+	require.Len(t, rec.ids(), 3300)
+	require.Zero(t, released, "%d rows released without an attempt over %d claims: a hot key's chain outgrew the start-by deadline", released, claims)
+}
