@@ -274,19 +274,32 @@ func mergeBySeq(a, b []fencing.Claimed) []fencing.Claimed {
 // halves it, down to BatchSize. So a relay that keeps up claims BatchSize
 // rows, and one that is behind claims up to MaxBatchSize, which costs less
 // per row.
+//
+// "Fits" also means: twice the batch (the batch claimed ahead waits for
+// the one before it) is published before the start-by deadline,
+// LeaseDuration - 1.5 x PublishTimeout after the claim, which is shorter
+// than a quarter of the lease when the lease is close to its minimum, 2 x
+// PublishTimeout; rows not started by then are released without an
+// attempt. And before any publish was timed (no pace yet: the claim ahead
+// is made before the first batch's publishes end) a claim grows only from
+// BatchSize, once.
 func (f *Forwarder) nextSize(limit, n int) int {
 	if count := f.publishCount.Swap(0); count > 0 {
 		f.pace = time.Duration(f.publishNanos.Swap(0) / count)
 	}
 	// A pass of size rows publishes them Concurrency at a time, and one
-	// key's chain (at most BatchSize rows) one at a time.
+	// key's chain (at most BatchSize rows) one at a time; the last of them
+	// must start before the start-by deadline (LeaseDuration - 1.5 x
+	// PublishTimeout after the claim), half of which a claim made ahead may
+	// spend waiting for the batch before it.
+	window := min(f.cfg.LeaseDuration/4, (f.cfg.LeaseDuration-f.cfg.PublishTimeout-f.cfg.PublishTimeout/2)/2)
 	fits := func(size int) bool {
 		serial := max(f.cfg.BatchSize, (size+f.cfg.Concurrency-1)/f.cfg.Concurrency)
-		return f.pace*time.Duration(serial) <= f.cfg.LeaseDuration/4
+		return f.pace*time.Duration(serial) <= window
 	}
 	grown := min(2*limit, f.cfg.MaxBatchSize)
 	switch {
-	case n >= limit && grown > limit && fits(grown):
+	case n >= limit && grown > limit && fits(grown) && (f.pace > 0 || limit == f.cfg.BatchSize):
 		return grown
 	case n < limit/2 || !fits(limit):
 		return max(f.cfg.BatchSize, limit/2)

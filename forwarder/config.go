@@ -55,7 +55,10 @@ type Config struct {
 	// key's chain of at most BatchSize rows one at a time) at the mean time
 	// a publish took lately; a claim that comes back less
 	// than half full, or a pace that no longer fits, halves it again, down
-	// to BatchSize. Larger
+	// to BatchSize. With a lease close to 2 x PublishTimeout the bound is
+	// the start-by deadline (LeaseDuration - 1.5 x PublishTimeout) for
+	// twice the batch (a batch claimed ahead waits for the one before it)
+	// rather than the quarter of the lease. Larger
 	// claims cost less per row on both sides (one statement, one commit,
 	// one walk of the keys for many rows), which is what lets a relay catch
 	// up with a backlog instead of trailing it. Default: 1000 when BatchSize

@@ -37,7 +37,10 @@
 // back full, the next one takes twice as many, up to MaxBatchSize (1000 at
 // the defaults), as long as the larger batch would be published within a
 // quarter of its lease (its rows Concurrency at a time, a key's chain one
-// at a time), at the mean time a publish took lately; a claim less
+// at a time) at the mean time a publish took lately, and twice it (a batch
+// claimed ahead waits for the one before it) before the start-by deadline
+// (LeaseDuration - 1.5 x PublishTimeout); before any publish was timed a
+// claim grows once, from BatchSize. A claim less
 // than half full, or a pace that no longer fits (a slow downstream), halves
 // it again, down to BatchSize. A larger claim costs less per row on both
 // sides (one statement, one commit and one walk of the keys for many rows),

@@ -375,6 +375,12 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		case claimed > 0:
 			failures, idle = 0, 0
 			delay = f.cfg.PollInterval
+		case cur.rep.ClaimPaused:
+			// Paused (too many publishes left running), not idle: it did not
+			// look, so the wait does not grow, and the relay resumes within
+			// PollInterval once the publishes left behind return.
+			failures, idle = 0, 0
+			delay = f.cfg.PollInterval
 		default:
 			failures = 0
 			idle++
@@ -396,9 +402,10 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		default:
 		}
 		// A due breaker probe cuts the wait, but not while claims are paused
-		// (too many publishes left running): a paused pass runs no probe,
-		// so the probe would stay due and the loop would spin.
-		if next := f.breakers.nextProbe(); !next.IsZero() && delay > 0 && !cur.rep.ClaimPaused {
+		// (too many publishes left running) nor after a pass that failed (a
+		// claim the database refused): such a pass runs no probe, so the
+		// probe would stay due and the loop would spin, past the backoff.
+		if next := f.breakers.nextProbe(); !next.IsZero() && delay > 0 && !cur.rep.ClaimPaused && err == nil {
 			delay = max(0, min(delay, next.Sub(f.localNow())))
 		}
 		woken = false
