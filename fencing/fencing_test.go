@@ -471,7 +471,7 @@ func TestClaimPlanUsesTheClaimableIndex(t *testing.T) {
 	_, err = s.DB.Exec(`ANALYZE messaging_outbox`)
 	require.NoError(t, err)
 	for name, q := range map[string]string{"block": fencing.ClaimBlockKeySQL, "skip": fencing.ClaimSkipParkedSQL} {
-		rows, err := s.DB.Query("EXPLAIN "+q, t0, "r", 30.0, 10, 100, 5000, "", 100, "{}", "{}", "{}", 100, 100, "{}", "", 0)
+		rows, err := s.DB.Query("EXPLAIN "+q, t0, "r", 30.0, 10, 100, 5000, "", 100, "{}", "{}", "{}", 100, 100, "{}", "", 0, 100)
 		require.NoError(t, err)
 		var plan []string
 		for rows.Next() {
