@@ -73,7 +73,7 @@ CREATE TABLE chaos_healed (message_id text PRIMARY KEY);
 CREATE TABLE chaos_gauge (owner text PRIMARY KEY, max_goroutines int NOT NULL, max_abandoned int NOT NULL,
     paused_passes int NOT NULL, claimed_while_paused int NOT NULL);
 CREATE TABLE chaos_effect (message_id text NOT NULL, worker int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
-CREATE TABLE chaos_offset (worker int PRIMARY KEY, delivery_id bigint NOT NULL);`
+CREATE TABLE chaos_ack (delivery_id bigint PRIMARY KEY);`
 
 // The outbox side: the business table, and the park log, a trigger that
 // records each time a row becomes parked (parked_at set), with the time:
@@ -102,7 +102,6 @@ SELECT count(*) FROM messaging_outbox o
                       AND e.status IN ('FAILED', 'EXHAUSTED'))`
 	countUnsettledSkip = `SELECT count(*) FROM messaging_outbox WHERE status NOT IN ('PUBLISHED', 'FAILED', 'EXHAUSTED')`
 	terminateRelays    = `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`
-	topic              = "chaos.events"
 	leaseForSoak       = 2 * time.Second // relayproc's LeaseDuration
 	// relayproc's Concurrency, and the MaxAbandoned the soak gives it.
 	relayConcurrency  = 4
@@ -339,6 +338,24 @@ const (
 
 // ---- producers ----
 
+// topics: the relays serve three destinations, as a relay of a service
+// usually does; each has its own breaker, so a downstream that hangs on
+// everything leaves behind more publishes than one breaker lets through
+// before it opens, and MaxAbandoned is what bounds them. A key's rows all
+// go to one destination (chosen by the key).
+var topics = []string{"chaos.events", "chaos.audit", "chaos.billing"}
+
+func topicOf(key string, rng *mrand.Rand) string {
+	if key == "" {
+		return topics[rng.IntN(len(topics))]
+	}
+	h := 0
+	for _, c := range key {
+		h = h*31 + int(c)
+	}
+	return topics[(h&0x7fffffff)%len(topics)]
+}
+
 type ledger struct {
 	mu                    sync.Mutex
 	committed, rolledBack map[string]bool
@@ -405,10 +422,10 @@ func poison(ctx context.Context, t *testing.T, db *sql.DB, cfg soakConfig, l *le
 				return err
 			}
 			if _, err := tx.ExecContext(ctx, `INSERT INTO messaging_outbox (message_id, destination, payload, headers) VALUES ($1, $2, '\x00', $3::jsonb)`,
-				bad, topic, poisonHeaders[i%len(poisonHeaders)]); err != nil {
+				bad, topics[i%len(topics)], poisonHeaders[i%len(poisonHeaders)]); err != nil {
 				return err
 			}
-			return pub.Publish(topic, message.NewMessage(good, payload))
+			return pub.Publish(topics[i%len(topics)], message.NewMessage(good, payload))
 		})
 		l.mu.Lock()
 		switch {
@@ -484,13 +501,32 @@ func produce(ctx context.Context, t *testing.T, db *sql.DB, cfg soakConfig, p in
 		// that commits after a later seq of its key was published is
 		// published after it, by design; large payloads, slow to write,
 		// made that happen in a long run: seq 6090 of hot-1 before 6088.)
+		dests := make([]string, n)
+		for i, m := range msgs {
+			dests[i] = topicOf(m.Metadata.Get(envelope.KeyOrderingKey), rng)
+		}
 		rollback := rng.Float64() < 0.1
 		err := publisher.InTx(ctx, db, publisher.Config{LockOrderingKeys: true}, func(ctx context.Context, tx *sql.Tx, pub *publisher.Publisher) error {
 			if _, err := tx.ExecContext(ctx, insertBusiness, ids[0]); err != nil {
 				return err
 			}
-			if err := pub.Publish(topic, msgs...); err != nil {
-				return err
+			// One Publish per destination, in a fixed order: a key's rows
+			// all go to one destination, so each call takes its keys'
+			// locks (sorted) and the calls never cross (no deadlock
+			// between producers).
+			for _, dest := range topics {
+				var group []*message.Message
+				for i, m := range msgs {
+					if dests[i] == dest {
+						group = append(group, m)
+					}
+				}
+				if len(group) == 0 {
+					continue
+				}
+				if err := pub.Publish(dest, group...); err != nil {
+					return err
+				}
 			}
 			if rollback {
 				return errRollBackOnPurpose

@@ -10,21 +10,24 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/lib/pq"
 
 	"github.com/fencedoutbox/watermill-outbox/inbox"
 )
 
-// The consumer side: the downstream's delivery log (chaos_delivery) is the
-// broker's log, and consumer workers read it at least once, as a consumer
-// of a log broker does, every delivery (duplicates included) through the
-// inbox middleware, whose handler writes the message's effect
-// (chaos_effect) in the inbox's transaction. Each worker owns the
-// deliveries whose id is its own modulo the worker count, and commits its
-// offset after handling them; so two deliveries of one message may be
-// handled by two workers at once. Consumer faults: a handler that fails
-// after writing its effect (the transaction rolls back; the delivery is
-// handled again), and a worker that crashes before committing its offset
-// (it reads again from its last committed offset: more duplicates). The
+// The consumer side: the downstream's delivery log (chaos_delivery) is
+// the broker, and consumer workers receive every delivery (duplicates
+// included) at least once, as from a broker with acknowledgements: each
+// worker takes the unacknowledged deliveries whose id is its own modulo the
+// worker count, hands each to the inbox middleware, whose handler writes
+// the message's effect (chaos_effect) in the inbox's transaction, and acks
+// the batch (chaos_ack) once handled; so two deliveries of one message may
+// be handled by two workers at once. (Not an offset on the identity
+// column: ids are taken at insert and commit out of order, so a consumer
+// that moves an offset past a visible id skips one that commits later.)
+// Consumer faults: a handler that fails after writing its effect (the
+// transaction rolls back; the delivery is handled again), and a worker
+// that crashes before acking (its batch comes again: more duplicates). The
 // check: every delivered message has exactly one effect, however many
 // deliveries of it arrived.
 const consumerWorkers = 3
@@ -88,12 +91,6 @@ func (c *consumer) work(w int) {
 		c.mu.Unlock()
 		return nil, nil
 	})
-	var offset int64
-	if err := c.db.QueryRow(`INSERT INTO chaos_offset (worker, delivery_id) VALUES ($1, 0)
-		ON CONFLICT (worker) DO UPDATE SET delivery_id = chaos_offset.delivery_id RETURNING delivery_id`, w).Scan(&offset); err != nil {
-		c.t.Errorf("consumer %d: offset: %v", w, err)
-		return
-	}
 	poll := time.NewTicker(50 * time.Millisecond)
 	defer poll.Stop()
 	seen := map[int64]bool{}
@@ -106,8 +103,9 @@ func (c *consumer) work(w int) {
 			last = true
 		default:
 		}
-		rows, err := c.db.Query(`SELECT delivery_id, message_id, logical_id FROM chaos_delivery
-			WHERE delivery_id > $1 AND delivery_id % $2 = $3 ORDER BY delivery_id LIMIT 50`, offset, consumerWorkers, w)
+		rows, err := c.db.Query(`SELECT d.delivery_id, d.message_id, d.logical_id FROM chaos_delivery d
+			WHERE d.delivery_id % $1 = $2 AND NOT EXISTS (SELECT 1 FROM chaos_ack a WHERE a.delivery_id = d.delivery_id)
+			ORDER BY d.delivery_id LIMIT 50`, consumerWorkers, w)
 		if err != nil {
 			c.t.Errorf("consumer %d: read the log: %v", w, err)
 			return
@@ -165,15 +163,18 @@ func (c *consumer) work(w int) {
 			}
 		}
 		if rng.IntN(25) == 0 {
-			// A crash before the offset commit: the batch comes again.
+			// A crash before the ack: the batch comes again.
 			c.mu.Lock()
 			c.crashes++
 			c.mu.Unlock()
 			continue
 		}
-		offset = batch[len(batch)-1].id
-		if _, err := c.db.Exec(`UPDATE chaos_offset SET delivery_id = $2 WHERE worker = $1`, w, offset); err != nil {
-			c.t.Errorf("consumer %d: commit the offset: %v", w, err)
+		ids := make([]int64, len(batch))
+		for i, d := range batch {
+			ids[i] = d.id
+		}
+		if _, err := c.db.Exec(`INSERT INTO chaos_ack (delivery_id) SELECT unnest($1::bigint[])`, pq.Array(ids)); err != nil {
+			c.t.Errorf("consumer %d: ack: %v", w, err)
 			return
 		}
 	}
