@@ -202,13 +202,18 @@ func (f *fleet) pick(rng *mrand.Rand) int {
 	return free[rng.IntN(len(free))]
 }
 
-// live returns the owners of the relays running now.
+// live returns the owners of the relays running now (a relay that exited
+// on its own is not waited for here: stopAll fails the soak on it).
 func (f *fleet) live() map[string]bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := map[string]bool{}
 	for _, r := range f.slots {
-		out[r.owner] = true
+		select {
+		case <-r.exited:
+		default:
+			out[r.owner] = true
+		}
 	}
 	return out
 }
@@ -601,7 +606,10 @@ func (in *injector) hangWindow(ctx context.Context, cfg soakConfig) {
 			continue
 		}
 		termed[owner] = true
+		// Not during a PostgreSQL restart: the drain writes its outcomes.
+		in.restartMu.RLock()
 		in.fleet.term(i)
+		in.restartMu.RUnlock()
 		in.mu.Lock()
 		in.hang.termed++
 		in.counts["sigterm-while-hanging"]++

@@ -121,6 +121,7 @@ func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAm
 		_ = db.Close()
 		return err
 	}
+
 	sinkDB.SetMaxOpenConns(3)
 
 	ds := &downstream{db: sinkDB, owner: owner, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)),
@@ -128,7 +129,7 @@ func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAm
 	g := &gauge{ds: ds, stop: make(chan struct{}), done: make(chan struct{})}
 	go g.sample()
 	logger := &evidenceLogger{LoggerAdapter: watermill.NewStdLogger(false, false), ds: ds}
-	fwd, err := forwarder.New(db, ds, logger, forwarder.Config{
+	cfg := forwarder.Config{
 		Owner:             owner,
 		BatchSize:         20,
 		Concurrency:       4,
@@ -151,14 +152,40 @@ func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAm
 				ds.exec(insertReport, owner, r.Stale, false, r.UnrecordedPublishes, r.ClaimFailures, r.ClaimReleased)
 			}
 		},
-	})
-	if err != nil {
-		close(g.stop)
-		<-g.done
-		_, _ = db.Close(), sinkDB.Close()
-		return err
 	}
-	err = fwd.Run(ctx)
+	// A relay started while its database cannot be reached (the soak
+	// restarts relays while the proxy is stopped or PostgreSQL restarts)
+	// fails in Run before it runs (schema check, first heartbeat), having
+	// claimed nothing: it tries again every 200 ms, as a supervisor would
+	// restart it. Once running, Run's error is final.
+	for {
+		var fwd *forwarder.Forwarder
+		fwd, err = forwarder.New(db, ds, logger, cfg)
+		if err != nil {
+			break
+		}
+		err = fwd.Run(ctx)
+		ran := false
+		select {
+		case <-fwd.Running():
+			ran = true
+		default:
+		}
+		if err == nil || ran {
+			break
+		}
+		if ctx.Err() != nil {
+			err = nil // told to stop before it could start: it holds nothing
+			break
+		}
+		fmt.Fprintln(os.Stderr, "relayproc: could not start, trying again in 200ms:", err)
+		retry := time.NewTimer(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			retry.Stop()
+		case <-retry.C:
+		}
+	}
 	// After the drain: the gauge's last word, then everything closed, then
 	// what is left of this process (publishes still hanging, if the hang
 	// window is on, are in the count).
