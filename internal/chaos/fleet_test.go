@@ -455,7 +455,10 @@ func (in *injector) run(ctx context.Context, window time.Duration) {
 			continue
 		}
 		kind := kinds[in.rng.IntN(len(kinds))]
-		if in.counts[kind] >= in.budget[kind] {
+		in.mu.Lock()
+		spent := in.counts[kind] >= in.budget[kind]
+		in.mu.Unlock()
+		if spent {
 			continue
 		}
 		if in.inject(kind) {

@@ -66,6 +66,7 @@ type summary struct {
 	poisonParked                                     int
 	large, largeDelivered                            int
 	staleReported, staleEvidence, unwritten          int
+	confirmedLate                                    int
 	unrecordedReported, unrecordedObserved           int
 	claimFailures, claimReleased                     int
 	killed                                           int
@@ -106,6 +107,7 @@ func (s summary) String(form string, seed uint64, policy fencing.OrderingPolicy)
 		s.published+s.archived+s.failed+s.exhausted+s.blocked+s.purged+s.lost, s.published, s.archived, s.failed, s.exhausted, s.blocked, s.purged, s.lost)
 	fmt.Fprintf(&b, "  key order               %s: first deliveries in seq order; past a parked earlier row %d, past a purged one %d\n", policy, s.skippedPast, s.passedPurged)
 	fmt.Fprintf(&b, "  stale writes reported   %d (confirmed deliveries whose outcome was overwritten: %d, all reported)\n", s.staleReported, s.staleEvidence)
+	fmt.Fprintf(&b, "  confirmed late          %d (confirmed by the downstream under 250 ms before the publish deadline: the relay may have timed them out; not held to the stale check)\n", s.confirmedLate)
 	fmt.Fprintf(&b, "  poison rows parked      %d (written by SQL beside good rows; FAILED with their reason, never delivered)\n", s.poisonParked)
 	fmt.Fprintf(&b, "  large payloads          %d committed (%d KiB each, over the proxied links), %d delivered (the rest parked, or held behind a parked row of their key: checked with every row)\n", s.large, largePayload>>10, s.largeDelivered)
 	fmt.Fprintf(&b, "  outcome writes failed   %d (rows of failed outcome statements, logged by id and lease token)\n", s.unwritten)
@@ -503,6 +505,9 @@ func check(t *testing.T, db, ev *sql.DB, l *ledger, fl *fleet, op *operator, con
 	sum.killed = len(killed)
 	fl.mu.Unlock()
 	for _, d := range deliveries {
+		if d.outcome == "confirmed-late" {
+			sum.confirmedLate++
+		}
 		if d.outcome != "confirmed" {
 			continue
 		}
@@ -564,7 +569,9 @@ func check(t *testing.T, db, ev *sql.DB, l *ledger, fl *fleet, op *operator, con
 	require.NoError(t, rep.Err())
 	observed := map[string]int{}
 	for _, d := range deliveries {
-		if d.outcome == "confirmed" && unwritten[lease{d.owner, d.id, d.token}] {
+		// confirmed-late counts here (an upper bound: the relay may have
+		// seen it confirmed), not in the stale check above (it may not).
+		if (d.outcome == "confirmed" || d.outcome == "confirmed-late") && unwritten[lease{d.owner, d.id, d.token}] {
 			observed[d.owner]++
 			sum.unrecordedObserved++
 		}

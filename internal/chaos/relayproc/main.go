@@ -65,13 +65,18 @@ VALUES ($1, $2, nullif($3, ''), $4, $5, $6)`
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (owner) DO UPDATE SET max_goroutines = EXCLUDED.max_goroutines, max_abandoned = EXCLUDED.max_abandoned,
     paused_passes = EXCLUDED.paused_passes, claimed_while_paused = EXCLUDED.claimed_while_paused`
-	rejectedCode   = "CHAOS_REJECTED"
-	fateHeader     = "chaos-fate"
-	fateReject     = "reject"
-	outageError    = "chaos outage: broker unavailable"
-	outcomeOK      = "confirmed"
-	outcomeAmbig   = "accepted-then-timeout"
-	outcomeLate    = "accepted-after-hang"
+	rejectedCode = "CHAOS_REJECTED"
+	fateHeader   = "chaos-fate"
+	fateReject   = "reject"
+	outageError  = "chaos outage: broker unavailable"
+	outcomeOK    = "confirmed"
+	outcomeAmbig = "accepted-then-timeout"
+	outcomeLate  = "accepted-after-hang"
+	// confirmed-late: confirmed by the downstream less than lateMargin
+	// before the publish's deadline (see publishOne).
+	markLate = `UPDATE chaos_delivery SET outcome = 'confirmed-late'
+WHERE message_id = $1 AND owner = $2 AND lease_token = $3 AND outcome = 'confirmed'`
+	lateMargin     = 250 * time.Millisecond
 	hangFor        = 1200 * time.Millisecond
 	recordDeadline = 10 * time.Second
 )
@@ -367,6 +372,14 @@ func (d *downstream) publishOne(m *message.Message) error {
 		return errors.New("timeout waiting for the broker's confirm (it may have the message)")
 	}
 	d.record(m, token, outcomeOK)
+	// Recorded so late that the forwarder may have left this publish
+	// behind (its PublishTimeout, the context's deadline, may pass before
+	// this returns: a slow sink connection, a starved CPU): the relay then
+	// counts it as timed out, not confirmed. Say so in the log, so the soak
+	// does not read a confirmation the relay never saw.
+	if dl, ok := m.Context().Deadline(); ok && time.Until(dl) < lateMargin {
+		d.exec(markLate, m.UUID, d.owner, token)
+	}
 	return nil
 }
 
