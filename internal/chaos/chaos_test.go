@@ -73,7 +73,9 @@ CREATE TABLE chaos_healed (message_id text PRIMARY KEY);
 CREATE TABLE chaos_gauge (owner text PRIMARY KEY, max_goroutines int NOT NULL, max_abandoned int NOT NULL,
     paused_passes int NOT NULL, claimed_while_paused int NOT NULL);
 CREATE TABLE chaos_effect (message_id text NOT NULL, worker int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
-CREATE TABLE chaos_ack (delivery_id bigint PRIMARY KEY);`
+CREATE TABLE chaos_ack (delivery_id bigint PRIMARY KEY);
+CREATE TABLE chaos_attempt (owner text NOT NULL, message_id text NOT NULL, lease_token bigint NOT NULL,
+    ok boolean NOT NULL, code text NOT NULL);`
 
 // The outbox side: the business table, and the park log, a trigger that
 // records each time a row becomes parked (parked_at set), with the time:

@@ -30,6 +30,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -39,6 +40,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	_ "github.com/lib/pq"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
@@ -65,18 +67,14 @@ VALUES ($1, $2, nullif($3, ''), $4, $5, $6)`
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (owner) DO UPDATE SET max_goroutines = EXCLUDED.max_goroutines, max_abandoned = EXCLUDED.max_abandoned,
     paused_passes = EXCLUDED.paused_passes, claimed_while_paused = EXCLUDED.claimed_while_paused`
-	rejectedCode = "CHAOS_REJECTED"
-	fateHeader   = "chaos-fate"
-	fateReject   = "reject"
-	outageError  = "chaos outage: broker unavailable"
-	outcomeOK    = "confirmed"
-	outcomeAmbig = "accepted-then-timeout"
-	outcomeLate  = "accepted-after-hang"
-	// confirmed-late: confirmed by the downstream less than lateMargin
-	// before the publish's deadline (see publishOne).
-	markLate = `UPDATE chaos_delivery SET outcome = 'confirmed-late'
-WHERE message_id = $1 AND owner = $2 AND lease_token = $3 AND outcome = 'confirmed'`
-	lateMargin     = 250 * time.Millisecond
+	rejectedCode   = "CHAOS_REJECTED"
+	fateHeader     = "chaos-fate"
+	fateReject     = "reject"
+	outageError    = "chaos outage: broker unavailable"
+	outcomeOK      = "confirmed"
+	outcomeAmbig   = "accepted-then-timeout"
+	outcomeLate    = "accepted-after-hang"
+	insertAttempt  = `INSERT INTO chaos_attempt (owner, message_id, lease_token, ok, code) VALUES ($1, $2, $3, $4, $5)`
 	hangFor        = 1200 * time.Millisecond
 	recordDeadline = 10 * time.Second
 )
@@ -133,6 +131,8 @@ func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAm
 		pErr: pErr, pAmbig: pAmbig, pHang: pHang}
 	g := &gauge{ds: ds, stop: make(chan struct{}), done: make(chan struct{})}
 	go g.sample()
+	attempts := &attemptLog{ds: ds, ch: make(chan attemptRec, 4096), done: make(chan struct{})}
+	go attempts.write()
 	logger := &evidenceLogger{LoggerAdapter: watermill.NewStdLogger(false, false), ds: ds}
 	cfg := forwarder.Config{
 		Owner:             owner,
@@ -150,7 +150,7 @@ func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAm
 		DisablePrefetch:   noPrefetch,
 		OrderingPolicy:    policy,
 		MaxAbandoned:      maxAbandoned,
-		TracerProvider:    sdktrace.NewTracerProvider(),
+		TracerProvider:    sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(attempts)),
 		OnReport: func(r forwarder.Report) {
 			g.report(r)
 			if r.Stale > 0 || r.UnrecordedPublishes > 0 || r.ClaimFailures > 0 {
@@ -197,6 +197,7 @@ func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAm
 	close(g.stop)
 	<-g.done
 	g.flush()
+	attempts.close()
 	_, _ = db.Close(), sinkDB.Close()
 	runtime.GC()
 	var ms runtime.MemStats
@@ -205,6 +206,76 @@ func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAm
 		runtime.NumGoroutine(), ms.HeapInuse, ms.HeapAlloc, g.maxG.Load())
 	return err
 }
+
+// attemptLog records how the forwarder itself saw each publish attempt, from
+// its publish span as it ends (a span processor): ok (the status is not
+// Error: the publish returned nil in time) or the status description (a
+// timeout, an error). The downstream may record a delivery as confirmed
+// that the relay had already left behind at its PublishTimeout; the soak
+// reads this log to know which confirmations the relay saw. Rows go
+// through a buffer to a writer goroutine, so the publish path does not
+// wait for the sink; a SIGKILL loses the buffer (the soak exempts killed
+// relays), a drain flushes it.
+type attemptLog struct {
+	ds     *downstream
+	ch     chan attemptRec
+	done   chan struct{}
+	mu     sync.RWMutex // held for reading while sending, for writing to close
+	closed bool
+}
+
+type attemptRec struct {
+	id    string
+	token int64
+	ok    bool
+	code  string
+}
+
+func (a *attemptLog) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+
+func (a *attemptLog) OnEnd(s sdktrace.ReadOnlySpan) {
+	if !strings.HasPrefix(s.Name(), "outbox.publish ") {
+		return
+	}
+	rec := attemptRec{token: -1, ok: s.Status().Code != codes.Error, code: s.Status().Description}
+	for _, kv := range s.Attributes() {
+		switch kv.Key {
+		case "messaging.message.id":
+			rec.id = kv.Value.AsString()
+		case "outbox.lease_token":
+			rec.token = kv.Value.AsInt64()
+		}
+	}
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if !a.closed {
+		a.ch <- rec // the writer drains it, so this never waits for close
+	}
+}
+
+func (a *attemptLog) write() {
+	defer close(a.done)
+	for rec := range a.ch {
+		a.ds.exec(insertAttempt, a.ds.owner, rec.id, rec.token, rec.ok, rec.code)
+	}
+}
+
+// close flushes the buffer; spans that end later (none after the drain but
+// those of publishes still hanging, already ended) are not recorded.
+func (a *attemptLog) close() {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return
+	}
+	a.closed = true
+	close(a.ch)
+	a.mu.Unlock()
+	<-a.done
+}
+
+func (a *attemptLog) Shutdown(context.Context) error   { return nil }
+func (a *attemptLog) ForceFlush(context.Context) error { return nil }
 
 // gauge keeps the highest goroutine count seen (sampled every 10 ms) and
 // what the Reports said about publishes left behind, and writes them to
@@ -372,14 +443,6 @@ func (d *downstream) publishOne(m *message.Message) error {
 		return errors.New("timeout waiting for the broker's confirm (it may have the message)")
 	}
 	d.record(m, token, outcomeOK)
-	// Recorded so late that the forwarder may have left this publish
-	// behind (its PublishTimeout, the context's deadline, may pass before
-	// this returns: a slow sink connection, a starved CPU): the relay then
-	// counts it as timed out, not confirmed. Say so in the log, so the soak
-	// does not read a confirmation the relay never saw.
-	if dl, ok := m.Context().Deadline(); ok && time.Until(dl) < lateMargin {
-		d.exec(markLate, m.UUID, d.owner, token)
-	}
 	return nil
 }
 
