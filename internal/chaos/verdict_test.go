@@ -32,7 +32,7 @@ import (
 // per timed-out attempt: four per PublishTimeout (500 ms) per relay, over
 // the hang window, past this bound within seconds.
 const (
-	goroutineBaseline = 24
+	goroutineBaseline = 28
 	goroutineBound    = goroutineBaseline + relayConcurrency + relayMaxAbandoned + relayConcurrency
 	// After the drain, with its pools closed: main and the runtime's own,
 	// plus, for a relay stopped while its publishes hang, those publishes.
