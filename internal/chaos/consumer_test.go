@@ -44,7 +44,6 @@ type consumer struct {
 
 	mu                     sync.Mutex
 	handled                int // deliveries handed to the inbox (replays included)
-	effects                int // handler calls whose transaction was asked to commit
 	handlerErrors, crashes int
 	replayed               int // deliveries handed again after a crash
 }
@@ -86,9 +85,6 @@ func (c *consumer) work(w int) {
 		if failNext {
 			return nil, errHandlerFault
 		}
-		c.mu.Lock()
-		c.effects++
-		c.mu.Unlock()
 		return nil, nil
 	})
 	poll := time.NewTicker(50 * time.Millisecond)

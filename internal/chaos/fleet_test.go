@@ -404,13 +404,11 @@ type restartRecord struct {
 }
 
 type hangRecord struct {
-	on            bool
-	from, until   time.Time // the window (the evidence server's clock)
-	termed        int
-	pausedRelays  int
-	termsWanted   int
-	termsSkipped  string
-	maxGoroutines int
+	on           bool
+	from, until  time.Time // the window (the evidence server's clock)
+	termed       int
+	termsWanted  int
+	termsSkipped string
 }
 
 func (in *injector) faultCounts() map[string]int {

@@ -57,7 +57,7 @@ type opRecord struct {
 type purgedRow struct {
 	seq                  int64
 	key, status, code    string
-	fatedReject, healed  bool
+	fatedReject          bool
 	purgeStart, purgeEnd time.Time
 }
 
