@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -73,15 +74,41 @@ func LogicalCluster(t testing.TB) *Cluster {
 	if walLevel(URL()) == "logical" {
 		return &Cluster{URL: URL()}
 	}
+	c, err := Throwaway(t, "-c wal_level=logical -c max_replication_slots=10 -c max_wal_senders=10 -c max_connections=30 -c shared_buffers=16MB")
+	if err != nil {
+		t.Skipf("testdb: no logical-capable PostgreSQL: the server at %s has wal_level != logical (it must not be reconfigured), %s is unset, and %v", URL(), LogicalURLEnv, err)
+	}
+	if lvl := walLevel(c.URL); lvl != "logical" {
+		t.Fatalf("testdb: throwaway cluster at %s reports wal_level=%q", c.URL, lvl)
+	}
+	return c
+}
+
+// ErrNoThrowaway is what Throwaway returns (wrapped, with the reason) when
+// no throwaway cluster can be started here: no initdb/pg_ctl, or running as
+// root without a postgres OS user.
+var ErrNoThrowaway = errors.New("no throwaway PostgreSQL cluster can be started here")
+
+// Throwaway always starts a new PostgreSQL cluster for the test, whatever the
+// shared server is: initdb into a temporary directory, pg_ctl start on a free
+// loopback port (trust auth, fsync=off), `pg_ctl stop -m immediate` and the
+// directory removed in t.Cleanup. settings are extra server options
+// ("-c name=value ..."), after the defaults. The Cluster is Controllable:
+// tests may stop and restart it (the shared server must never be).
+//
+// It returns an error wrapping ErrNoThrowaway, with the reason, when no
+// cluster can be started here (the caller decides whether that skips
+// anything); a cluster that fails to start fails the test.
+func Throwaway(t testing.TB, settings ...string) (*Cluster, error) {
+	t.Helper()
 	bin := findPGBin()
 	if bin == "" {
-		t.Skipf("testdb: no logical-capable PostgreSQL: the server at %s has wal_level != logical (it must not be reconfigured), %s is unset, and no initdb/pg_ctl was found in /usr/lib/postgresql/*/bin or PATH to start a throwaway cluster", URL(), LogicalURLEnv)
+		return nil, fmt.Errorf("%w: no initdb/pg_ctl was found in /usr/lib/postgresql/*/bin or PATH", ErrNoThrowaway)
 	}
 	cred, owner, err := runAs()
 	if err != nil {
-		t.Skipf("testdb: no logical-capable PostgreSQL: cannot start a throwaway cluster: %v", err)
+		return nil, fmt.Errorf("%w: %v", ErrNoThrowaway, err)
 	}
-
 	// Not t.TempDir(): its parent directory is private to the test user
 	// (mode 0700), and the postgres OS user must be able to enter it.
 	dir, err := os.MkdirTemp("", "outbox-logical-")
@@ -124,7 +151,10 @@ func LogicalCluster(t testing.TB) *Cluster {
 	if err != nil {
 		t.Fatalf("testdb: free port: %v", err)
 	}
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c wal_level=logical -c max_replication_slots=10 -c max_wal_senders=10 -c fsync=off -c full_page_writes=off -c max_connections=30 -c shared_buffers=16MB", port, sock)
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off", port, sock)
+	for _, s := range settings {
+		opts += " " + s
+	}
 	start := func() error {
 		if err := run("pg_ctl", "-D", data, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "-o", opts, "start"); err != nil {
 			log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
@@ -133,12 +163,9 @@ func LogicalCluster(t testing.TB) *Cluster {
 		return nil
 	}
 	if err := start(); err != nil {
-		t.Fatalf("testdb: start logical cluster: %v", err)
+		t.Fatalf("testdb: start throwaway cluster: %v", err)
 	}
 	u := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
-	if lvl := walLevel(u); lvl != "logical" {
-		t.Fatalf("testdb: throwaway cluster at %s reports wal_level=%q", u, lvl)
-	}
 	return &Cluster{
 		URL:   u,
 		Start: start,
@@ -154,7 +181,7 @@ func LogicalCluster(t testing.TB) *Cluster {
 			_, err = db.Exec(query)
 			return err
 		},
-	}
+	}, nil
 }
 
 // NewOn creates a fresh migrated schema on the server at base (for example
