@@ -137,6 +137,7 @@ func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAm
 	cfg := forwarder.Config{
 		Owner:             owner,
 		BatchSize:         20,
+		MaxBatchSize:      80, // claims grow while the relay is behind (issue 14)
 		Concurrency:       4,
 		LeaseDuration:     2 * time.Second,
 		PublishTimeout:    500 * time.Millisecond,
