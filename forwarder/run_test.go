@@ -20,7 +20,8 @@ import (
 func TestHeartbeatRenewsAndACDCSwitchStopsTheRelay(t *testing.T) {
 	s := newDB(t)
 	f := newForwarder(t, s.DB, &recorder{}, forwarder.Config{
-		Owner: "beating", HeartbeatInterval: 10 * time.Millisecond, PollInterval: time.Hour, MaxPollInterval: time.Hour,
+		Owner: "beating", HeartbeatInterval: 250 * time.Millisecond, // each beat must finish within it, also on a busy machine
+		PollInterval: time.Hour, MaxPollInterval: time.Hour,
 	})
 	done := make(chan error, 1)
 	go func() { done <- f.Run(context.Background()) }()
@@ -31,7 +32,7 @@ func TestHeartbeatRenewsAndACDCSwitchStopsTheRelay(t *testing.T) {
 		var last time.Time
 		require.NoError(t, s.DB.QueryRow(`SELECT heartbeat_at FROM messaging_relay_heartbeat WHERE owner = 'beating'`).Scan(&last))
 		return last.After(first)
-	}, 10*time.Second, 5*time.Millisecond, "the heartbeat is renewed")
+	}, time.Minute, 5*time.Millisecond, "the heartbeat is renewed")
 
 	// Someone forces the database into CDC mode behind the relay's back (the
 	// supported switch refuses while heartbeats are fresh): the next beat
@@ -230,7 +231,8 @@ func TestNoPublishStartsThatCouldOutliveTheLease(t *testing.T) {
 func TestRouterPluginClosesTheRouterOnAFatalRelayError(t *testing.T) {
 	s := newDB(t)
 	f := newForwarder(t, s.DB, &recorder{}, forwarder.Config{
-		Owner: "router-fatal", HeartbeatInterval: 10 * time.Millisecond, PollInterval: time.Hour, MaxPollInterval: time.Hour,
+		Owner: "router-fatal", HeartbeatInterval: 250 * time.Millisecond, // each beat must finish within it, also on a busy machine
+		PollInterval: time.Hour, MaxPollInterval: time.Hour,
 	})
 	ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = ps.Close() })
@@ -250,7 +252,7 @@ func TestRouterPluginClosesTheRouterOnAFatalRelayError(t *testing.T) {
 	select {
 	case err := <-done:
 		require.NoError(t, err, "watermill's Router.Run returns nil after a Close")
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute): // the next beat sees the switch: a minute leaves room for a busy machine
 		require.NoError(t, r.Close())
 		<-done
 		t.Fatal("the router still ran after the relay stopped with RELAY_MODE_CONFLICT")
