@@ -255,13 +255,27 @@ func unkeyedOnly(claimed []fencing.Claimed) []fencing.Claimed {
 	return out
 }
 
+// mergeBySeq merges the rows of a later claim statement, b, into the batch
+// a, in seq order. A row can be in both: its lease ran out between the two
+// statements (a stalled relay, a clock jump) and the later one claimed it
+// again with a new token, or parked it. The batch keeps it once, as b has
+// it: a's lease on it is stale, and two outcomes for one row would make
+// the pass's whole outcome write refused.
 func mergeBySeq(a, b []fencing.Claimed) []fencing.Claimed {
 	if len(b) == 0 {
 		return a
 	}
 	out := append(a, b...)
-	slices.SortFunc(out, func(x, y fencing.Claimed) int { return cmp.Compare(x.Row.Seq, y.Row.Seq) })
-	return out
+	slices.SortStableFunc(out, func(x, y fencing.Claimed) int { return cmp.Compare(x.Row.Seq, y.Row.Seq) })
+	kept := out[:0]
+	for _, c := range out {
+		if n := len(kept); n > 0 && kept[n-1].Row.MessageID == c.Row.MessageID {
+			kept[n-1] = c // b's, sorted after a's
+			continue
+		}
+		kept = append(kept, c)
+	}
+	return kept
 }
 
 // nextSize is the size of the claim after one of size limit that took n

@@ -305,3 +305,51 @@ func TestHangingDownstreamLeavesBoundedGoroutines(t *testing.T) {
 	require.Eventually(t, func() bool { return runtime.NumGoroutine() <= goroutinesAtPause }, 10*time.Second, 5*time.Millisecond,
 		"goroutines grew while the relay was paused: %d, at the first paused pass %d", runtime.NumGoroutine(), goroutinesAtPause)
 }
+
+// leasesLapseBeforeSecondClaim expires every lease in the table just before
+// the second claim statement of a pass, as if the relay had stalled for a
+// lease between its two statements.
+type leasesLapseBeforeSecondClaim struct {
+	fencing.DBTX
+	n atomic.Int32
+}
+
+func (d *leasesLapseBeforeSecondClaim) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	if isClaim(q) && d.n.Add(1) == 2 {
+		if _, err := d.DBTX.ExecContext(ctx, `UPDATE messaging_outbox SET lease_expires_at = now() - interval '1 second' WHERE status = 'IN_FLIGHT'`); err != nil {
+			return nil, err
+		}
+	}
+	return d.DBTX.QueryContext(ctx, q, args...)
+}
+
+// A row whose lease runs out between two statements of one claim is
+// claimed again by the second (a new token, an attempt spent). The batch
+// holds it once, under the new lease; before, it held it twice, and the
+// pass's outcome write was refused for naming one row twice.
+func TestARowReclaimedWithinOneClaimIsPublishedOnce(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	insertN(t, s.DB, "orders", "a", "b", "c", "d", "e", "f", "g")
+	rec := &recorder{}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{Owner: "r", BatchSize: 2})
+	// Three full batches: the next claim starts at the lowest seq of them
+	// (claimStart), comes back short with g, and claims below its start
+	// point in a second statement.
+	for range 3 {
+		rep, err := f.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 2, rep.Published)
+	}
+	d := &leasesLapseBeforeSecondClaim{}
+	forwarder.WrapStatements(f, func(q fencing.DBTX) fencing.DBTX { d.DBTX = q; return d })
+	rep, err := f.RunOnce(ctx)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, d.n.Load(), int32(2), "the pass made a second claim statement")
+	require.Equal(t, 1, rep.Claimed)
+	require.Equal(t, 1, rep.Published)
+	require.ElementsMatch(t, []string{"a", "b", "c", "d", "e", "f", "g"}, rec.ids(), "each published once")
+	st := state(t, s.DB, "g")
+	require.Equal(t, "PUBLISHED", st.Status)
+	require.Equal(t, 2, st.Attempts, "the lapsed lease spent one attempt, the publish the other")
+}
