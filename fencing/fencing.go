@@ -557,22 +557,34 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 // Invalid parameters are refused with FENCING_INVALID_ARGUMENT before
 // touching the database.
 func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Claimed, error) {
+	if p.Limit <= 0 { // refused by ClaimAppend; no buffer to size
+		return ClaimAppend(ctx, db, nil, p)
+	}
+	return ClaimAppend(ctx, db, make([]Claimed, 0, p.Limit), p)
+}
+
+// ClaimAppend is [Claim] appending the claimed rows, in seq order, to dst
+// and returning the extended slice (dst unchanged on an error), so a relay
+// can keep one batch's memory for the next instead of allocating it per
+// claim.
+func ClaimAppend(ctx context.Context, db DBTX, dst []Claimed, p ClaimParams) ([]Claimed, error) {
 	const op = "fencing.Claim"
 	q, args, err := ClaimStatement(p)
 	if err != nil {
-		return nil, err
+		return dst, err
 	}
 	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
+		return dst, fmt.Errorf("%s: %w", op, err)
 	}
 	defer rows.Close()
-	out := make([]Claimed, 0, p.Limit)
+	out := dst
 	var rs envelope.RowScanner
 	for rows.Next() {
 		r, scanErr := rs.Scan(rows)
 		if scanErr != nil && r.MessageID == "" {
-			return nil, fmt.Errorf("%s: scan: %w", op, scanErr)
+			clear(out[len(dst):])
+			return dst, fmt.Errorf("%s: scan: %w", op, scanErr)
 		}
 		c := Claimed{Row: r, Err: scanErr}
 		if r.Status == envelope.StatusInFlight {
@@ -581,11 +593,12 @@ func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Claimed, error) {
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
+		clear(out[len(dst):])
+		return dst, fmt.Errorf("%s: %w", op, err)
 	}
 	bySeq := func(a, b Claimed) int { return cmp.Compare(a.Row.Seq, b.Row.Seq) }
-	if !slices.IsSortedFunc(out, bySeq) { // RETURNING has no order; usually it is the CTE's
-		slices.SortFunc(out, bySeq)
+	if added := out[len(dst):]; !slices.IsSortedFunc(added, bySeq) { // RETURNING has no order; usually it is the CTE's
+		slices.SortFunc(added, bySeq)
 	}
 	return out, nil
 }

@@ -27,6 +27,7 @@ type claimedBatch struct {
 	failures  int // claim statements that failed after they were sent
 	released  int // rows released because of them
 	limit     int // the claim's size: rows it could have taken (see nextSize)
+	mem       *batchMem // claimed lives in mem.claimed; the pass gives mem back
 }
 
 // claim takes the next batch: unkeyed rows and chains, continuing the
@@ -78,18 +79,31 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		}
 	}()
 	maxBytes := max(1, f.cfg.MaxBatchBytes>>f.budgetShift)
+	// Every statement appends its rows to buf, the batch's memory; the
+	// batch is buf in seq order (merged after each statement).
+	mem := f.takeMem()
+	buf := mem.claimed[:0]
+	if cap(buf) < f.size {
+		buf = make([]fencing.Claimed, 0, f.size)
+	}
 	claimFn := func(p fencing.ClaimParams) ([]fencing.Claimed, error) {
 		p.MaxBytes = f.byteBudget(p.MaxBytes)
-		rows, err := fencing.Claim(dbctx, f.q, p)
-		if err != nil {
+		n := len(buf)
+		var err error
+		if buf, err = fencing.ClaimAppend(dbctx, f.q, buf, p); err != nil {
 			if !errors.Is(err, fencing.ErrInvalidArgument) {
 				failures++
 				released += f.releaseUnheld(ctx, err)
 			}
 			return nil, err
 		}
+		rows := buf[n:len(buf):len(buf)]
 		f.hold(rows, at)
 		return rows, nil
+	}
+	merge := func() []fencing.Claimed {
+		buf = mergeBySeq(buf)
+		return buf
 	}
 	from, cursor := f.start.from(), f.start.keyCursor()
 	exclude, probes := f.breakers.forClaim()
@@ -120,6 +134,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	claimed, err := claimFn(p)
 	if err != nil {
 		f.start.record(p.FromSeq, p.Limit, nil, err)
+		f.giveMem(mem)
 		return claimedBatch{claimedAt: at, err: err, failures: failures, released: released, limit: limit}
 	}
 	// What is left of the byte budget for the statements that complete the
@@ -138,16 +153,16 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		below := p
 		below.Limit, below.FromSeq, below.NoKeyWalk, below.Continue = p.Limit-len(claimed), 0, true, nil
 		below.MaxBytes = budget()
-		more, berr := claimFn(below)
+		_, berr := claimFn(below)
 		if berr != nil {
 			// The rows claimed above the start are held and go on; record
 			// makes the next claim start at the first entry.
 			f.logger.Error("Outbox claim below the start point failed", berr, watermill.LogFields{"held": len(claimed)})
 		}
-		claimed = mergeBySeq(claimed, more)
+		claimed = merge()
 		unkeyedFrom = 0 // this batch looked at the whole index
 	}
-	f.start.record(unkeyedFrom, p.Limit, unkeyedOnly(claimed), nil)
+	f.start.record(unkeyedFrom, p.Limit, claimed, nil)
 	if !walk && len(claimed) < p.Limit && budget() > 0 {
 		// The batch is short without looking at keys: walk them for the
 		// rest before calling it short, so that a short batch still means
@@ -161,7 +176,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 			f.logger.Error("Outbox claim of keyed rows failed", kerr, watermill.LogFields{"held": len(claimed)})
 		} else {
 			f.start.walked(fencing.NextKeyCursor(cursor, rows, nil), len(rows) > 0)
-			claimed = mergeBySeq(claimed, rows)
+			claimed = merge()
 		}
 	}
 	if ext := capped(claimed, chainCap, p.Continue); len(ext) > 0 && chainCap < f.cfg.BatchSize && len(claimed) < p.Limit && budget() > 0 {
@@ -170,10 +185,10 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		more.Limit, more.MaxChain, more.Continue = room, (room+len(ext)-1)/len(ext), ext
 		more.MaxContinued = f.cfg.BatchSize - chainCap // a capped chain holds chainCap rows already
 		more.NoKeyWalk, more.NoUnkeyed, more.FromSeq, more.MaxBytes = true, true, 0, budget()
-		if rows, xerr := claimFn(more); xerr != nil {
+		if _, xerr := claimFn(more); xerr != nil {
 			f.logger.Error("Outbox claim extending chains failed", xerr, watermill.LogFields{"held": len(claimed)})
 		} else {
-			claimed = mergeBySeq(claimed, rows)
+			claimed = merge()
 		}
 	}
 	// A probe per open breaker whose probe is due: one row of its
@@ -208,7 +223,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 			}
 			probed[r.Row.MessageID] = true
 		}
-		claimed = mergeBySeq(claimed, rows)
+		claimed = merge()
 	}
 	var after map[string]int64
 	for _, c := range p.Continue {
@@ -218,7 +233,8 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		after[c.Key] = c.AfterSeq
 	}
 	f.size = f.nextSize(limit, len(claimed)-len(probed))
-	return claimedBatch{claimed: claimed, claimedAt: at, after: after, probes: probed, failures: failures, released: released, limit: limit}
+	mem.claimed = claimed
+	return claimedBatch{claimed: claimed, claimedAt: at, after: after, probes: probed, failures: failures, released: released, limit: limit, mem: mem}
 }
 
 // capped are the continuations of the chains the walk found that stopped at
@@ -245,36 +261,24 @@ func hasKeyed(claimed []fencing.Claimed) bool {
 	return slices.ContainsFunc(claimed, func(c fencing.Claimed) bool { return c.Row.OrderingKey != "" })
 }
 
-func unkeyedOnly(claimed []fencing.Claimed) []fencing.Claimed {
-	out := make([]fencing.Claimed, 0, len(claimed))
-	for _, c := range claimed {
-		if c.Row.OrderingKey == "" {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
-// mergeBySeq merges the rows of a later claim statement, b, into the batch
-// a, in seq order. A row can be in both: its lease ran out between the two
-// statements (a stalled relay, a clock jump) and the later one claimed it
-// again with a new token, or parked it. The batch keeps it once, as b has
-// it: a's lease on it is stale, and two outcomes for one row would make
-// the pass's whole outcome write refused.
-func mergeBySeq(a, b []fencing.Claimed) []fencing.Claimed {
-	if len(b) == 0 {
-		return a
-	}
-	out := append(a, b...)
-	slices.SortStableFunc(out, func(x, y fencing.Claimed) int { return cmp.Compare(x.Row.Seq, y.Row.Seq) })
-	kept := out[:0]
-	for _, c := range out {
+// mergeBySeq puts the batch buf in seq order after a claim statement
+// appended its rows, and returns it. A row can be in it twice: its lease
+// ran out between two statements (a stalled relay, a clock jump) and the
+// later one claimed it again with a new token, or parked it. The batch
+// keeps it once, as the later statement returned it: the earlier lease on
+// it is stale, and two outcomes for one row would make the pass's whole
+// outcome write refused.
+func mergeBySeq(buf []fencing.Claimed) []fencing.Claimed {
+	slices.SortStableFunc(buf, func(x, y fencing.Claimed) int { return cmp.Compare(x.Row.Seq, y.Row.Seq) })
+	kept := buf[:0]
+	for _, c := range buf {
 		if n := len(kept); n > 0 && kept[n-1].Row.MessageID == c.Row.MessageID {
-			kept[n-1] = c // b's, sorted after a's
+			kept[n-1] = c // the later statement's: the stable sort keeps it after the earlier
 			continue
 		}
 		kept = append(kept, c)
 	}
+	clear(buf[len(kept):])
 	return kept
 }
 

@@ -115,12 +115,22 @@ func (c *claimStart) walked(cursor string, keyed bool) {
 	c.cursor, c.keyed, c.sinceWalk = cursor, keyed, 0
 }
 
-// record takes the unkeyed rows of a claim whose unkeyed half started at
-// from and asked for limit rows.
+// record takes a claim whose unkeyed half started at from and asked for
+// limit rows: its unkeyed rows are what counts (claimed is in seq order;
+// keyed rows in it are skipped, not copied).
 func (c *claimStart) record(from int64, limit int, claimed []fencing.Claimed, err error) {
+	n, first := 0, int64(0)
+	for _, r := range claimed {
+		if r.Row.OrderingKey == "" {
+			if n == 0 {
+				first = r.Row.Seq
+			}
+			n++
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err != nil || len(claimed) < limit {
+	if err != nil || n < limit {
 		c.recent, c.next, c.sinceFull = [window]int64{}, 0, 0
 		return
 	}
@@ -129,6 +139,6 @@ func (c *claimStart) record(from int64, limit int, claimed []fencing.Claimed, er
 	} else {
 		c.sinceFull++
 	}
-	c.recent[c.next] = claimed[0].Row.Seq // Claim returns rows in seq order
+	c.recent[c.next] = first
 	c.next = (c.next + 1) % window
 }

@@ -16,10 +16,12 @@ import (
 )
 
 // writeOutcomes writes the outcomes of a pass's items, logs and counts them,
-// and ends the pass.
-func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []item) {
-	outcomes := make([]fencing.Outcome, 0, len(items))
-	written := make([]*item, 0, len(items))
+// ends the pass and gives the batch's memory back.
+func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, mem *batchMem) {
+	defer f.giveMem(mem)
+	items := mem.items
+	outcomes, written := mem.outcomes[:0], mem.written[:0]
+	defer func() { mem.outcomes, mem.written = outcomes, written }()
 	now := f.dbNow() // one clock for the batch: Apply writes it as one instant
 	for i := range items {
 		it := &items[i]
@@ -70,7 +72,7 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, items []item) {
 	var unknown error
 	for i := range items {
 		it := &items[i]
-		row := it.claimed.Row
+		row := &it.claimed.Row
 		verdict := it.verdict()
 		if stale[it] {
 			f.chains.forget([]*item{it})

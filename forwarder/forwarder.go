@@ -104,6 +104,7 @@ type Forwarder struct {
 	// releases every other row of this owner. abandoned counts publishes
 	// left running after their timeout.
 	claimMu   sync.Mutex
+	mem       sync.Pool // *batchMem: a finished batch's memory, for the next
 	heldMu    sync.Mutex
 	held      map[string]time.Time
 	abandoned atomic.Int64

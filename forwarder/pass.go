@@ -18,7 +18,7 @@ import (
 
 // item is one claimed row on its way through a pass.
 type item struct {
-	claimed fencing.Claimed
+	claimed *fencing.Claimed // in the claimed batch, which outlives the pass
 	msg     *message.Message
 	outcome fencing.Outcome
 	err     error // the publish error, for the log
@@ -129,6 +129,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	t.rep.ClaimFailures, t.rep.ClaimReleased = b.failures, b.released
 	claimed := b.claimed
 	if b.err != nil || len(claimed) == 0 {
+		f.giveMem(b.mem)
 		behind.wait()
 		f.end(t, b.err)
 		return t, nil
@@ -152,11 +153,11 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	// clock skew with the database cannot stretch it.
 	startBy := b.claimedAt.Add(f.cfg.LeaseDuration - f.cfg.PublishTimeout - f.cfg.PublishTimeout/2)
 
-	items := make([]item, len(claimed)) // one allocation for the batch
-	units := make([]unit, 0, len(claimed))
+	items, ptrs := b.mem.itemsFor(len(claimed))
+	units := b.mem.units[:0]
 	var chainOf map[string]int // ordering key -> its unit
-	for i, c := range claimed {
-		it := &items[i]
+	for i := range claimed {
+		c, it := &claimed[i], ptrs[i]
 		it.claimed, it.probe = c, b.probes[c.Row.MessageID]
 		switch {
 		case !c.Held():
@@ -179,7 +180,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 		key := c.Row.OrderingKey
 		if key == "" {
 			if it.msg != nil {
-				units = append(units, unit{items: []*item{it}})
+				units = append(units, unit{items: ptrs[i : i+1 : i+1]})
 			}
 			continue
 		}
@@ -197,17 +198,20 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 		units[u].items = append(units[u].items, it)
 	}
 	t.rep.Chains = len(chainOf)
+	b.mem.units = units
 
-	f.publishAll(units, startBy, stopping, drainExpired)
+	if f.publishAll(units, startBy, stopping, drainExpired) {
+		b.mem.keep = false
+	}
 	f.chains.endPass()
 	f.passEvidence(items)
 
 	behind.wait()
 	if next == nil {
-		f.writeOutcomes(ctx, t, items)
+		f.writeOutcomes(ctx, t, b.mem)
 		return t, nil
 	}
-	go f.writeOutcomes(ctx, t, items)
+	go f.writeOutcomes(ctx, t, b.mem)
 	return t, next
 }
 

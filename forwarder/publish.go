@@ -58,10 +58,15 @@ type workers struct {
 	// to leave them all behind at once.
 	calls   []atomic.Pointer[call]
 	drained atomic.Bool
+	// leftBehind: a publish of this pass was left running; its goroutine
+	// read the pass's items and may still be inside the publisher, so the
+	// batch's memory is not kept for another (see batchMem).
+	leftBehind atomic.Bool
 }
 
-// publishAll publishes units and returns once each has its outcomes.
-func (f *Forwarder) publishAll(units []unit, startBy time.Time, stopping, drainExpired <-chan struct{}) {
+// publishAll publishes units and returns once each has its outcomes, and
+// whether a publish was left running.
+func (f *Forwarder) publishAll(units []unit, startBy time.Time, stopping, drainExpired <-chan struct{}) (leftBehind bool) {
 	n := min(f.cfg.Concurrency, len(units))
 	w := &workers{f: f, units: units, startBy: startBy, stopping: stopping, calls: make([]atomic.Pointer[call], n)}
 	done := make(chan struct{})
@@ -83,6 +88,7 @@ func (f *Forwarder) publishAll(units []unit, startBy time.Time, stopping, drainE
 		go w.work(slot)
 	}
 	w.wg.Wait()
+	return w.leftBehind.Load()
 }
 
 // work takes units until none is left. It returns early, without ending
@@ -220,7 +226,7 @@ type call struct {
 // place (c.expire), and the caller must return at once.
 func (w *workers) publish(c *call) (sent, bool) {
 	f, it := w.f, c.u.items[c.at]
-	row := it.claimed.Row
+	row := &it.claimed.Row
 	select {
 	case <-w.stopping:
 		return sent{}, true
@@ -282,6 +288,7 @@ func (c *call) expire() {
 		w.f.abandoned.Add(-1)
 		return
 	}
+	w.leftBehind.Store(true)
 	c.cancel() // a publisher that honours its context stops sending
 	s := sent{started: true, code: FailurePublishTimeout, err: fmt.Errorf("publish did not return within %s", w.f.cfg.PublishTimeout)}
 	if w.drained.Load() {
@@ -297,7 +304,7 @@ func (c *call) expire() {
 
 // end records the publish's time and ends its span.
 func (c *call) end(s sent) {
-	row := c.u.items[c.at].claimed.Row
+	row := &c.u.items[c.at].claimed.Row
 	took := time.Since(c.began)
 	c.w.f.metrics.published(row.Destination, took)
 	c.w.f.publishNanos.Add(int64(took))
@@ -325,7 +332,7 @@ func (p *panicError) Error() string { return fmt.Sprintf("downstream publisher p
 
 // classify sets it's outcome from the publish result s.
 func (f *Forwarder) classify(it *item, s sent) {
-	row := it.claimed.Row
+	row := &it.claimed.Row
 	attempt := row.Attempts + 1
 	it.err = s.err
 	var v Verdict

@@ -167,6 +167,7 @@ func main() {
 	flag.IntVar(&cfg.WriteKeys, "write-keys", cfg.WriteKeys, "write: ordering keys of the keyed write cells")
 	flag.IntVar(&cfg.DBLatencyMs, "db-latency-ms", 0, "delay every reply from the database by this many milliseconds (an in-process toxiproxy): the relays as they run over a network")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	memprofile := flag.String("memprofile", "", "write an allocation profile of the whole run to this file")
 	flag.Parse()
 	if *only != "" {
 		cfg.Only = strings.Split(*only, ",")
@@ -184,6 +185,17 @@ func main() {
 			os.Exit(2)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *memprofile != "" {
+		defer func() {
+			f, err := os.Create(*memprofile)
+			if err == nil {
+				err = pprof.Lookup("allocs").WriteTo(f, 0)
+			}
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "outbox-bench: memprofile:", err)
+			}
+		}()
 	}
 	var err error
 	if cfg.Writers, err = ints(*writers); err == nil {
