@@ -24,9 +24,9 @@ type claimedBatch struct {
 	after     map[string]int64 // continued keys: the seq their chain continues
 	probes    map[string]bool  // message ids claimed as breaker probes
 	err       error
-	failures  int // claim statements that failed after they were sent
-	released  int // rows released because of them
-	limit     int // the claim's size: rows it could have taken (see nextSize)
+	failures  int       // claim statements that failed after they were sent
+	released  int       // rows released because of them
+	limit     int       // the claim's size: rows it could have taken (see nextSize)
 	mem       *batchMem // claimed lives in mem.claimed; the pass gives mem back
 }
 
