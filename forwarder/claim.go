@@ -26,7 +26,7 @@ type claimedBatch struct {
 	err       error
 	failures  int       // claim statements that failed after they were sent
 	released  int       // rows released because of them
-	limit     int       // the claim's size: rows it could have taken (see nextSize)
+	full      bool      // cut by its size or its byte budget: more may be claimable
 	mem       *batchMem // claimed lives in mem.claimed; the pass gives mem back
 }
 
@@ -60,6 +60,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	}
 	f.claimMu.Lock()
 	defer f.claimMu.Unlock()
+	f.takePace()
 	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 	defer cancel()
 	at := f.localNow()
@@ -113,11 +114,14 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	full := f.start.fullWalkDue()
 	var resume []fencing.Continuation
 	// One key's chain is published one message at a time, so a claim
-	// takes at most BatchSize rows of a key (walked, continued or
-	// extended), however large it grew: growth adds keys and unkeyed rows,
-	// which go out in parallel, not length to a chain.
+	// takes at most chainMax rows of a key (walked, continued or
+	// extended), however large it grew. The walk takes at most a
+	// Concurrency-th of the batch per key, so that a batch spreads over
+	// several keys when there are several; chains cut there are extended
+	// below when the batch is still short.
 	limit := f.size
-	chainCap := min(max(1, (limit+f.cfg.Concurrency-1)/f.cfg.Concurrency), f.cfg.BatchSize)
+	maxChain := min(f.chainMax(), limit)
+	chainCap := min(max(1, (limit+f.cfg.Concurrency-1)/f.cfg.Concurrency), maxChain)
 	if !full {
 		resume = f.chains.positions(cont, 2*limit)
 	}
@@ -128,14 +132,14 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	p := fencing.ClaimParams{
 		Owner: f.cfg.Owner, Limit: limit, Lease: f.cfg.LeaseDuration,
 		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
-		FromSeq: from, KeyCursor: cursor, MaxChain: chainCap, MaxContinued: f.cfg.BatchSize, Continue: append(cont[:len(cont):len(cont)], resume...),
+		FromSeq: from, KeyCursor: cursor, MaxChain: chainCap, MaxContinued: maxChain, Continue: append(cont[:len(cont):len(cont)], resume...),
 		ExcludeDestinations: exclude, NoKeyWalk: !walk, MaxBytes: maxBytes,
 	}
 	claimed, err := claimFn(p)
 	if err != nil {
 		f.start.record(p.FromSeq, p.Limit, nil, err)
 		f.giveMem(mem)
-		return claimedBatch{claimedAt: at, err: err, failures: failures, released: released, limit: limit}
+		return claimedBatch{claimedAt: at, err: err, failures: failures, released: released}
 	}
 	// What is left of the byte budget for the statements that complete the
 	// batch (payloads only, as the client sees them: headers are small).
@@ -179,11 +183,11 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 			claimed = merge()
 		}
 	}
-	if ext := capped(claimed, chainCap, p.Continue); len(ext) > 0 && chainCap < f.cfg.BatchSize && len(claimed) < p.Limit && budget() > 0 {
+	if ext := capped(claimed, chainCap, p.Continue); len(ext) > 0 && chainCap < maxChain && len(claimed) < p.Limit && budget() > 0 {
 		room := p.Limit - len(claimed)
 		more := p
 		more.Limit, more.MaxChain, more.Continue = room, (room+len(ext)-1)/len(ext), ext
-		more.MaxContinued = f.cfg.BatchSize - chainCap // a capped chain holds chainCap rows already
+		more.MaxContinued = maxChain - chainCap // a capped chain holds chainCap rows already
 		more.NoKeyWalk, more.NoUnkeyed, more.FromSeq, more.MaxBytes = true, true, 0, budget()
 		if _, xerr := claimFn(more); xerr != nil {
 			f.logger.Error("Outbox claim extending chains failed", xerr, watermill.LogFields{"held": len(claimed)})
@@ -232,9 +236,11 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		}
 		after[c.Key] = c.AfterSeq
 	}
-	f.size = f.nextSize(limit, len(claimed)-len(probed))
+	n := len(claimed) - len(probed)
+	f.size = f.nextSize(limit, n)
 	mem.claimed = claimed
-	return claimedBatch{claimed: claimed, claimedAt: at, after: after, probes: probed, failures: failures, released: released, limit: limit, mem: mem}
+	return claimedBatch{claimed: claimed, claimedAt: at, after: after, probes: probed, failures: failures, released: released,
+		full: f.full(claimed, n, limit), mem: mem}
 }
 
 // capped are the continuations of the chains the walk found that stopped at
@@ -285,13 +291,12 @@ func mergeBySeq(buf []fencing.Claimed) []fencing.Claimed {
 // nextSize is the size of the claim after one of size limit that took n
 // rows (breaker probes not counted). A claim that came back full doubles
 // it, up to MaxBatchSize, when the doubled batch would be published within
-// a quarter of its lease at the mean time a publish took lately: its rows
-// Concurrency at a time, and a key's chain (at most BatchSize rows, see
-// claim) one at a time; a claim
-// less than half full, or a pace at which even this size no longer fits,
-// halves it, down to BatchSize. So a relay that keeps up claims BatchSize
-// rows, and one that is behind claims up to MaxBatchSize, which costs less
-// per row.
+// a quarter of its lease at the mean time a publish took lately, its rows
+// Concurrency at a time (a key's chain, one message at a time, is sized
+// apart: chainMax); a claim less than half full, or a pace at which even
+// this size no longer fits, halves it, down to BatchSize. So a relay that
+// keeps up claims BatchSize rows, and one that is behind claims up to
+// MaxBatchSize, which costs less per row.
 //
 // "Fits" also means: twice the batch (the batch claimed ahead waits for
 // the one before it) is published before the start-by deadline,
@@ -302,15 +307,7 @@ func mergeBySeq(buf []fencing.Claimed) []fencing.Claimed {
 // is made before the first batch's publishes end) a claim grows only from
 // BatchSize, once.
 func (f *Forwarder) nextSize(limit, n int) int {
-	if count := f.publishCount.Swap(0); count > 0 {
-		f.pace = time.Duration(f.publishNanos.Swap(0) / count)
-	}
-	// A pass of size rows publishes them Concurrency at a time, and one
-	// key's chain (at most BatchSize rows) one at a time; the last of them
-	// must start before the start-by deadline (LeaseDuration - 1.5 x
-	// PublishTimeout after the claim), half of which a claim made ahead may
-	// spend waiting for the batch before it.
-	window := min(f.cfg.LeaseDuration/4, (f.cfg.LeaseDuration-f.cfg.PublishTimeout-f.cfg.PublishTimeout/2)/2)
+	window := f.window()
 	fits := func(size int) bool {
 		serial := max(f.cfg.BatchSize, (size+f.cfg.Concurrency-1)/f.cfg.Concurrency)
 		return f.pace*time.Duration(serial) <= window
@@ -323,4 +320,36 @@ func (f *Forwarder) nextSize(limit, n int) int {
 		return max(f.cfg.BatchSize, limit/2)
 	}
 	return limit
+}
+
+// takePace updates pace and slowest from the publishes timed since the
+// last claim (none: they stay).
+func (f *Forwarder) takePace() {
+	if mean, slowest := f.paces.take(); mean > 0 {
+		f.pace, f.slowest = mean, max(slowest, mean)
+	}
+}
+
+// window is how long after its claim a batch's last publish may start: the
+// rows must start before the start-by deadline (LeaseDuration - 1.5 x
+// PublishTimeout after the claim), half of which a claim made ahead may
+// spend waiting for the batch before it, and within a quarter of the
+// lease.
+func (f *Forwarder) window() time.Duration {
+	return min(f.cfg.LeaseDuration/4, (f.cfg.LeaseDuration-f.cfg.PublishTimeout-f.cfg.PublishTimeout/2)/2)
+}
+
+// chainMax is the most rows of one key a claim takes. A chain goes out
+// one message at a time, possibly all to the slowest destination, so it
+// is as many rows as that destination's mean publish time lately lets
+// start within the window, between BatchSize and MaxBatchSize; BatchSize
+// before any publish was timed. A hot key on a fast downstream is then
+// claimed a thousand rows at a time, and one on a slow downstream in
+// chains its pace can publish before their leases end.
+func (f *Forwarder) chainMax() int {
+	if f.slowest <= 0 {
+		return f.cfg.BatchSize
+	}
+	rows := int(min(f.window()/f.slowest, time.Duration(f.cfg.MaxBatchSize)))
+	return max(f.cfg.BatchSize, rows)
 }

@@ -51,11 +51,12 @@ type Config struct {
 	// MaxBatchSize is how many rows a pass may claim while the relay is
 	// behind. A claim that comes back full lets the next one take twice as
 	// many, up to MaxBatchSize, as long as the larger batch would be
-	// published within a quarter of its lease (Concurrency at a time, one
-	// key's chain of at most BatchSize rows one at a time) at the mean time
-	// a publish took lately; a claim that comes back less
+	// published within a quarter of its lease (Concurrency at a time) at
+	// the mean time a publish took lately; a claim that comes back less
 	// than half full, or a pace that no longer fits, halves it again, down
-	// to BatchSize. With a lease close to 2 x PublishTimeout the bound is
+	// to BatchSize. One key's chain, published one message at a time, is at
+	// most as many rows as the slowest destination lately publishes in
+	// that time (at least BatchSize, at most MaxBatchSize). With a lease close to 2 x PublishTimeout the bound is
 	// the start-by deadline (LeaseDuration - 1.5 x PublishTimeout) for
 	// twice the batch (a batch claimed ahead waits for the one before it)
 	// rather than the quarter of the lease. Larger

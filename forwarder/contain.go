@@ -14,11 +14,12 @@ import (
 // row an attempt, and no unbounded memory or goroutines. Forwarder.claim and
 // Forwarder.pass call these.
 
-// full reports whether a claim of size limit was cut by its size or
-// (about: the statement counts headers too, as stored) by the byte budget,
-// so more may be claimable at once.
-func (f *Forwarder) full(claimed []fencing.Claimed, limit int) bool {
-	return len(claimed) >= limit || payloadBytes(claimed) >= f.cfg.MaxBatchBytes/2
+// full reports whether a claim of size limit that took n rows (breaker
+// probes not counted) was cut by its size or (about: the statement counts
+// headers too, as stored) by the byte budget, so more may be claimable at
+// once.
+func (f *Forwarder) full(claimed []fencing.Claimed, n, limit int) bool {
+	return n >= limit || payloadBytes(claimed) >= f.cfg.MaxBatchBytes/2
 }
 
 // byteBudget is a claim's MaxBytes: b when positive, else (the budget was

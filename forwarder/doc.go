@@ -45,13 +45,17 @@
 // it again, down to BatchSize. A larger claim costs less per row on both
 // sides (one statement, one commit and one walk of the keys for many rows),
 // so a relay behind a burst catches up instead of trailing it; the lease,
-// the fence and the order per key are the same at any size. Growth adds
-// keys and unkeyed rows, which are published in parallel: one key's chain
-// (published one message at a time) stays at most BatchSize rows per
-// claim. A destination the relay has not published to lately is sized at
-// the pace of the others until its first publishes, so its first batch may
-// be too long for the start-by deadline; the rows not started by then go
-// back without an attempt. A BatchSize set without MaxBatchSize stays
+// the fence and the order per key are the same at any size. One key's
+// chain is published one message at a time, so a claim takes at most as
+// many rows of a key as the slowest destination lately (its mean publish
+// time) publishes one by one within that quarter of the lease: at least
+// BatchSize, at most MaxBatchSize, and BatchSize before any publish was
+// timed. A hot key on a fast downstream then drains a thousand rows a
+// pass, and one on a slow downstream in chains its pace can publish. A
+// destination the relay has not published to lately is sized at the pace
+// of the others until its first publishes, so its first batch or chain
+// may be too long for the start-by deadline; the rows not started by then
+// go back without an attempt. A BatchSize set without MaxBatchSize stays
 // fixed.
 //
 // # Ordering

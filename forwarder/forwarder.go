@@ -91,12 +91,13 @@ type Forwarder struct {
 	start      claimStart // where each claim starts in the claimable index, and the key walk
 	chains     chainLog   // which of this relay's chains were confirmed to their end
 	size       int        // the next claim's size, BatchSize to MaxBatchSize (claim, under claimMu)
-	// pace is the mean time a publish took (ns) since the claim before the
-	// last one, from publishNanos and publishCount, which every publish
-	// adds to (call.end) and nextSize takes.
-	pace                       time.Duration
-	publishNanos, publishCount atomic.Int64
-	breakers                   breakers // per destination: is the downstream down as a whole
+	// pace is the mean time a publish took since the claim before the
+	// last one, and slowest the slowest destination's lately, from paces,
+	// which every publish adds to (call.end) and nextSize takes (under
+	// claimMu).
+	pace, slowest time.Duration
+	paces         paces
+	breakers      breakers // per destination: is the downstream down as a whole
 
 	// claimMu makes one claim (with the release after a failed one) run at
 	// a time. held are the rows this relay holds IN_FLIGHT (claimed, outcome

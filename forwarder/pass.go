@@ -135,7 +135,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 		return t, nil
 	}
 	t.rep.Claimed = len(claimed)
-	t.full = f.full(claimed, b.limit)
+	t.full = b.full
 	if prefetch && t.full && f.abandoned.Load() <= int64(f.cfg.MaxAbandoned) {
 		select {
 		case <-stopping:

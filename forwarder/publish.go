@@ -307,8 +307,7 @@ func (c *call) end(s sent) {
 	row := &c.u.items[c.at].claimed.Row
 	took := time.Since(c.began)
 	c.w.f.metrics.published(row.Destination, took)
-	c.w.f.publishNanos.Add(int64(took))
-	c.w.f.publishCount.Add(1)
+	c.w.f.paces.add(row.Destination, took)
 	if s.err != nil {
 		c.span.RecordError(s.err)
 		c.span.SetStatus(codes.Error, cmp.Or(s.code, "publish failed"))
