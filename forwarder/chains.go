@@ -67,7 +67,7 @@ func keysOf(cont []fencing.Continuation) map[string]bool {
 // PostgreSQL cannot mark those entries dead, so every head lookup visits the
 // heap for each of them (measured: a claim that walked 100 keys took 100 ms
 // behind 30,000 such entries, where resuming them takes a few). Entries
-// older than window passes are dropped.
+// older than chainWindow passes are dropped.
 type chainLog struct {
 	mu    sync.Mutex
 	pass  int64
@@ -97,7 +97,7 @@ func (l *chainLog) confirmedThrough(key string, seq int64) bool {
 }
 
 // positions are continuations behind the last confirmed row of each key
-// this relay published in its last window passes, at most limit of them
+// this relay published in its last chainWindow passes, at most limit of them
 // (the most recent first), leaving out the keys of busy (a batch in
 // flight: their chains are continued from the batch).
 //
@@ -144,13 +144,19 @@ func (l *chainLog) forget(items []*item) {
 	}
 }
 
+// chainWindow is how many passes a chain's position is kept for resuming
+// its key: at most this many of a relay's batches can be unfinished
+// (published, or having their outcomes written) when it starts a claim
+// under prefetch and pipelining.
+const chainWindow = 3
+
 // endPass drops what no later claim can use.
 func (l *chainLog) endPass() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.pass++
 	for k, e := range l.until {
-		if l.pass-e.pass > window {
+		if l.pass-e.pass > chainWindow {
 			delete(l.until, k)
 		}
 	}

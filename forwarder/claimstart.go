@@ -10,43 +10,38 @@ import (
 // entry before one starts at it again (see claimStart).
 const rescanEvery = 16
 
-// window is how many recent batches the start point stays at or below: at
-// most this many of a relay's batches can be unfinished (published, or
-// having their outcomes written) when it starts a claim under prefetch and
-// pipelining; the outcomes of older ones have committed.
-const window = 3
-
 // claimStart chooses where each claim's index scan starts
 // (fencing.ClaimParams.FromSeq).
 //
-// A drain leaves the index entries of the rows it published at the head of
-// the claimable index until VACUUM removes them, so a claim that starts at
-// the first entry walks over all of them: the longer the drain, the slower
-// every claim (a 100-row claim: 0.86 ms on a fresh index, 3.0 ms behind
-// 290,000 published rows). So while a relay is draining full batches, its
-// claims start at the lowest seq of its last three batches instead.
+// A drain leaves index entries at the head of the claimable index that no
+// claim can take: those of the rows it published, until VACUUM removes them,
+// and those of the rows in flight (this relay's batch being published, the
+// one whose outcomes are being written, and other relays' batches). A claim
+// that starts at the first entry visits every one of them (a heap fetch
+// each): the longer the drain and the more relays, the slower every claim
+// (a 100-row claim: 0.86 ms on a fresh index, 3.0 ms behind 290,000
+// published rows). So while a relay is draining full batches, its claims
+// start right after the last unkeyed row of its latest batch instead.
 //
 // Nothing is skipped for good. A claim that comes back short of a full
 // batch from its start point claims the rest from the first entry at once
 // (Forwarder.claim), so a short batch still means the whole index had no
-// more; after it, after a failed claim, and on every rescanEvery-th claim,
-// claims start at the first entry again. While batches come back full, a
-// claimable row below the start point waits, for rescanEvery claims at
-// most: a row whose transaction committed after later rows had been
-// drained, an AMBIGUOUS row whose retry came due, a row whose lease
-// expired, a redriven row. A row held back by its ordering key does not
-// wait: it is behind a row of one of the last three batches (seq order
-// within a key), unless that row belongs to another relay, whose own claims
-// then reach it.
+// more; after it, after a failed claim, after a pass that gave rows back
+// (released or unavailable: PENDING again, below the start point), and on
+// every rescanEvery-th claim, claims start at the first entry again. While
+// batches come back full, a claimable row below the start point waits, for
+// rescanEvery claims at most: a row whose transaction committed after later
+// rows had been drained, an AMBIGUOUS row whose retry came due, a row whose
+// lease expired, a redriven row. The start point bounds only the unkeyed
+// rows: keys are walked from their heads.
 type claimStart struct {
 	mu         sync.Mutex
-	recent     [window]int64 // lowest seq of each recent batch; 0: start at the first entry
-	next       int           // the slot of recent the next batch overwrites
-	sinceFull  int           // claims since the last one that started at the first entry
-	cursor     string        // the key where the last walk over ordering keys stopped
-	keyed      bool          // the last walk found keyed rows
-	walkedOnce bool          // the first claim always walks
-	sinceWalk  int           // claims since the last walk over keys
+	next       int64  // the seq after the latest full batch's last unkeyed row; 0: the first entry
+	sinceFull  int    // claims since the last one that started at the first entry
+	cursor     string // the key where the last walk over ordering keys stopped
+	keyed      bool   // the last walk found keyed rows
+	walkedOnce bool   // the first claim always walks
+	sinceWalk  int    // claims since the last walk over keys
 	// sinceFullWalk counts claims since the last that walked every key
 	// rather than resuming recently published ones.
 	sinceFullWalk int
@@ -92,11 +87,15 @@ func (c *claimStart) from() int64 {
 	if c.sinceFull >= rescanEvery {
 		return 0
 	}
-	lowest := c.recent[0]
-	for _, s := range c.recent[1:] {
-		lowest = min(lowest, s)
-	}
-	return lowest
+	return c.next
+}
+
+// reset makes the next claim start at the first entry: rows were given
+// back below the start point.
+func (c *claimStart) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.next, c.sinceFull = 0, 0
 }
 
 // keyCursor is the KeyCursor for the next claim.
@@ -119,19 +118,16 @@ func (c *claimStart) walked(cursor string, keyed bool) {
 // limit rows: its unkeyed rows are what counts (claimed is in seq order;
 // keyed rows in it are skipped, not copied).
 func (c *claimStart) record(from int64, limit int, claimed []fencing.Claimed, err error) {
-	n, first := 0, int64(0)
+	n, last := 0, int64(0)
 	for _, r := range claimed {
 		if r.Row.OrderingKey == "" {
-			if n == 0 {
-				first = r.Row.Seq
-			}
-			n++
+			n, last = n+1, r.Row.Seq
 		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil || n < limit {
-		c.recent, c.next, c.sinceFull = [window]int64{}, 0, 0
+		c.next, c.sinceFull = 0, 0
 		return
 	}
 	if from == 0 {
@@ -139,6 +135,5 @@ func (c *claimStart) record(from int64, limit int, claimed []fencing.Claimed, er
 	} else {
 		c.sinceFull++
 	}
-	c.recent[c.next] = first
-	c.next = (c.next + 1) % window
+	c.next = last + 1
 }

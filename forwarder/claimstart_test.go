@@ -125,9 +125,9 @@ func lateRow(t *testing.T, db *sql.DB) *sql.Tx {
 
 // Under Run, with prefetch and pipelining, a key's next row is claimable
 // only once its predecessor's outcome commits, by which time the relay has
-// claimed up to two more batches: the start stays at or below the lowest seq
-// of the last three batches, so the key's rows keep coming every few passes
-// and do not wait for the rescan. Here one key's 20 rows come first and 300
+// claimed up to two more batches, past the key's rows: the start point
+// bounds unkeyed rows only and keys are walked from their heads, so the
+// key's rows keep coming every few passes and do not wait for the rescan. Here one key's 20 rows come first and 300
 // unkeyed rows after them, in batches of 2: the key is done while at least
 // 100 unkeyed rows are still to go. (Waiting for the rescan, 16 claims per
 // key row, it would still be going when they run out.)

@@ -114,6 +114,9 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, mem *batchMem) {
 			})
 		}
 	}
+	if rep.Released+rep.Unavailable > 0 {
+		f.start.reset() // PENDING again, below where the claims start
+	}
 	f.end(t, unknown)
 }
 

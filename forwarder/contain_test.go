@@ -333,7 +333,7 @@ func TestARowReclaimedWithinOneClaimIsPublishedOnce(t *testing.T) {
 	insertN(t, s.DB, "orders", "a", "b", "c", "d", "e", "f", "g")
 	rec := &recorder{}
 	f := newForwarder(t, s.DB, rec, forwarder.Config{Owner: "r", BatchSize: 2})
-	// Three full batches: the next claim starts at the lowest seq of them
+	// After full batches the next claim starts right after the latest one
 	// (claimStart), comes back short with g, and claims below its start
 	// point in a second statement.
 	for range 3 {

@@ -186,19 +186,22 @@
 //
 // # Where a claim starts
 //
-// A drain leaves the index entries of the rows it published at the head of
-// the claimable index until VACUUM removes them, and a claim that starts at
-// the first entry walks them all: the longer the drain, the slower each
-// claim. So while a relay gets full batches, its claims start at the lowest
-// seq of its last three batches (fencing.ClaimParams.FromSeq). A claim that
-// comes back short from there claims the rest from the first entry in the
-// same pass, so a short batch still means nothing more was claimable; after
-// it, after a failed claim, and on every 16th claim, claims start at the
-// first entry again. While batches come back full, a claimable row below the
-// start waits, for 16 claims at most: a row whose transaction committed
-// after later rows were drained, an AMBIGUOUS row whose retry came due, a
-// row whose lease expired, a redriven row. A key's next row does not wait:
-// it comes after a row of one of the last three batches.
+// A drain leaves index entries at the head of the claimable index that no
+// claim can take: those of the rows it published, until VACUUM removes
+// them, and those of the rows in flight (this relay's and other relays'
+// batches). A claim that starts at the first entry visits them all: the
+// longer the drain and the more relays, the slower each claim. So while a
+// relay gets full batches, its claims of unkeyed rows start right after the
+// last unkeyed row of its latest batch (fencing.ClaimParams.FromSeq). A
+// claim that comes back short from there claims the rest from the first
+// entry in the same pass, so a short batch still means nothing more was
+// claimable; after it, after a failed claim, after a pass that gave rows
+// back (released, or unavailable), and on every 16th claim, claims start at
+// the first entry again. While batches come back full, a claimable row
+// below the start waits, for 16 claims at most: a row whose transaction
+// committed after later rows were drained, an AMBIGUOUS row whose retry came
+// due, a row whose lease expired, a redriven row. Keyed rows are not bound
+// by the start: keys are walked from their heads.
 //
 // # Observability
 //

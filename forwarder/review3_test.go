@@ -199,9 +199,12 @@ func TestPausedClaimsResumeSoonAfterTheHangEnds(t *testing.T) {
 // and one hot key on a slow one (10 ms a message), the mean says claims of
 // a hundred rows and more fit the lease; when the fast rows run out the hot
 // key's chain is extended to the whole claim and published one message at
-// a time, at 10 ms, not at the mean: far past the start-by deadline (500 ms
-// after the claim: a 2 s lease, a 1 s PublishTimeout), so most of it is
-// released without an attempt, claim after claim.
+// a time, at 10 ms, not at the mean: far past the start-by deadline (2.5 s
+// after the claim: a 4 s lease, a 1 s PublishTimeout; a 1,000-row chain
+// takes 10 s), so most of it is released without an attempt, claim after
+// claim. A chain sized by the slow destination's own pace (a second's
+// worth: 100 rows) fits. (The lease leaves the 1,000 fast rows of a batch
+// seconds to spare on a loaded machine under -race.)
 func TestAHotKeyOnASlowDestinationIsNotClaimedAtTheMeanPace(t *testing.T) {
 	s := newDB(t)
 	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload)
@@ -217,7 +220,7 @@ func TestAHotKeyOnASlowDestinationIsNotClaimedAtTheMeanPace(t *testing.T) {
 		return true, nil
 	}}
 	f := newForwarder(t, s.DB, rec, forwarder.Config{
-		BatchSize: 8, MaxBatchSize: 1000, Concurrency: 8, LeaseDuration: 2 * time.Second, PublishTimeout: time.Second,
+		BatchSize: 8, MaxBatchSize: 1000, Concurrency: 8, LeaseDuration: 4 * time.Second, PublishTimeout: time.Second,
 	})
 	var released, claims int
 	for range 1000 {
