@@ -133,10 +133,11 @@ func (f *Forwarder) heartbeat(ctx context.Context, stopping <-chan struct{}, ttl
 
 // sleep waits delay before the next pass. A notification on wake (nil: none
 // may cut this wait) ends it early, but not before wakeGap has passed since
-// wokenIdle, the start of the last woken pass that found nothing, so a
-// NOTIFY flood cannot turn the relay into a busy loop. It reports whether a
+// idleAt (wakeLimit: the start of the last woken pass that found nothing,
+// when two did in a row), so a NOTIFY flood cannot turn the relay into a
+// busy loop. It reports whether a
 // notification ended the wait, whether stopping closed, and a fatal error.
-func (f *Forwarder) sleep(delay time.Duration, wake <-chan struct{}, stopping <-chan struct{}, fatal <-chan error, wokenIdle time.Time) (woken, stop bool, err error) {
+func (f *Forwarder) sleep(delay time.Duration, wake <-chan struct{}, stopping <-chan struct{}, fatal <-chan error, idleAt time.Time) (woken, stop bool, err error) {
 	t := time.NewTimer(delay)
 	defer t.Stop()
 	deadline := time.Now().Add(delay)
@@ -148,7 +149,7 @@ func (f *Forwarder) sleep(delay time.Duration, wake <-chan struct{}, stopping <-
 			return false, false, err
 		case <-wake:
 			wake, woken = nil, true
-			if d := time.Until(wokenIdle.Add(wakeGap(f.cfg.PollInterval))); d > 0 {
+			if d := time.Until(idleAt.Add(wakeGap(f.cfg.PollInterval))); d > 0 {
 				t.Reset(min(d, time.Until(deadline)))
 				continue
 			}

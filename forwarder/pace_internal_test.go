@@ -48,3 +48,24 @@ func TestPacesFollowTheSlowestDestinationLately(t *testing.T) {
 	require.Greater(t, mean, time.Millisecond)
 	require.Equal(t, mean, slowest, "an untracked destination: the slowest is at least the mean")
 }
+
+// A woken pass that finds nothing is ordinary (its row was claimed by the
+// pass running when the notification came) and holds nothing back; two in
+// a row start the gap, until a woken pass claims rows again.
+func TestWakeLimitHoldsBackFromTheSecondEmptyWokenPass(t *testing.T) {
+	var w wakeLimit
+	t0 := time.Unix(1000, 0)
+	w.passed(t0, 3)
+	w.passed(t0.Add(time.Millisecond), 0)
+	require.True(t, w.idleAt.IsZero(), "one empty woken pass holds nothing back")
+	w.passed(t0.Add(2*time.Millisecond), 1)
+	w.passed(t0.Add(3*time.Millisecond), 0)
+	require.True(t, w.idleAt.IsZero(), "nor one after a pass that claimed rows")
+	w.passed(t0.Add(4*time.Millisecond), 0)
+	require.Equal(t, t0.Add(4*time.Millisecond), w.idleAt, "the second in a row starts the gap")
+	w.passed(t0.Add(60*time.Millisecond), 0)
+	require.Equal(t, t0.Add(60*time.Millisecond), w.idleAt, "a flood keeps it going")
+	w.passed(t0.Add(120*time.Millisecond), 2)
+	w.passed(t0.Add(121*time.Millisecond), 0)
+	require.Equal(t, t0.Add(60*time.Millisecond), w.idleAt, "rows again: the next empty pass starts no new gap")
+}
