@@ -121,9 +121,9 @@
 // longer than their lifetime, 3 x HeartbeatInterval, a CDC switch could go
 // through, so passes claim nothing and fail with FORWARDER_HEARTBEAT_LAPSED
 // until one succeeds again), wakes on LISTEN/NOTIFY when
-// ListenURL is set (never during a failure backoff, and after a woken pass
-// that found nothing not before PollInterval/10, 50 ms at most: any login
-// can NOTIFY), polls otherwise (at once again while batches come back
+// ListenURL is set (never during a failure backoff, and after two woken
+// passes in a row that found nothing not before PollInterval/10, 50 ms at
+// most: any login can NOTIFY), polls otherwise (at once again while batches come back
 // full, backing off with jitter while they come back empty), and keeps going
 // after a failing pass (logged, counted, backed off). While a full batch is
 // being published, Run already claims the next one on a second connection
