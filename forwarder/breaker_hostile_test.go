@@ -213,6 +213,7 @@ func TestHostileRestartedRelayShowsItsPredecessorsBreaker(t *testing.T) {
 func TestHostileBreakerStaysOpenWhenAnotherRelayDrainedTheBacklog(t *testing.T) {
 	s := newDB(t)
 	s.DB.SetMaxOpenConns(12)
+	s.DB.SetMaxIdleConns(12) // idle as many as open: no reconnect per statement (testdb.IdleConns)
 	fill(t, s, "orders", "m", 400)
 	out := newOutage("orders")
 	cfg := outageConfig()

@@ -33,6 +33,7 @@ func TestHostileFlappingDestinationInMixedChains(t *testing.T) {
 	}
 	s := newDB(t)
 	s.DB.SetMaxOpenConns(24)
+	s.DB.SetMaxIdleConns(24) // idle as many as open: no reconnect per statement (testdb.IdleConns)
 	rows := make([]testdb.OutboxRow, 0, 1200)
 	for g := 1; g <= 1200; g++ {
 		dest, key := "b", "k"+strconv.Itoa(g%200)
