@@ -33,6 +33,7 @@ func TestHostileFlappingDestinationInMixedChains(t *testing.T) {
 	}
 	s := newDB(t)
 	s.DB.SetMaxOpenConns(24)
+	s.DB.SetMaxIdleConns(24) // idle as many as open: no reconnect per statement (testdb.IdleConns)
 	rows := make([]testdb.OutboxRow, 0, 1200)
 	for g := 1; g <= 1200; g++ {
 		dest, key := "b", "k"+strconv.Itoa(g%200)
@@ -132,7 +133,14 @@ func TestHostileUnavailableKeyedRowSpinsWithoutPollInterval(t *testing.T) {
 				return false, forwarder.MarkUnavailable(errors.New("kafka: LEADER_NOT_AVAILABLE for partition 3"))
 			}}
 			const poll = 100 * time.Millisecond
-			f := newForwarder(t, s.DB, rec, forwarder.Config{PollInterval: poll, MaxPollInterval: poll})
+			// The row put back as unavailable is held off for
+			// BreakerProbeBase (1 s by default) before it is claimable
+			// again. With that default the passes between two claims find
+			// nothing and wait their idle PollInterval anyway, so the test
+			// took 30 s per case and a relay re-polling at once after the
+			// put-back chain would not be seen. A hold-off far below the
+			// poll leaves the PollInterval alone between the claims.
+			f := newForwarder(t, s.DB, rec, forwarder.Config{PollInterval: poll, MaxPollInterval: poll, BreakerProbeBase: time.Millisecond})
 			done := make(chan error, 1)
 			start := time.Now()
 			go func() { done <- f.Run(context.Background()) }()

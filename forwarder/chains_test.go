@@ -83,6 +83,7 @@ func TestChainCutReleasesItsTailWithoutSpendingAttempts(t *testing.T) {
 func TestChainsKeepEveryKeysOrderUnderFaults(t *testing.T) {
 	s := newDB(t)
 	s.DB.SetMaxOpenConns(20)
+	s.DB.SetMaxIdleConns(20) // idle as many as open: no reconnect per statement (testdb.IdleConns)
 	// 3 hot keys with 150 rows each, 150 small keys with 3 rows each, 50
 	// unkeyed rows, interleaved in seq as real traffic is.
 	type row struct {

@@ -301,9 +301,21 @@ func TestHangingDownstreamLeavesBoundedGoroutines(t *testing.T) {
 	require.Equal(t, float64(paused), counter(t, reg, forwarder.MetricClaimsPaused))
 	require.Equal(t, float64(maxAbandoned+1), counter(t, reg, forwarder.MetricAbandonedPublishes))
 	// Passes while paused leave no goroutine behind (transient ones, such
-	// as database/sql's per-query watchers, end on their own).
-	require.Eventually(t, func() bool { return runtime.NumGoroutine() <= goroutinesAtPause }, 10*time.Second, 5*time.Millisecond,
-		"goroutines grew while the relay was paused: %d, at the first paused pass %d", runtime.NumGoroutine(), goroutinesAtPause)
+	// as database/sql's per-query watchers, end on their own). Counted from
+	// the test's goroutine, as at the pause: require.Eventually runs its
+	// condition on a goroutine of its own, which the count would include,
+	// so it passed only when a transient goroutine happened to be counted
+	// at the pause as well.
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > goroutinesAtPause {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			t.Fatalf("goroutines grew while the relay was paused: %d, at the first paused pass %d; goroutines now:\n%s",
+				runtime.NumGoroutine(), goroutinesAtPause, buf)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // leasesLapseBeforeSecondClaim expires every lease in the table just before

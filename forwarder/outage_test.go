@@ -194,6 +194,7 @@ func TestBrokerOutageSpendsNoBudget(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			s := newDB(t)
 			s.DB.SetMaxOpenConns(20)
+			s.DB.SetMaxIdleConns(20) // idle as many as open: no reconnect per statement (testdb.IdleConns)
 			fill(t, s, "orders", "m", 1000)
 			down := newOutage("orders")
 			cfg := outageConfig()
