@@ -80,6 +80,15 @@ func TestLostSlotIsAnErrorAndNotSilentlyRecreated(t *testing.T) {
 
 	// The natural fix, dropping the slot and letting the relay create it, is
 	// refused: the rows committed while it was down are not in a new slot.
+	// The server's walsender of the refused stream ends on its own after Run
+	// returned, and the slot cannot be dropped while it is still active
+	// (seen once on a loaded machine: "replication slot ... is active for
+	// PID ...").
+	require.Eventually(t, func() bool {
+		var active bool
+		err := e.s.DB.QueryRow(`SELECT active FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&active)
+		return err == nil && !active
+	}, patience(t), 10*time.Millisecond, "the walsender of the refused stream releases the slot")
 	_, err = e.s.DB.Exec(`SELECT pg_drop_replication_slot($1)`, e.slot)
 	require.NoError(t, err)
 	r, err = cdcrelay.New(e.config(), out, nil)

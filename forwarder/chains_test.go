@@ -187,9 +187,15 @@ func TestChainsKeepEveryKeysOrderUnderFaults(t *testing.T) {
 				WHERE status = 'IN_FLIGHT' AND random() < 0.5 FOR UPDATE SKIP LOCKED)`)
 		require.NoError(t, err)
 		i := round % len(relays)
-		require.NoError(t, relays[i].f.Close())
-		require.NoError(t, <-relays[i].done)
+		// The relay's Run result is taken before it is checked: the deferred
+		// stop waits on every relay's done, and waiting again on one already
+		// received hung a failing run until the package's 15 min timeout,
+		// its error unprinted.
+		closeErr := relays[i].f.Close()
+		runErr := <-relays[i].done
 		relays[i] = start()
+		require.NoError(t, closeErr)
+		require.NoError(t, runErr)
 		time.Sleep(20 * time.Millisecond) // pacing between faults, not a wait for an outcome
 	}
 	require.Eventually(t, func() bool { return terminal() == total }, 2*time.Minute, 20*time.Millisecond,
