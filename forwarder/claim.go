@@ -275,7 +275,13 @@ func hasKeyed(claimed []fencing.Claimed) bool {
 // it is stale, and two outcomes for one row would make the pass's whole
 // outcome write refused.
 func mergeBySeq(buf []fencing.Claimed) []fencing.Claimed {
-	slices.SortStableFunc(buf, func(x, y fencing.Claimed) int { return cmp.Compare(x.Row.Seq, y.Row.Seq) })
+	bySeq := func(x, y fencing.Claimed) int { return cmp.Compare(x.Row.Seq, y.Row.Seq) }
+	// Each statement's rows come in seq order (fencing.ClaimAppend); when
+	// they all lie above the rows before them, as they usually do, the
+	// batch is in order already and its rows (large structs) stay put.
+	if !slices.IsSortedFunc(buf, bySeq) {
+		slices.SortStableFunc(buf, bySeq)
+	}
 	kept := buf[:0]
 	for _, c := range buf {
 		if n := len(kept); n > 0 && kept[n-1].Row.MessageID == c.Row.MessageID {

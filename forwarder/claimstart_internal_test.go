@@ -2,6 +2,7 @@ package forwarder
 
 import (
 	"errors"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -58,4 +59,36 @@ func TestClaimStartFollowsTheLatestBatch(t *testing.T) {
 		require.NotZero(t, claim(int64(200+10*i), int64(201+10*i)), "claim %d after the rescan", i+1)
 	}
 	require.Zero(t, c.from(), "the rescan")
+}
+
+// mergeBySeq: the batch comes out in seq order, each row once, as the
+// later statement returned it; rows already in order stay where they are.
+func TestMergeBySeqKeepsTheLaterStatementsRow(t *testing.T) {
+	tokens := func(b []fencing.Claimed) (seqs, toks []int64) {
+		for _, c := range b {
+			seqs, toks = append(seqs, c.Row.Seq), append(toks, c.Row.LeaseToken)
+		}
+		return seqs, toks
+	}
+	withToken := func(tok int64, seqs ...int64) []fencing.Claimed {
+		b := batchFrom(seqs...)
+		for i := range b {
+			b[i].Row.LeaseToken, b[i].Row.MessageID = tok, strconv.FormatInt(b[i].Row.Seq, 10)
+		}
+		return b
+	}
+
+	// Rows below the first statement's, one of them claimed again.
+	buf := append(withToken(1, 5, 7, 9), withToken(2, 1, 3, 7)...)
+	seqs, toks := tokens(mergeBySeq(buf))
+	require.Equal(t, []int64{1, 3, 5, 7, 9}, seqs)
+	require.Equal(t, []int64{2, 2, 1, 2, 1}, toks, "seq 7 as the second statement returned it")
+
+	// Already in order, with a row claimed again right at the boundary.
+	buf = append(withToken(1, 1, 2, 3), withToken(2, 3, 4)...)
+	seqs, toks = tokens(mergeBySeq(buf))
+	require.Equal(t, []int64{1, 2, 3, 4}, seqs)
+	require.Equal(t, []int64{1, 1, 2, 2}, toks)
+
+	require.Empty(t, mergeBySeq(nil))
 }

@@ -156,3 +156,46 @@ func insertKeyChain(t *testing.T, db *sql.DB, n int) {
 		insert(t, db, "orders", m)
 	}
 }
+
+// A pass that gives rows back makes the next claim start at the first
+// entry (forwarder doc, "Where a claim starts"): a row released without an
+// attempt (here: not started before its start-by deadline, the clock having
+// jumped during the publish before it) is taken by the very next claim,
+// not 16 claims later, although the batch that released it was full.
+func TestARowGivenBackIsTakenByTheNextClaim(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	var ids []string
+	for i := range 40 {
+		ids = append(ids, fmt.Sprintf("m%02d", i))
+	}
+	insertN(t, s.DB, "orders", ids...)
+
+	clk := newClock()
+	const lease, timeout = 30 * time.Second, 5 * time.Second
+	rec := &recorder{behave: func(_ string, m *message.Message) (bool, error) {
+		if m.UUID == "m06" {
+			// Past the batch's start-by deadline (lease - 1.5 x timeout
+			// after its claim), within its lease.
+			clk.Advance(lease - timeout)
+		}
+		return true, nil
+	}}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{BatchSize: 2, Concurrency: 1, LeaseDuration: lease, PublishTimeout: timeout, Now: clk.Now})
+	for range 3 { // full batches: the claims now start above the first entry
+		rep, err := f.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 2, rep.Published)
+	}
+	rep, err := f.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Published)
+	require.Equal(t, 1, rep.Released, "m07 was not started before its deadline")
+	require.Equal(t, "PENDING", state(t, s.DB, "m07").Status)
+	require.Zero(t, state(t, s.DB, "m07").Attempts)
+
+	rep, err = f.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, rep.Published)
+	require.Equal(t, []string{"m07", "m08"}, rec.ids()[7:], "the next claim started at the first entry")
+}

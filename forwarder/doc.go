@@ -50,8 +50,8 @@
 // many rows of a key as the slowest destination lately (its mean publish
 // time) publishes one by one within that quarter of the lease: at least
 // BatchSize, at most MaxBatchSize, and BatchSize before any publish was
-// timed. A hot key on a fast downstream then drains a thousand rows a
-// pass, and one on a slow downstream in chains its pace can publish. A
+// timed. A hot key on a fast downstream then drains up to MaxBatchSize
+// rows a pass, and one on a slow downstream in chains its pace can publish. A
 // destination the relay has not published to lately is sized at the pace
 // of the others until its first publishes, so its first batch or chain
 // may be too long for the start-by deadline; the rows not started by then
