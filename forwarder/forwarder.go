@@ -130,7 +130,7 @@ type Forwarder struct {
 	// releases every other row of this owner. abandoned counts publishes
 	// left running after their timeout.
 	claimMu   sync.Mutex
-	mem       sync.Pool // *batchMem: a finished batch's memory, for the next
+	mem       chan *batchMem // finished batches' memory, for the next (keptBatches at most)
 	heldMu    sync.Mutex
 	held      map[string]time.Time
 	abandoned atomic.Int64
@@ -203,6 +203,7 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 		seed:       seedOf(cfg.Owner),
 		dbTimeout:  cfg.DBTimeout,
 		size:       cfg.BatchSize,
+		mem:        make(chan *batchMem, keptBatches),
 		beatEpoch:  time.Now(),
 		stop:       make(chan struct{}),
 		running:    make(chan struct{}),
