@@ -138,6 +138,11 @@ type ClaimParams struct {
 	// larger than the budget still goes out, alone. A chain cut by it is
 	// still a prefix of its key's run. 0: no bound; >= 0.
 	MaxBytes int64
+	// StrictBytes makes the first row fit MaxBytes too: for a statement
+	// that completes a batch whose earlier statements spent part of the
+	// budget, so that the batch as a whole stays within it (a row larger
+	// than what is left waits for a claim of its own).
+	StrictBytes bool
 }
 
 // Continuation asks a claim for the rows of Key right behind AfterSeq, a row
@@ -402,7 +407,8 @@ const rowBytes = `(octet_length(o.payload) + pg_column_size(o.headers))::int8`
 // claimUpdate is the UPDATE that marks the rows of CTE src (picked_ctid,
 // seq, bytes, expired, park) IN_FLIGHT or parks them, and returns them. It
 // first cuts src (in seq order) where the running sum of bytes would exceed
-// the byte budget $16, keeping the first row whatever its size.
+// the byte budget $16, keeping the first row whatever its size unless the
+// budget is strict (passed negated: ClaimParams.StrictBytes).
 func claimUpdate(src string) string {
 	return strings.ReplaceAll(`, fits AS (
     SELECT b.picked_ctid, b.expired, b.park FROM (
@@ -410,7 +416,7 @@ func claimUpdate(src string) string {
                sum(s.bytes) OVER (ORDER BY s.seq ROWS UNBOUNDED PRECEDING) AS run,
                row_number() OVER (ORDER BY s.seq) AS n
           FROM {src} s) b
-     WHERE b.n = 1 OR $16::int8 <= 0 OR b.run <= $16::int8
+     WHERE $16::int8 = 0 OR (b.n = 1 AND $16::int8 > 0) OR b.run <= abs($16::int8)
 )
 UPDATE messaging_outbox o
    SET status = CASE WHEN p.park THEN 'EXHAUSTED' ELSE 'IN_FLIGHT' END,
@@ -535,9 +541,13 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 		walk = 0
 	}
 	excluded := pq.Array(append([]string{}, p.ExcludeDestinations...))
+	maxBytes := p.MaxBytes
+	if p.StrictBytes {
+		maxBytes = -maxBytes
+	}
 	if p.NoKeyWalk && n == 0 && !p.NoUnkeyed {
 		return claimUnkeyedSQL, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
-			excluded, p.OnlyDestination, p.MaxBytes}, nil
+			excluded, p.OnlyDestination, maxBytes}, nil
 	}
 	q := claimBlockKeySQL
 	if p.Policy == SkipParked {
@@ -545,7 +555,7 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 	}
 	return q, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
 		p.KeyCursor, maxChain, pq.Array(keys), pq.Array(afters), pq.Array(ids), unkeyed, walk,
-		excluded, p.OnlyDestination, p.MaxBytes, maxContinued}, nil
+		excluded, p.OnlyDestination, maxBytes, maxContinued}, nil
 }
 
 // Claim takes up to p.Limit claimable rows for p.Owner in one statement and

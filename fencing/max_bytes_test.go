@@ -59,6 +59,25 @@ func TestClaimTakesAtMostMaxBytes(t *testing.T) {
 	require.ErrorIs(t, err, fencing.ErrInvalidArgument)
 }
 
+// StrictBytes: the first row must fit too (a statement completing a batch
+// that holds rows already); without a budget it changes nothing.
+func TestStrictBytesBoundsTheFirstRowToo(t *testing.T) {
+	const kib = 1024
+	ctx := context.Background()
+	s := newDB(t)
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "big", Destination: "orders", Payload: []byte(strings.Repeat("x", 64*kib))})
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "small", Destination: "orders", Payload: []byte("x")})
+	for _, noKeyWalk := range []bool{true, false} { // the unkeyed statement and the general one
+		c, err := fencing.Claim(ctx, s.DB, fencing.ClaimParams{Owner: "r", Limit: 100, Lease: 30e9, MaxAttempts: 3, Now: t0,
+			MaxBytes: kib, StrictBytes: true, NoKeyWalk: noKeyWalk})
+		require.NoError(t, err)
+		require.Empty(t, ids(c), "the first row is over the budget: nothing is claimed")
+	}
+	c, err := fencing.Claim(ctx, s.DB, fencing.ClaimParams{Owner: "r", Limit: 100, Lease: 30e9, MaxAttempts: 3, Now: t0, StrictBytes: true})
+	require.NoError(t, err)
+	require.Equal(t, []string{"big", "small"}, ids(c), "no budget: no bound")
+}
+
 // ReleaseUnheld puts back the owner's IN_FLIGHT rows that the caller does
 // not hold, without spending attempts, and touches nobody else's.
 func TestReleaseUnheldReleasesOnlyWhatTheCallerDoesNotHold(t *testing.T) {

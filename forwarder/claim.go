@@ -156,7 +156,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		// claim cannot take them again.
 		below := p
 		below.Limit, below.FromSeq, below.NoKeyWalk, below.Continue = p.Limit-len(claimed), 0, true, nil
-		below.MaxBytes = budget()
+		below.MaxBytes, below.StrictBytes = budget(), len(claimed) > 0
 		_, berr := claimFn(below)
 		if berr != nil {
 			// The rows claimed above the start are held and go on; record
@@ -174,7 +174,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		keyed := p
 		keyed.Limit, keyed.FromSeq, keyed.NoKeyWalk, keyed.NoUnkeyed = p.Limit-len(claimed), 0, false, true
 		keyed.Continue = cont // resumed keys were claimed above: walked again, their heads are held
-		keyed.MaxBytes = budget()
+		keyed.MaxBytes, keyed.StrictBytes = budget(), len(claimed) > 0
 		rows, kerr := claimFn(keyed)
 		if kerr != nil {
 			f.logger.Error("Outbox claim of keyed rows failed", kerr, watermill.LogFields{"held": len(claimed)})
@@ -188,7 +188,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		more := p
 		more.Limit, more.MaxChain, more.Continue = room, (room+len(ext)-1)/len(ext), ext
 		more.MaxContinued = maxChain - chainCap // a capped chain holds chainCap rows already
-		more.NoKeyWalk, more.NoUnkeyed, more.FromSeq, more.MaxBytes = true, true, 0, budget()
+		more.NoKeyWalk, more.NoUnkeyed, more.FromSeq, more.MaxBytes, more.StrictBytes = true, true, 0, budget(), true
 		if _, xerr := claimFn(more); xerr != nil {
 			f.logger.Error("Outbox claim extending chains failed", xerr, watermill.LogFields{"held": len(claimed)})
 		} else {

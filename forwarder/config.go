@@ -8,6 +8,8 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -20,7 +22,9 @@ import (
 const (
 	DefaultBatchSize = 100
 	// DefaultMaxBatchSize is MaxBatchSize when neither it nor BatchSize is set.
-	DefaultMaxBatchSize      = 1000
+	DefaultMaxBatchSize = 1000
+	// MaxClaimRows is the most BatchSize and MaxBatchSize may be.
+	MaxClaimRows             = 10000
 	DefaultLeaseDuration     = 30 * time.Second
 	DefaultPublishTimeout    = 5 * time.Second
 	DefaultPollInterval      = 500 * time.Millisecond
@@ -64,7 +68,8 @@ type Config struct {
 	// one walk of the keys for many rows), which is what lets a relay catch
 	// up with a backlog instead of trailing it. Default: 1000 when BatchSize
 	// is not set either; otherwise BatchSize, so a BatchSize you set stays
-	// fixed unless you also set MaxBatchSize. Must be at least BatchSize.
+	// fixed unless you also set MaxBatchSize. Must be at least BatchSize
+	// and at most MaxClaimRows.
 	MaxBatchSize int
 	// LeaseDuration is how long a claimed row belongs to this relay. It must
 	// be at least 2 x PublishTimeout, so that a relay waiting for a confirm
@@ -103,16 +108,20 @@ type Config struct {
 	BreakerThreshold int
 	BreakerProbeBase time.Duration
 	BreakerProbeMax  time.Duration
-	// Concurrency is how many publishes run at once in a pass. A pass
-	// claims only the head of each key among the rows committed when its
-	// claim runs, so rows of one key committed in order are never in flight
-	// together and this never reorders them. Default 8.
+	// Concurrency is how many units a pass publishes at once: an unkeyed
+	// row, or one ordering key's chain (its rows of the batch in seq order,
+	// published one at a time, each waiting for the previous outcome), so it
+	// never reorders a key. Default 8.
 	Concurrency int
 	// MaxBatchBytes bounds what one claim takes by size: the claim
 	// statement stops adding rows (in seq order) once their payloads and
 	// headers, as stored, would exceed it; a single row larger than the
-	// budget is still claimed, alone. Rows are still at most the claim's size (BatchSize, up to MaxBatchSize).
-	// With prefetch a relay holds up to two batches. After a claim that
+	// budget is still claimed, alone; the statements that complete a
+	// batch take no row larger than what is left of the budget. Rows are
+	// still at most the claim's size (BatchSize, up to MaxBatchSize), plus
+	// one row per breaker probe due. With prefetch a relay holds up to
+	// three batches (one being published, the next claimed ahead, the one
+	// before still having its outcomes written). After a claim that
 	// failed (for example one that could not be read within DBTimeout over
 	// a slow link) the next claim gets half the budget, down to a single
 	// row, and each successful claim doubles it back. Default 8 MiB.
@@ -151,8 +160,9 @@ type Config struct {
 	// ListenURL is a PostgreSQL DSN for LISTEN on NotifyChannel. Empty:
 	// polling only. Notifications only shorten the wait; polling continues,
 	// so a lost notification delays a message by at most MaxPollInterval.
-	// It is checked by Validate: a DSN lib/pq's listener cannot use (pgx
-	// or pgxpool parameters such as pool_max_conns) is refused with
+	// It is checked by Validate: a DSN lib/pq's listener cannot use (one
+	// lib/pq cannot parse, such as sslmode=bogus, or with pgx or pgxpool
+	// parameters such as pool_max_conns) is refused with
 	// OUTBOX_INVALID_CONFIG instead of failing on every reconnect.
 	ListenURL string
 	// Listener, when set, is used for wake-ups instead of lib/pq's listener
@@ -187,7 +197,7 @@ type Config struct {
 	// DisablePrefetch turns off claiming the next batch while a full batch
 	// is being published, and publishing it while the previous batch's
 	// outcomes are written (Run only; RunOnce does neither). Prefetching
-	// holds up to 2 x MaxBatchSize rows per relay, and the claim ahead and the
+	// holds up to 3 x MaxBatchSize rows per relay, and the claim ahead and the
 	// outcome statement each hold a pool connection while they run; per-key
 	// order, leases, what a crash leaves and Close's release are the same
 	// either way.
@@ -265,6 +275,10 @@ func (c Config) validated() (Config, error) {
 			return bad("%s must be positive (or zero for the default), got %d", f.name, f.v)
 		}
 	}
+	if c.MaxBatchSize > MaxClaimRows {
+		return bad("BatchSize %d / MaxBatchSize %d exceed %d rows: a claim holds its rows in memory (about 1 KB each before payloads) and in one statement's arrays; use at most %d",
+			c.BatchSize, c.MaxBatchSize, MaxClaimRows, MaxClaimRows)
+	}
 	if c.MaxBatchSize < c.BatchSize {
 		return bad("MaxBatchSize %d is below BatchSize %d; raise MaxBatchSize (or leave it zero: BatchSize, fixed)", c.MaxBatchSize, c.BatchSize)
 	}
@@ -293,8 +307,8 @@ func (c Config) validated() (Config, error) {
 	if !c.OrderingPolicy.Valid() {
 		return bad("OrderingPolicy %d is unknown; use fencing.BlockKey or fencing.SkipParked", int(c.OrderingPolicy))
 	}
-	if len(c.NotifyChannel) > 63 || strings.ContainsRune(c.NotifyChannel, 0) {
-		return bad("NotifyChannel must be at most 63 bytes (a PostgreSQL identifier) without NUL characters")
+	if len(c.NotifyChannel) > 63 || strings.ContainsRune(c.NotifyChannel, 0) || !utf8.ValidString(c.NotifyChannel) {
+		return bad("NotifyChannel must be at most 63 bytes of UTF-8 (a PostgreSQL identifier) without NUL characters")
 	}
 	if c.Listener != nil && c.ListenURL != "" {
 		return bad("set either ListenURL (lib/pq's listener) or Listener, not both")
@@ -304,8 +318,13 @@ func (c Config) validated() (Config, error) {
 			return bad("%s", why)
 		}
 	}
-	if strings.ContainsRune(c.Owner, 0) || len(c.Owner) > 200 {
-		return bad("Owner must be at most 200 bytes without NUL characters")
+	if len(c.Owner) > 200 {
+		return bad("Owner must be at most 200 bytes, got %d", len(c.Owner))
+	}
+	for _, f := range [...]struct{ name, v string }{{"Owner", c.Owner}, {"Producer", c.Producer}} {
+		if !utf8.ValidString(f.v) || strings.IndexFunc(f.v, unicode.IsControl) >= 0 {
+			return bad("%s must be printable UTF-8 text (it is written to rows and printed in logs and by outboxctl), got %q", f.name, f.v)
+		}
 	}
 	return c, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -14,8 +15,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 )
 
 // faultDB runs the forwarder's statements on inner and fails some of them
@@ -215,6 +218,53 @@ func TestMaxBatchBytesBoundsAPass(t *testing.T) {
 	}
 	require.Equal(t, []int{2, 1, 1, 1}, claimed, "a+b, c (c+huge would not fit), huge alone, d")
 	require.Equal(t, []string{"a", "b", "c", "huge", "d"}, rec.ids())
+}
+
+// The budget holds for the whole claim, not per statement: the statements
+// that complete a batch (chains extended past their cap, keyed rows walked
+// after a short unkeyed claim, rows below the start point) take no row
+// larger than what is left, and such a row waits for a claim of its own,
+// where it goes out alone.
+func TestMaxBatchBytesBoundsEveryStatementOfAClaim(t *testing.T) {
+	const kib, budget = 1024, 100 * 1024
+	onePass := func(t *testing.T, f *forwarder.Forwarder, s *testdb.Schema) int64 {
+		t.Helper()
+		before := s.Count(t, "status = 'PUBLISHED'")
+		_, err := f.RunOnce(context.Background())
+		require.NoError(t, err)
+		var bytes int64
+		require.NoError(t, s.DB.QueryRow(`SELECT coalesce(sum(octet_length(payload)), 0) FROM messaging_outbox
+			WHERE status = 'PUBLISHED'`).Scan(&bytes))
+		require.Greater(t, s.Count(t, "status = 'PUBLISHED'"), before, "every pass publishes")
+		return bytes
+	}
+	t.Run("a chain extended past its cap", func(t *testing.T) {
+		s := newDB(t)
+		for i := 1; i <= 14; i++ {
+			size := kib
+			if i == 14 {
+				size = 400 * kib
+			}
+			m := message.NewMessage(fmt.Sprintf("k%02d", i), make([]byte, size))
+			envelope.SetOrderingKey(m, "k")
+			insert(t, s.DB, "orders", m)
+		}
+		f := newForwarder(t, s.DB, &recorder{}, forwarder.Config{MaxBatchBytes: budget})
+		require.Equal(t, int64(13*kib), onePass(t, f, s), "13 rows of 1 KiB, not the 400 KiB row behind them")
+		require.Equal(t, int64(413*kib), onePass(t, f, s), "then the large row alone")
+	})
+	t.Run("keyed rows after a short unkeyed claim", func(t *testing.T) {
+		s := newDB(t)
+		insert(t, s.DB, "orders", message.NewMessage("u0", []byte("x")))
+		f := newForwarder(t, s.DB, &recorder{}, forwarder.Config{MaxBatchBytes: budget})
+		onePass(t, f, s) // the walk found no keys: the next claim starts unkeyed
+		insert(t, s.DB, "orders", message.NewMessage("u1", make([]byte, 40*kib)))
+		k := message.NewMessage("k1", make([]byte, 400*kib))
+		envelope.SetOrderingKey(k, "key")
+		insert(t, s.DB, "orders", k)
+		require.Equal(t, int64(1+40*kib), onePass(t, f, s), "u1 only: k1 does not fit what is left")
+		require.Equal(t, int64(1+440*kib), onePass(t, f, s), "then k1 alone")
+	})
 }
 
 // A claim that fails halves the next claim's byte budget (a link too slow

@@ -62,10 +62,15 @@
 //
 // Rows sharing an ordering key reach the publisher in seq order across any
 // number of relays and retries. A claim returns, per key, a chain: the key's
-// head (its earliest unpublished row) and the claimable rows right behind it,
-// at most ceil(claim size / Concurrency) of them and never more than
-// BatchSize per claim, extended up to BatchSize to fill the batch
-// when few keys have work. A chain is published in seq order, one publish at
+// head (its earliest unpublished row) and the claimable rows right behind it:
+// where the claim finds the key by walking the keys, at most
+// ceil(claim size / Concurrency) of them, so that a batch spreads over
+// several keys when several have work, then extended to fill the batch when
+// few do; a chain this relay continues or resumes is not cut that way. Either
+// way a claim takes at most as many rows of one key as the slowest
+// destination lately publishes one by one within the window that sizes
+// claims (see Claim size), between BatchSize and MaxBatchSize. A chain is
+// published in seq order, one publish at
 // a time, each waiting for the previous one's outcome; the first row that is
 // not confirmed cuts it and the rows behind it are released without an
 // attempt, in the same outcome statement. While a chain is in flight no other
@@ -74,8 +79,10 @@
 // continuation goes out only if the chain before it was confirmed to its end.
 // Chains of different keys and unkeyed rows are published concurrently, up
 // to Concurrency. A parked head blocks its key (fencing.BlockKey, the
-// default) or is skipped (fencing.SkipParked). A pass that found chains
-// re-polls at once: the keys may have more behind them.
+// default) or is skipped (fencing.SkipParked). A pass that published rows
+// of chains re-polls at once: the keys may have more behind them (a pass
+// whose chains were all cut at their first row waits PollInterval, as an
+// idle one does, so an unavailable key does not spin the relay).
 //
 // # Outages
 //
@@ -132,8 +139,9 @@
 // previous batch's outcome statement runs (pipelining, on by the same
 // switch). Outcome statements still run one at a time, in pass order, each
 // started as soon as its batch's publishes end, as without pipelining: what
-// a crash leaves behind is the same. A relay then holds up to 2 x MaxBatchSize
-// rows, and the claim ahead and the outcome statement each hold a
+// a crash leaves behind is the same. A relay then holds up to 3 x MaxBatchSize
+// rows (the batch being published, the one claimed ahead, and the one before
+// until its outcomes are written), and the claim ahead and the outcome statement each hold a
 // connection of the pool while they run. Order
 // per key is unaffected (rows stay IN_FLIGHT, blocking their keys for every
 // claim, until their outcome commits), a prefetched batch's start-by deadline
@@ -164,8 +172,9 @@
 //     outbox_forwarder_failed_claim_released_total follow. A row that can be
 //     read but not rebuilt is parked FAILED on its own (OUTBOX_CORRUPT_ROW).
 //   - A claim takes at most Config.MaxBatchBytes (default 8 MiB) of payload
-//     and headers, cut in the statement in seq order; a single larger row
-//     goes out alone. With prefetch a relay holds up to two such batches.
+//     and headers, cut in seq order by each of its statements, the later
+//     ones within what the earlier left; a single larger row goes out
+//     alone. With prefetch a relay holds up to three such batches.
 //     Each failed claim halves the next claim's budget (down to one row) and
 //     each successful one doubles it back, so a link too slow to read a full
 //     batch within DBTimeout still delivers, a few rows at a time.

@@ -86,6 +86,26 @@ func TestConfigRefusals(t *testing.T) {
 		"negative max size": {forwarder.Config{MaxBatchSize: -1}, outbox.CodeInvalidConfig, "MaxBatchSize"},
 		"max below batch":   {forwarder.Config{BatchSize: 50, MaxBatchSize: 20}, outbox.CodeInvalidConfig, "MaxBatchSize 20 is below BatchSize 50"},
 		"max below default": {forwarder.Config{MaxBatchSize: 20}, outbox.CodeInvalidConfig, "MaxBatchSize 20 is below BatchSize 100"},
+		"huge batch":        {forwarder.Config{BatchSize: 1 << 40}, outbox.CodeInvalidConfig, "exceed 10000 rows"},
+		"huge max batch":    {forwarder.Config{MaxBatchSize: forwarder.MaxClaimRows + 1}, outbox.CodeInvalidConfig, "use at most 10000"},
+		"owner not UTF-8":   {forwarder.Config{Owner: "relay\xff"}, outbox.CodeInvalidConfig, "Owner must be printable UTF-8"},
+		"owner escape":      {forwarder.Config{Owner: "relay\x1b[31m"}, outbox.CodeInvalidConfig, "Owner must be printable UTF-8"},
+		"owner too long":    {forwarder.Config{Owner: strings.Repeat("o", 201)}, outbox.CodeInvalidConfig, "Owner must be at most 200 bytes"},
+		"producer newline":  {forwarder.Config{Producer: "svc\nforged"}, outbox.CodeInvalidConfig, "Producer must be printable UTF-8"},
+		"producer not UTF8": {forwarder.Config{Producer: "\xfe"}, outbox.CodeInvalidConfig, "Producer"},
+		"channel not UTF-8": {forwarder.Config{NotifyChannel: "ch\xff"}, outbox.CodeInvalidConfig, "NotifyChannel"},
+		"channel NUL":       {forwarder.Config{NotifyChannel: "ch\x00"}, outbox.CodeInvalidConfig, "NotifyChannel"},
+		"probe max<base":    {forwarder.Config{BreakerProbeBase: time.Minute, BreakerProbeMax: time.Second}, outbox.CodeInvalidConfig, "raise BreakerProbeMax"},
+		"negative lease":    {forwarder.Config{LeaseDuration: -time.Second}, outbox.CodeInvalidConfig, "LeaseDuration must be positive"},
+		"negative timeout":  {forwarder.Config{PublishTimeout: -time.Second}, outbox.CodeInvalidConfig, "PublishTimeout must be positive"},
+		"negative beat":     {forwarder.Config{HeartbeatInterval: -time.Second}, outbox.CodeInvalidConfig, "HeartbeatInterval must be positive"},
+		"negative drain":    {forwarder.Config{DrainTimeout: -time.Second}, outbox.CodeInvalidConfig, "DrainTimeout must be positive"},
+		"negative breaker":  {forwarder.Config{BreakerThreshold: -1}, outbox.CodeInvalidConfig, "BreakerThreshold must be positive"},
+		"negative probe":    {forwarder.Config{BreakerProbeBase: -time.Second}, outbox.CodeInvalidConfig, "BreakerProbeBase must be positive"},
+		"negative probemax": {forwarder.Config{BreakerProbeMax: -time.Second}, outbox.CodeInvalidConfig, "BreakerProbeMax must be positive"},
+		"negative dbtime":   {forwarder.Config{DBTimeout: -time.Second}, outbox.CodeInvalidConfig, "DBTimeout must be positive"},
+		"negative backoff":  {forwarder.Config{BackoffBase: -time.Second}, outbox.CodeInvalidConfig, "BackoffBase must be positive"},
+		"negative pollmax":  {forwarder.Config{MaxPollInterval: -time.Second}, outbox.CodeInvalidConfig, "MaxPollInterval must be positive"},
 	} {
 		err := tc.cfg.Validate()
 		require.Error(t, err, name)
@@ -94,6 +114,8 @@ func TestConfigRefusals(t *testing.T) {
 		_, err = forwarder.New(nil, nil, nil, tc.cfg)
 		require.Error(t, err, name)
 	}
+	require.NoError(t, forwarder.Config{BatchSize: forwarder.MaxClaimRows}.Validate(), "the bound itself is allowed")
+	require.NoError(t, forwarder.Config{Owner: "relay-é-1", Producer: "billing/ν2"}.Validate(), "printable UTF-8 is fine")
 	s := newDB(t)
 	_, err := forwarder.New(nil, &recorder{}, nil, forwarder.Config{})
 	require.ErrorIs(t, err, outbox.ErrInvalidConfig)

@@ -3,6 +3,7 @@ package forwarder
 import (
 	"context"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -90,8 +91,11 @@ func (p PQListener) Listen(ctx context.Context, channel string, wake func(), pro
 var pgxOnlyParams = []string{
 	"pool_", "statement_cache_capacity", "description_cache_capacity",
 	"default_query_exec_mode", "prefer_simple_protocol", "min_read_buffer_size",
-	"target_session_attrs", "servicefile", "service",
 }
+
+// dsnKey finds the keys of a key=value connection string, spaces around
+// the "=" allowed as libpq allows them.
+var dsnKey = regexp.MustCompile(`(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)\s*=`)
 
 // checkListenURL refuses a ListenURL lib/pq's listener cannot use, with the
 // reason (and never the password).
@@ -111,14 +115,14 @@ func checkListenURL(dsn string) string {
 	} else if strings.Contains(dsn, "://") {
 		return "ListenURL must be a postgres:// or postgresql:// URL or a key=value connection string"
 	} else {
-		if _, err := pq.NewConnector(dsn); err != nil {
-			return "ListenURL is not a valid connection string: " + redact.Error(err, dsn).Error()
+		for _, m := range dsnKey.FindAllStringSubmatch(dsn, -1) {
+			keys = append(keys, m[1])
 		}
-		for _, f := range strings.Fields(dsn) {
-			if k, _, ok := strings.Cut(f, "="); ok {
-				keys = append(keys, k)
-			}
-		}
+	}
+	// lib/pq's own parse: values it refuses (sslmode=bogus,
+	// connect_timeout=abc, a service file that is not there), in either form.
+	if _, err := pq.NewConnector(dsn); err != nil {
+		return "ListenURL is not a valid connection string: " + redact.Error(err, dsn).Error()
 	}
 	for _, k := range keys {
 		for _, p := range pgxOnlyParams {

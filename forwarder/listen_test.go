@@ -25,6 +25,10 @@ func TestValidateRefusesAListenURLTheListenerCannotUse(t *testing.T) {
 		{"another scheme", "mysql://app:s3cret@127.0.0.1/test"},
 		{"blank", "   "},
 		{"bad key=value", "host=127.0.0.1 password='s3cret"},
+		{"URL with a bad sslmode", "postgres://app:s3cret@127.0.0.1/test?sslmode=bogus"},
+		{"URL with a bad connect_timeout", "postgres://app:s3cret@127.0.0.1/test?connect_timeout=abc"},
+		{"pgx parameter with spaces", "host=127.0.0.1 password=s3cret pool_max_conns = 5"},
+		{"missing service file", "host=127.0.0.1 password=s3cret service=nosuch servicefile=/nonexistent/pg_service.conf"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := forwarder.Config{ListenURL: tc.url}.Validate()
@@ -35,6 +39,9 @@ func TestValidateRefusesAListenURLTheListenerCannotUse(t *testing.T) {
 	for _, ok := range []string{
 		"postgres://postgres@127.0.0.1:5432/test?sslmode=disable&search_path=x&application_name=relay",
 		"host=127.0.0.1 user=postgres dbname=test sslmode=disable",
+		// lib/pq understands these (they were once refused as pgx's only).
+		"postgres://postgres@127.0.0.1:5432,127.0.0.1:5433/test?sslmode=disable&target_session_attrs=read-write",
+		"host = 127.0.0.1 user = postgres dbname=test sslmode=disable target_session_attrs=any",
 	} {
 		require.NoError(t, forwarder.Config{ListenURL: ok}.Validate(), ok)
 	}

@@ -86,6 +86,10 @@ func (c Config) Validate() error {
 	if err := checkConfigText("Producer", c.Producer); err != nil {
 		return err
 	}
+	if i := controlAt(c.Producer); i >= 0 {
+		return outbox.Errorf(outbox.CodeInvalidConfig, op,
+			"Producer has a control character at byte %d; it is written to every row, printed and logged, so every Publish would refuse it: use printable text", i)
+	}
 	if err := checkConfigText("NotifyChannel", c.NotifyChannel); err != nil {
 		return err
 	}

@@ -432,6 +432,8 @@ func TestConfigValidation(t *testing.T) {
 	bad := []publisher.Config{
 		{Producer: "a\x00b"},
 		{Producer: "\xff"},
+		{Producer: "svc\nforged"},
+		{Producer: "svc\x1b[31m"},
 		{Notify: true, NotifyChannel: strings.Repeat("c", 64)},
 		{NotifyChannel: "ch\x00"},
 	}
