@@ -83,7 +83,8 @@ type Config struct {
 	// batch, and the start of the idle backoff. Default 500ms.
 	PollInterval time.Duration
 	// MaxPollInterval caps the idle backoff (passes that find nothing).
-	// Default 5s; LISTEN/NOTIFY wakes the relay earlier.
+	// Default 5s, or PollInterval when that is longer; LISTEN/NOTIFY wakes
+	// the relay earlier.
 	MaxPollInterval time.Duration
 	// MaxAttempts is the attempt budget per row; a row whose attempt budget
 	// is spent is parked EXHAUSTED. Default 25. Only attempts whose outcome
@@ -92,7 +93,7 @@ type Config struct {
 	MaxAttempts int
 	// BackoffBase and BackoffMax shape the exponential retry delay of
 	// AMBIGUOUS rows (and of the loop after a failing pass). Defaults 1s,
-	// 10m: with MaxAttempts 25, a message that keeps failing on its own is
+	// and 10m or BackoffBase when that is longer: with MaxAttempts 25, a message that keeps failing on its own is
 	// parked EXHAUSTED between 1 h 18 min and 2 h 37 min after its first
 	// attempt (the delays are jittered between half and all of
 	// BackoffBase x 2^(n-1), capped at BackoffMax).
@@ -104,7 +105,8 @@ type Config struct {
 	// breaker opens: the relay then claims nothing for it, puts back what it
 	// holds for it without spending attempts, and probes it with one row
 	// every BreakerProbeBase, doubling up to BreakerProbeMax (jittered per
-	// owner). A confirmed publish closes it. Defaults 5, 1s, 30s.
+	// owner). A confirmed publish closes it. Defaults 5, 1s, and 30s or
+	// BreakerProbeBase when that is longer.
 	BreakerThreshold int
 	BreakerProbeBase time.Duration
 	BreakerProbeMax  time.Duration

@@ -57,6 +57,12 @@ func TestDefaultsSatisfyTheirOwnRules(t *testing.T) {
 	require.NoError(t, c.Validate(), "the filled-in config passes again")
 	require.NotEmpty(t, f.Owner())
 
+	// A default maximum is raised to its base when the base is set above it.
+	r := newForwarder(t, s.DB, &recorder{}, forwarder.Config{PollInterval: 10 * time.Second, BackoffBase: time.Hour, BreakerProbeBase: time.Minute}).Config()
+	require.Equal(t, 10*time.Second, r.MaxPollInterval)
+	require.Equal(t, time.Hour, r.BackoffMax)
+	require.Equal(t, time.Minute, r.BreakerProbeMax)
+
 	g := newForwarder(t, s.DB, &recorder{}, forwarder.Config{})
 	require.NotEqual(t, f.Owner(), g.Owner(), "default owners are unique per instance")
 	require.Equal(t, f.Owner(), f.Config().Owner, "and stable for one instance")

@@ -459,3 +459,45 @@ func TestRowsHeldOffDuringAnOutageGoOutWhenTheBreakerCloses(t *testing.T) {
 	}
 	require.NoError(t, f.Ready())
 }
+
+// DOWNSTREAM_FAILING (docs/ERRORS.md): with the default classifier, a pass
+// in which every publish to a destination failed the same way, on two
+// messages or more, puts those rows back without an attempt, marked
+// DOWNSTREAM_FAILING and held off; once the destination takes them they are
+// counted as possible duplicates (the broker may have taken them before).
+func TestAPassWhoseEveryPublishFailsAlikeIsDownstreamFailing(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	insertN(t, s.DB, "orders", "a", "b", "c")
+	clk := newClock()
+	var down atomic.Bool
+	down.Store(true)
+	rec := &recorder{behave: func(string, *message.Message) (bool, error) {
+		if down.Load() {
+			return false, errors.New("broker: connection reset")
+		}
+		return true, nil
+	}}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{Now: clk.Now})
+	rep, _ := f.RunOnce(ctx)
+	require.Equal(t, 3, rep.Unavailable)
+	for _, id := range []string{"a", "b", "c"} {
+		st := state(t, s.DB, id)
+		require.Equal(t, "PENDING", st.Status, id)
+		require.Equal(t, forwarder.FailureDownstreamFailing, st.Code, id)
+		require.Zero(t, st.Attempts, "%s: no attempt spent", id)
+		require.True(t, st.Next.Valid, "%s: held off", id)
+	}
+
+	down.Store(false)
+	clk.Advance(forwarder.DefaultBreakerProbeMax + time.Second)
+	possible := 0
+	for passes := 0; len(rec.ids()) < 3; passes++ { // the recorder keeps deliveries only
+		require.Less(t, passes, 10, "the rows go out once the destination is back")
+		rep, err := f.RunOnce(ctx)
+		require.NoError(t, err)
+		possible += rep.PossibleDuplicates
+	}
+	require.Equal(t, 3, possible, "each may have been taken by the broker before")
+	require.ElementsMatch(t, []string{"a", "b", "c"}, rec.ids())
+}
