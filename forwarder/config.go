@@ -119,7 +119,8 @@ type Config struct {
 	// statement stops adding rows (in seq order) once their payloads and
 	// headers, as stored, would exceed it; a single row larger than the
 	// budget is still claimed, alone; the statements that complete a
-	// batch take no row larger than what is left of the budget. Rows are
+	// batch take no row larger than what is left of the budget (a breaker
+	// probe's one row excepted: it is taken whatever its size). Rows are
 	// still at most the claim's size (BatchSize, up to MaxBatchSize), plus
 	// one row per breaker probe due. With prefetch a relay holds up to
 	// three batches (one being published, the next claimed ahead, the one

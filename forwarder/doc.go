@@ -173,8 +173,8 @@
 //     read but not rebuilt is parked FAILED on its own (OUTBOX_CORRUPT_ROW).
 //   - A claim takes at most Config.MaxBatchBytes (default 8 MiB) of payload
 //     and headers, cut in seq order by each of its statements, the later
-//     ones within what the earlier left; a single larger row goes out
-//     alone. With prefetch a relay holds up to three such batches.
+//     ones within what the earlier left (a breaker probe's one row is
+//     taken whatever its size); a single larger row goes out alone. With prefetch a relay holds up to three such batches.
 //     Each failed claim halves the next claim's budget (down to one row) and
 //     each successful one doubles it back, so a link too slow to read a full
 //     batch within DBTimeout still delivers, a few rows at a time.
