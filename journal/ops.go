@@ -326,7 +326,8 @@ func (j *Journal) execute(ctx context.Context, op, batchSQL, ticket string, f Fi
 		return Outcome{}, err
 	}
 	out := Outcome{Plan: p.plan}
-	if err := j.bindApproval(ctx, ticket, &p); err != nil {
+	ceiling, err := j.bindApproval(ctx, ticket, &p)
+	if err != nil {
 		return out, err
 	}
 	run, err := j.begin(ctx, ticket, op, p.plan.Digest, p.canonical)
@@ -364,7 +365,17 @@ func (j *Journal) execute(ctx context.Context, op, batchSQL, ticket string, f Fi
 	}
 	out.Plan.Matching = run.ItemsCompleted + ahead
 	for {
-		n, next, err := j.batch(ctx, batchSQL, run, p.args, cursor)
+		// An approved execution never touches more rows than were approved,
+		// even when more join the approved row set while it runs (a row
+		// parked by a transaction that began before the approval and
+		// committed after it): its batches stop at the approved count.
+		limit := int64(j.cfg.BatchSize)
+		if ceiling >= 0 {
+			if limit = min(limit, ceiling-run.ItemsCompleted); limit <= 0 {
+				break
+			}
+		}
+		n, next, err := j.batch(ctx, batchSQL, run, p.args, cursor, limit)
 		if err != nil {
 			return out, release(err)
 		}
@@ -376,7 +387,7 @@ func (j *Journal) execute(ctx context.Context, op, batchSQL, ticket string, f Fi
 				return out, err
 			}
 		}
-		if n < int64(j.cfg.BatchSize) {
+		if n < limit {
 			break
 		}
 	}
@@ -387,12 +398,24 @@ func (j *Journal) execute(ctx context.Context, op, batchSQL, ticket string, f Fi
 }
 
 // batch applies one batch and its checkpoint in one transaction.
-func (j *Journal) batch(ctx context.Context, batchSQL string, run *Run, filterArgs []any, cursor int64) (int64, int64, error) {
+func (j *Journal) batch(ctx context.Context, batchSQL string, run *Run, filterArgs []any, cursor, limit int64) (int64, int64, error) {
 	tx, err := j.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer func() { _ = tx.Rollback() }()
+	// Bound the waits of the batch, so that neither end can hang the other:
+	// a row locked by another session fails the batch after half the lease
+	// (lock_timeout; the operation is released, resumable) instead of
+	// waiting for ever, and an executor that stops mid-batch (a frozen
+	// process, a network partition) has its transaction ended by the server
+	// once it sat idle for a lease, which releases the journal row for the
+	// owner that takes over.
+	lease := j.cfg.LeaseDuration.Milliseconds()
+	if _, err := tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)`,
+		strconv.FormatInt(max(1, lease/2), 10), strconv.FormatInt(lease, 10)); err != nil {
+		return 0, 0, fmt.Errorf("journal: %s batch: %w", run.Operation, err)
+	}
 	var one int
 	err = tx.QueryRowContext(ctx, sqlFence, run.Ticket, run.Digest, run.Owner, run.LeaseToken).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -401,7 +424,7 @@ func (j *Journal) batch(ctx context.Context, batchSQL string, run *Run, filterAr
 	if err != nil {
 		return 0, 0, fmt.Errorf("journal: %s batch: %w", run.Operation, err)
 	}
-	args := append(append(make([]any, 0, len(filterArgs)+3), filterArgs...), cursor, j.cfg.BatchSize)
+	args := append(append(make([]any, 0, len(filterArgs)+3), filterArgs...), cursor, limit)
 	if run.Operation == OpRedrive {
 		args = append(args, j.now()) // $12, the redriven rows' next_attempt_at
 	}
@@ -514,32 +537,33 @@ func (j *Journal) FindApproval(ctx context.Context, ticket string) (Approval, er
 }
 
 // bindApproval binds p to the approval recorded for ticket: the same plan,
-// only its row set, and no more rows than approved. Without an approval it
-// refuses when RequireApproval is set and binds nothing otherwise.
-func (j *Journal) bindApproval(ctx context.Context, ticket string, p *prepared) error {
+// only its row set, and no more rows than approved, which it returns as the
+// execution's ceiling. Without an approval it refuses when RequireApproval
+// is set and binds nothing otherwise (ceiling -1: none).
+func (j *Journal) bindApproval(ctx context.Context, ticket string, p *prepared) (int64, error) {
 	opName := "journal." + p.plan.Operation
 	a, err := j.FindApproval(ctx, ticket)
 	if outbox.CodeOf(err) == CodeNotApproved {
 		if j.cfg.RequireApproval {
-			return outbox.Errorf(CodeNotApproved, opName, "ticket %q has no recorded approval: an approver records it first (outboxctl %s ... --approve, or Journal.Approve)", ticket, p.plan.Operation)
+			return 0, outbox.Errorf(CodeNotApproved, opName, "ticket %q has no recorded approval: an approver records it first (outboxctl %s ... --approve, or Journal.Approve)", ticket, p.plan.Operation)
 		}
-		return nil
+		return -1, nil
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if a.Operation != p.plan.Operation || a.Digest != p.plan.Digest {
-		return outbox.Errorf(CodePlanMismatch, opName, "ticket %q approved plan %s (%s); this plan is %s (%s): get a new approval for a different plan",
+		return 0, outbox.Errorf(CodePlanMismatch, opName, "ticket %q approved plan %s (%s); this plan is %s (%s): get a new approval for a different plan",
 			ticket, a.Digest, a.Operation, p.plan.Digest, p.plan.Operation)
 	}
 	p.args[7], p.args[8] = a.MaxSeq, a.ParkedBefore
 	n, err := j.count(ctx, *p, 0)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if n > a.Count {
-		return outbox.Errorf(CodeApprovalExceeded, opName, "ticket %q: %d rows match the approved row set now, %d were approved by %s at %s; get a new approval",
+		return 0, outbox.Errorf(CodeApprovalExceeded, opName, "ticket %q: %d rows match the approved row set now, %d were approved by %s at %s; get a new approval",
 			ticket, n, a.Count, a.ApprovedBy, a.ApprovedAt.Format(time.RFC3339))
 	}
-	return nil
+	return a.Count, nil
 }

@@ -215,7 +215,9 @@ func TestREADMERunbook(t *testing.T) {
 
 	r.comment("5. An execution cut half-way (Ctrl-C, a lost connection) says how to resume; one killed",
 		"(kill -9, an evicted pod) prints nothing, and the same command resumes it. The same operator",
-		"resumes at once (the default owner is per operator and ticket); anyone else after the lease.")
+		"resumes at once (the default owner is per operator and ticket); anyone else after the lease.",
+		"A frozen executor (a stopped process, a partition) has its batch ended by the server after a",
+		"lease idle; a row another session keeps locked fails the batch after half the lease (resumable).")
 	_, out = r.run("", "", "purge", "--status", "exhausted", "--dry-run")
 	pd := digestRe.FindStringSubmatch(out)
 	require.NotNil(t, pd, out)
