@@ -193,7 +193,9 @@ func TestEveryComponentRunsWithExactlyItsGrants(t *testing.T) {
 	_, err = relay.Exec(`UPDATE messaging_relay_mode SET mode = 'CDC'`)
 	require.True(t, insufficient(err), "a relay login switched the relay mode: %v", err)
 
-	// The mode login switches to CDC and back (no relay is alive now).
+	// The mode login switches to CDC and back (no relay is alive now),
+	// after the schema check every outboxctl command makes first.
+	require.NoError(t, migrations.Check(ctx, mode), "the schema check under the mode login")
 	require.NoError(t, relaymode.Enable(ctx, mode, "lp-test", time.Time{}), "debezium enable under the mode login")
 	require.NoError(t, relaymode.Disable(ctx, mode, "lp-test"), "debezium disable under the mode login")
 
