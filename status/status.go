@@ -41,8 +41,10 @@ type Options struct {
 
 // Defaults of Options' zero fields.
 const (
-	DefaultStuckAfter      = 15 * time.Minute
-	DefaultMaxGroups       = 1000
+	DefaultStuckAfter = 15 * time.Minute
+	DefaultMaxGroups  = 1000
+	// MaxListed is the most MaxGroups, MaxFailureCodes and MaxStuck may be.
+	MaxListed              = 1_000_000
 	DefaultMaxFailureCodes = 10
 	DefaultMaxStuck        = 20
 )
@@ -62,6 +64,8 @@ func (o Options) Validate() error {
 		return outbox.Errorf(outbox.CodeInvalidConfig, "status.Options", "StuckAfter is %s; use a positive duration or 0 for the default", o.StuckAfter)
 	case o.MaxGroups < 0, o.MaxFailureCodes < 0, o.MaxStuck < 0:
 		return outbox.Errorf(outbox.CodeInvalidConfig, "status.Options", "MaxGroups, MaxFailureCodes and MaxStuck must be >= 0 (0 = default)")
+	case o.MaxGroups > MaxListed, o.MaxFailureCodes > MaxListed, o.MaxStuck > MaxListed:
+		return outbox.Errorf(outbox.CodeInvalidConfig, "status.Options", "MaxGroups, MaxFailureCodes and MaxStuck must be at most %d", MaxListed)
 	}
 	return nil
 }

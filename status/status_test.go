@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"math"
 	"testing"
 	"time"
 
@@ -153,7 +154,8 @@ func TestCollectBoundsAndThresholds(t *testing.T) {
 
 func TestOptionsRefuseNegativeValues(t *testing.T) {
 	t.Parallel()
-	for _, o := range []Options{{StuckAfter: -time.Second}, {MaxGroups: -1}, {MaxFailureCodes: -1}, {MaxStuck: -1}} {
+	for _, o := range []Options{{StuckAfter: -time.Second}, {MaxGroups: -1}, {MaxFailureCodes: -1}, {MaxStuck: -1},
+		{MaxGroups: math.MaxInt}, {MaxFailureCodes: MaxListed + 1}, {MaxStuck: math.MaxInt}} {
 		_, err := CollectWith(context.Background(), nil, o)
 		require.ErrorIs(t, err, outbox.ErrInvalidConfig, "%+v", o)
 	}

@@ -37,7 +37,17 @@ is given, which is printed as a warning. A run that finds another session
 holding the retention lock removes nothing and exits 5, naming that session.
 Progress is printed per batch on stderr.`, retention.DefaultHorizon, retention.MinInboxHorizon),
 		Args: cobra.NoArgs,
-		RunE: a.withDB(func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
+		RunE: a.withDB(func(ctx context.Context, db *sql.DB, cmd *cobra.Command, _ []string) error {
+			// Zero would quietly mean the library's default; on the command
+			// line the default is leaving the flag out.
+			for _, z := range []struct {
+				flag string
+				zero bool
+			}{{"horizon", cfg.Horizon == 0}, {"batch-size", cfg.BatchSize == 0}, {"max-batches", cfg.MaxBatches == 0}, {"statement-timeout", cfg.StatementTimeout == 0}} {
+				if z.zero && cmd.Flags().Changed(z.flag) {
+					return outbox.Errorf(CodeUsage, "outboxctl cleanup", "--%s is 0; give a positive value, or leave the flag out for its default", z.flag)
+				}
+			}
 			if byCreatedAt {
 				// The Cleaner reads the relay mode itself and refuses outside
 				// CDC mode; the CLI only names that refusal its own way.

@@ -439,6 +439,12 @@ func TestCleanupFloorAndVisibleSkip(t *testing.T) {
 		require.Contains(t, r.stderr, "code: RETENTION_HORIZON_BELOW_FLOOR", "%q", args)
 		require.Contains(t, r.stderr, "--allow-short-horizons")
 	}
+	// Zero is not a quiet way back to the default.
+	for _, args := range [][]string{{"--horizon", "0"}, {"--horizon", "0s", "--allow-short-horizons"}, {"--batch-size", "0"}, {"--max-batches", "0"}, {"--statement-timeout", "0s"}} {
+		r := db(t, s, append([]string{"cleanup"}, args...)...)
+		requireCode(t, r, ExitUsage)
+		require.Contains(t, r.stderr, "is 0; give a positive value", "%q", args)
+	}
 	inbox := func() int { return testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_inbox`) }
 	require.Equal(t, 1, s.Count(t, ""))
 	require.Equal(t, 1, inbox())
