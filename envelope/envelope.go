@@ -15,6 +15,12 @@ import (
 // watermill users also send ULIDs and other ids.
 const MaxMessageIDLength = 255
 
+// MaxOrderingKeyLength bounds ordering keys (bytes): the key is in an index
+// (ordering key, seq), whose entries PostgreSQL caps at about 2.7 KB, and a
+// longer key would fail in the database, aborting the caller's transaction,
+// instead of being refused here.
+const MaxOrderingKeyLength = 1024
+
 // Options tune the conversion. The zero value is usable.
 type Options struct {
 	// Producer is written to the producer column when the message carries no
@@ -109,7 +115,11 @@ func ToRow(topic string, msg *message.Message, opts Options) (Row, error) {
 	if r.Traceparent == "" && msg.Context() != nil {
 		carrier := propagation.MapCarrier{}
 		opts.propagator().Inject(msg.Context(), carrier)
-		r.Traceparent, r.Tracestate = carrier["traceparent"], carrier["tracestate"]
+		if tp := carrier["traceparent"]; tp != "" {
+			// The context's span: its traceparent and tracestate go together.
+			// Without one, a tracestate set on its own stays.
+			r.Traceparent, r.Tracestate = tp, carrier["tracestate"]
+		}
 		if r.Baggage == "" {
 			r.Baggage = carrier["baggage"]
 		}
@@ -134,6 +144,11 @@ func (r *Row) setCanonical(k, v string) error {
 		if err != nil {
 			return outbox.Wrap(outbox.CodeInvalidMetadata, op, err, KeyOccurredAt+" must be RFC 3339")
 		}
+		if y := t.UTC().Year(); y < 1 || y > 9999 {
+			// RFC 3339 years are 0000-9999 and PostgreSQL has no year 0: a
+			// value that could not come back as it went in.
+			return outbox.Errorf(outbox.CodeInvalidMetadata, op, "%s %q is in year %d (UTC); use a time in years 0001 to 9999", KeyOccurredAt, v, y)
+		}
 		// The column keeps microseconds; truncated here, not rounded by
 		// PostgreSQL, so what is stored is what SetOccurredAt wrote.
 		r.OccurredAt = t.Truncate(time.Microsecond)
@@ -149,6 +164,9 @@ func (r *Row) setCanonical(k, v string) error {
 	case KeyPartitionKey:
 		r.PartitionKey = v
 	case KeyOrderingKey:
+		if len(v) > MaxOrderingKeyLength {
+			return outbox.Errorf(outbox.CodeInvalidMetadata, op, "%s is %d bytes, at most %d allowed (it is indexed)", KeyOrderingKey, len(v), MaxOrderingKeyLength)
+		}
 		r.OrderingKey = v
 	case KeyTraceparent:
 		r.Traceparent = v

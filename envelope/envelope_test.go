@@ -2,6 +2,7 @@ package envelope_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -161,4 +162,39 @@ func TestInvalidWatermillCorrelationIsRefusedOnlyWhenUsed(t *testing.T) {
 	r, err := envelope.ToRow("t", msg, envelope.Options{})
 	require.NoError(t, err)
 	require.Equal(t, "canonical", r.CorrelationID)
+}
+
+// A tracestate set on its own (no traceparent, no span in the context) is
+// kept, as every canonical field is: the same message comes back.
+func TestATracestateAloneSurvives(t *testing.T) {
+	m := message.NewMessage("id", nil)
+	m.Metadata.Set(envelope.KeyTracestate, "vendor=x")
+	r, err := envelope.ToRow("t", m, envelope.Options{})
+	require.NoError(t, err)
+	require.Equal(t, "vendor=x", r.Tracestate)
+	back, err := envelope.ToMessage(r, envelope.Options{})
+	require.NoError(t, err)
+	require.Equal(t, "vendor=x", back.Metadata.Get(envelope.KeyTracestate))
+}
+
+// Values the database would refuse, or could not give back as they went in,
+// are refused before any SQL with OUTBOX_INVALID_METADATA: an ordering key
+// too long for its index, an occurred_at in year 0000 (RFC 3339 has it,
+// PostgreSQL does not).
+func TestValuesTheDatabaseCannotHoldAreRefused(t *testing.T) {
+	for name, md := range map[string][2]string{
+		"long ordering key": {envelope.KeyOrderingKey, strings.Repeat("k", envelope.MaxOrderingKeyLength+1)},
+		"year 0000":         {envelope.KeyOccurredAt, "0000-06-01T00:00:00Z"},
+		"year 0000 by zone": {envelope.KeyOccurredAt, "0001-01-01T00:30:00+01:00"},
+	} {
+		m := message.NewMessage("id", nil)
+		m.Metadata.Set(md[0], md[1])
+		_, err := envelope.ToRow("t", m, envelope.Options{})
+		require.ErrorIs(t, err, outbox.ErrInvalidMetadata, name)
+	}
+	m := message.NewMessage("id", nil)
+	m.Metadata.Set(envelope.KeyOrderingKey, strings.Repeat("k", envelope.MaxOrderingKeyLength))
+	m.Metadata.Set(envelope.KeyOccurredAt, "0001-01-01T00:00:00Z")
+	_, err := envelope.ToRow("t", m, envelope.Options{})
+	require.NoError(t, err, "the bounds themselves are allowed")
 }

@@ -62,9 +62,8 @@ func DriverTxFrom(ctx context.Context) DriverTx {
 }
 
 func handleOn(tr Transactor, consumer string, cfg Config, logger watermill.LoggerAdapter, h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	const op = "inbox"
-	if msg.UUID == "" {
-		return nil, outbox.Errorf(outbox.CodeMessageIDRequired, op, "message has no UUID; the inbox cannot recognise its redelivery")
+	if err := checkID(msg); err != nil {
+		return nil, err
 	}
 	var (
 		produced []*message.Message

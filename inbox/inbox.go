@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
@@ -34,6 +35,12 @@ var ErrProducedMessages = &outbox.Error{Code: CodeProducedMessages}
 
 // MaxConsumerLength bounds consumer names (bytes).
 const MaxConsumerLength = 200
+
+// MaxMessageIDLength bounds the message UUIDs the inbox records (bytes):
+// with the consumer name they are the key of an index, whose entries
+// PostgreSQL caps at about 2.7 KB. Longer than the outbox's own ids
+// (envelope.MaxMessageIDLength): the inbox also receives other producers'.
+const MaxMessageIDLength = 2048
 
 // Config tunes the middleware. The zero value is usable.
 type Config struct {
@@ -72,7 +79,9 @@ func Tx(ctx context.Context) *sql.Tx {
 // transaction inside a handler wrapped by the middleware, or nil outside one.
 func Publisher(ctx context.Context) *FollowUp {
 	if s, ok := ctx.Value(ctxKey{}).(*state); ok {
-		return s.pub
+		fu := *s.pub // shares the transaction's publisher; carries ctx's span
+		fu.span = trace.SpanContextFromContext(ctx)
+		return &fu
 	}
 	return nil
 }
@@ -85,6 +94,7 @@ type FollowUp struct {
 	out         *publisher.Publisher
 	causation   string
 	correlation string
+	span        trace.SpanContext // the consumer's span (TraceMiddleware), if any
 }
 
 var _ message.Publisher = (*FollowUp)(nil)
@@ -101,6 +111,10 @@ func (f *FollowUp) Publish(topic string, msgs ...*message.Message) error {
 		}
 		if envelope.CorrelationID(m) == "" {
 			envelope.SetCorrelationID(m, f.correlation)
+		}
+		// A follow-up with no trace of its own continues the consumer's.
+		if f.span.IsValid() && m.Metadata.Get(envelope.KeyTraceparent) == "" && !trace.SpanContextFromContext(m.Context()).IsValid() {
+			m.SetContext(trace.ContextWithSpanContext(m.Context(), f.span))
 		}
 	}
 	return f.out.Publish(topic, msgs...)
@@ -184,10 +198,23 @@ func middleware(db *sql.DB, consumer string, cfg Config, invalid error) message.
 // message id this consumer recorded before: InTxWith rolls back, handle acks.
 var errAlreadyProcessed = errors.New("inbox: message already processed")
 
-func handle(db *sql.DB, consumer string, cfg Config, logger watermill.LoggerAdapter, h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+// checkID refuses a message the inbox cannot record: no UUID (it cannot be
+// de-duplicated), or one longer than MaxMessageIDLength (the database
+// would refuse its key, on every redelivery, without a code).
+func checkID(msg *message.Message) error {
 	const op = "inbox"
 	if msg.UUID == "" {
-		return nil, outbox.Errorf(outbox.CodeMessageIDRequired, op, "message has no UUID; the inbox cannot recognise its redelivery")
+		return outbox.Errorf(outbox.CodeMessageIDRequired, op, "message has no UUID; the inbox cannot recognise its redelivery")
+	}
+	if len(msg.UUID) > MaxMessageIDLength {
+		return outbox.Errorf(outbox.CodeMessageIDTooLong, op, "message UUID is %d bytes, at most %d allowed: the inbox cannot record it (route such messages aside, e.g. with watermill's PoisonQueue middleware on this code)", len(msg.UUID), MaxMessageIDLength)
+	}
+	return nil
+}
+
+func handle(db *sql.DB, consumer string, cfg Config, logger watermill.LoggerAdapter, h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	if err := checkID(msg); err != nil {
+		return nil, err
 	}
 	var (
 		produced []*message.Message

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -344,6 +345,12 @@ func TestBadInputIsRefused(t *testing.T) {
 	h := inbox.Middleware(e.db, "billing", inbox.Config{})(effectHandler)
 	_, err := h(message.NewMessage("", nil))
 	require.ErrorIs(t, err, outbox.ErrMessageIDRequired)
+	// An id the inbox's key cannot hold fails with a code, not with the
+	// database's error on every redelivery; the longest allowed is recorded.
+	_, err = h(message.NewMessage(strings.Repeat("i", inbox.MaxMessageIDLength+1), nil))
+	require.ErrorIs(t, err, outbox.ErrMessageIDTooLong)
+	_, err = h(message.NewMessage(strings.Repeat("i", inbox.MaxMessageIDLength), nil))
+	require.NoError(t, err)
 }
 
 func TestRouterWithGoChannelDeduplicatesRedelivery(t *testing.T) {

@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -134,3 +135,31 @@ func TestTraceMiddlewareStartsATraceForAnUntracedMessage(t *testing.T) {
 }
 
 func attributeKey(k string) attribute.Key { return attribute.Key(k) }
+
+// What the handler publishes through inbox.Publisher continues the
+// consumer's trace (TraceMiddleware outside the inbox middleware), unless
+// the follow-up carries a trace of its own.
+func TestAFollowUpContinuesTheConsumersTrace(t *testing.T) {
+	e := newEnv(t)
+	rec := spanrec.New()
+	own := "00-" + strings.Repeat("1", 32) + "-" + strings.Repeat("2", 16) + "-01"
+	h := inbox.TraceMiddleware(inbox.TraceConfig{TracerProvider: rec})(
+		inbox.Middleware(e.db, "billing", inbox.Config{})(func(msg *message.Message) ([]*message.Message, error) {
+			plain := message.NewMessage("follow-plain", []byte("f"))
+			traced := message.NewMessage("follow-own", []byte("f"))
+			traced.Metadata.Set(envelope.KeyTraceparent, own)
+			return nil, inbox.Publisher(msg.Context()).Publish("invoices", plain, traced)
+		}))
+	_, err := h(tracedMessage())
+	require.NoError(t, err)
+	ended := rec.Ended()
+	require.Len(t, ended, 1)
+	consumer := ended[0].SpanContext()
+	tp := func(id string) string {
+		var v string
+		require.NoError(t, e.db.QueryRow(`SELECT coalesce(traceparent, '') FROM messaging_outbox WHERE message_id = $1`, id).Scan(&v))
+		return v
+	}
+	require.Equal(t, "00-"+consumer.TraceID().String()+"-"+consumer.SpanID().String()+"-01", tp("follow-plain"))
+	require.Equal(t, own, tp("follow-own"), "a follow-up's own trace is kept")
+}

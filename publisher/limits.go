@@ -2,6 +2,8 @@ package publisher
 
 import (
 	"github.com/ThreeDotsLabs/watermill/message"
+	"strings"
+	"unicode/utf8"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
@@ -92,6 +94,10 @@ func checkTopic(topic string, l limits) error {
 	const op = "publisher.Publish"
 	if l.destination >= 0 && len(topic) > l.destination {
 		return outbox.Errorf(CodeDestinationTooLong, op, "topic is %d bytes; the limit is %d (Config.MaxDestinationLength)", len(topic), l.destination)
+	}
+	if strings.IndexByte(topic, 0) >= 0 || !utf8.ValidString(topic) {
+		// As the envelope refuses it, and also when there are no messages.
+		return outbox.Errorf(outbox.CodeInvalidHeader, op, "topic contains a NUL byte or is not valid UTF-8, which PostgreSQL text cannot store")
 	}
 	if i := controlAt(topic); i >= 0 {
 		return outbox.Errorf(CodeControlCharacter, op, "topic has a control character at byte %d; destinations are printed and logged, use printable text", i)

@@ -107,8 +107,9 @@ func bind(tx *sql.Tx, cfg Config, logger watermill.LoggerAdapter) *Publisher {
 }
 
 // Publish writes all msgs into messaging_outbox with one statement in the
-// publisher's transaction, using msgs[0].Context() for cancellation (and for
-// the trace context of messages that carry none in their own context).
+// publisher's transaction, using msgs[0].Context() for cancellation. Each
+// message's trace context is its own (its msg.traceparent, or the span in
+// its own context): give every message the context it was produced under.
 //
 // Every message is validated before anything is sent, so a refused call
 // writes no row. Refusals are *outbox.Error (match with errors.Is against the
