@@ -1,5 +1,9 @@
 // Package envelope converts between watermill messages and messaging_outbox
-// rows, in both directions, without losing or inventing anything.
+// rows, in both directions, without losing or inventing anything. Two values
+// come back normalised, not as written: msg.occurred_at in UTC at
+// microsecond precision (the column's), and the correlation id, which has
+// one column: when msg.correlation_id and watermill's "correlation_id" differ,
+// msg.correlation_id wins and both keys come back with it.
 //
 // Write side ([ToRow]): msg.UUID is the message id (never re-minted), the
 // canonical metadata keys (KeyTenant, KeyCorrelationID, ... all under the
@@ -16,7 +20,9 @@
 // producer defaulting to Options.Producer (empty unless the caller sets it,
 // e.g. forwarder.Config.Producer), and the stored trace context in
 // msg.Context(). A stored header with a reserved name is refused, never
-// overwritten.
+// overwritten, and so is a row whose occurred_at (or created_at) lies
+// outside the years 0001-9999 RFC 3339 can write (a row written by SQL):
+// OUTBOX_CORRUPT_ROW, which the relay parks as FAILED.
 //
 // Precision: msg.occurred_at is kept to the microsecond, as the
 // occurred_at column (timestamptz) keeps it. [SetOccurredAt] and [ToRow]

@@ -226,7 +226,11 @@ func ToMessage(r Row, opts Options) (*message.Message, error) {
 		occurred = r.CreatedAt
 	}
 	if !occurred.IsZero() {
-		md[KeyOccurredAt] = occurred.UTC().Format(time.RFC3339Nano)
+		u := occurred.UTC()
+		if y := u.Year(); y < 1 || y > 9999 {
+			return nil, corrupt("row %s: occurred_at (or created_at) %s is outside the years 0001-9999 that %s (RFC 3339) can carry", r.MessageID, u.Format(time.RFC3339Nano), KeyOccurredAt)
+		}
+		md[KeyOccurredAt] = u.Format(time.RFC3339Nano)
 	}
 	put(KeyCorrelationID, r.CorrelationID)
 	put(WatermillCorrelationKey, r.CorrelationID)

@@ -198,3 +198,21 @@ func TestValuesTheDatabaseCannotHoldAreRefused(t *testing.T) {
 	_, err := envelope.ToRow("t", m, envelope.Options{})
 	require.NoError(t, err, "the bounds themselves are allowed")
 }
+
+// A row written by SQL with occurred_at (or created_at) outside the years
+// RFC 3339 can carry is corrupt, not delivered with a msg.occurred_at no
+// consumer can parse.
+func TestAnOccurredAtRFC3339CannotCarryIsACorruptRow(t *testing.T) {
+	for _, at := range []time.Time{
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(-43, 3, 15, 0, 0, 0, 0, time.UTC), // 44 BC
+	} {
+		_, err := envelope.ToMessage(envelope.Row{MessageID: "m", OccurredAt: at}, envelope.Options{})
+		require.ErrorIs(t, err, outbox.ErrCorruptRow, "%s", at)
+		_, err = envelope.ToMessage(envelope.Row{MessageID: "m", CreatedAt: at}, envelope.Options{})
+		require.ErrorIs(t, err, outbox.ErrCorruptRow, "created_at %s", at)
+	}
+	m, err := envelope.ToMessage(envelope.Row{MessageID: "m", OccurredAt: time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)}, envelope.Options{})
+	require.NoError(t, err)
+	require.Equal(t, "9999-12-31T00:00:00Z", m.Metadata.Get(envelope.KeyOccurredAt))
+}

@@ -45,3 +45,26 @@ func TestUnreadableTimestampIsParkedAloneAndItsNeighboursGoOut(t *testing.T) {
 		})
 	}
 }
+
+// A row written by SQL with an occurred_at RFC 3339 cannot write (year
+// 10000, a date BC; the schema allows both) is parked FAILED as corrupt, not
+// delivered with a msg.occurred_at no consumer can parse; its neighbours go
+// out.
+func TestAnOccurredAtOutsideRFC3339YearsIsParked(t *testing.T) {
+	s := newDB(t)
+	insertN(t, s.DB, "orders", "g1")
+	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, occurred_at) VALUES
+		('future', 'orders', 'x', '10000-01-01 00:00:00+00'), ('ides', 'orders', 'x', '0044-03-15 00:00:00+00 BC')`)
+	require.NoError(t, err)
+	insertN(t, s.DB, "orders", "g2")
+	rec := &recorder{}
+	rep, err := newForwarder(t, s.DB, rec, forwarder.Config{}).RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 2, rep.Failed)
+	require.ElementsMatch(t, []string{"g1", "g2"}, rec.ids())
+	for _, id := range []string{"future", "ides"} {
+		st := state(t, s.DB, id)
+		require.Equal(t, "FAILED", st.Status, id)
+		require.Equal(t, string(outbox.CodeCorruptRow), st.Code, id)
+	}
+}
