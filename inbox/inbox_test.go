@@ -50,7 +50,7 @@ func newEnv(t *testing.T) *env {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	app := "inbox_test_" + hex.EncodeToString(b)
-	db, err := sql.Open("postgres", s.URL+"&application_name="+app)
+	db, err := testdb.OpenURL(s.URL + "&application_name=" + app) // the driver under test (OUTBOX_TEST_DRIVER)
 	require.NoError(t, err)
 	db.SetMaxOpenConns(6)
 	t.Cleanup(func() { _ = db.Close() })
