@@ -156,6 +156,13 @@ func TestDigest(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, d1, d2, "the same criteria written differently are the same plan")
 
+	// The exact bytes: digests are compared across processes and builds, so
+	// the encoding (zero times left out) does not depend on the toolchain.
+	_, emptyCanon, err := journal.Digest(journal.OpRedrive, journal.Filter{})
+	require.NoError(t, err)
+	require.Equal(t, `{"statuses":["EXHAUSTED","FAILED"]}`, string(emptyCanon))
+	require.Equal(t, `{"statuses":["EXHAUSTED","FAILED"],"destination":"orders","message_ids":["a","b"],"created_after":"2031-05-04T12:00:00Z"}`, string(canon))
+
 	empty1, _, _ := journal.Digest(journal.OpRedrive, journal.Filter{})
 	empty2, _, _ := journal.Digest(journal.OpRedrive, journal.Filter{Statuses: []envelope.Status{envelope.StatusFailed, envelope.StatusExhausted}})
 	require.Equal(t, empty1, empty2, "no statuses means both parked statuses")

@@ -59,8 +59,32 @@ type Filter struct {
 	Tenant        string            `json:"tenant,omitempty"`
 	FailureCode   string            `json:"failure_code,omitempty"`
 	MessageIDs    []string          `json:"message_ids,omitempty"`
-	CreatedAfter  time.Time         `json:"created_after,omitzero"`  // created_at >= CreatedAfter
-	CreatedBefore time.Time         `json:"created_before,omitzero"` // created_at < CreatedBefore
+	CreatedAfter  time.Time         `json:"created_after"`  // created_at >= CreatedAfter
+	CreatedBefore time.Time         `json:"created_before"` // created_at < CreatedBefore
+}
+
+// MarshalJSON writes the filter with zero times left out, the same bytes
+// whatever the Go toolchain (the "omitzero" tag option only exists from Go
+// 1.24, and this module builds with Go 1.23): plan digests are computed over
+// this encoding and compared across processes.
+func (f Filter) MarshalJSON() ([]byte, error) {
+	type wire struct {
+		Statuses      []envelope.Status `json:"statuses"`
+		Destination   string            `json:"destination,omitempty"`
+		Tenant        string            `json:"tenant,omitempty"`
+		FailureCode   string            `json:"failure_code,omitempty"`
+		MessageIDs    []string          `json:"message_ids,omitempty"`
+		CreatedAfter  *time.Time        `json:"created_after,omitempty"`
+		CreatedBefore *time.Time        `json:"created_before,omitempty"`
+	}
+	w := wire{Statuses: f.Statuses, Destination: f.Destination, Tenant: f.Tenant, FailureCode: f.FailureCode, MessageIDs: f.MessageIDs}
+	if !f.CreatedAfter.IsZero() {
+		w.CreatedAfter = &f.CreatedAfter
+	}
+	if !f.CreatedBefore.IsZero() {
+		w.CreatedBefore = &f.CreatedBefore
+	}
+	return json.Marshal(w)
 }
 
 // Normalize returns the canonical form the digest is computed over: statuses
