@@ -73,3 +73,20 @@ func TestCheckRefusesAnOlderSchemaVersion(t *testing.T) {
 	require.Contains(t, err.Error(), fmt.Sprintf("this build needs %d", latest))
 	require.Contains(t, err.Error(), "run outboxctl migrate")
 }
+
+// A migration below the latest one recorded as not applied (its row removed
+// by hand) is not "up to date": Check refuses the schema naming the
+// version, and Up, which sees nothing above the latest to apply, reports it
+// instead of success.
+func TestAGapInTheAppliedMigrationsIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := testdb.New(t)
+	_, err := s.DB.Exec(`DELETE FROM `+migrations.VersionTable+` WHERE version_id = 20`)
+	require.NoError(t, err)
+	err = migrations.Check(ctx, s.DB)
+	require.ErrorIs(t, err, migrations.ErrSchemaNotMigrated)
+	require.Contains(t, err.Error(), "not [20]")
+	_, err = migrations.Up(ctx, s.DB)
+	require.ErrorIs(t, err, migrations.ErrSchemaNotMigrated, "Up does not report a gap as up to date")
+}

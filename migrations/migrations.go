@@ -74,6 +74,11 @@ func Up(ctx context.Context, db *sql.DB) (Result, error) {
 	if err != nil {
 		return res, fmt.Errorf("migrations: read version: %w", err)
 	}
+	// goose compares the highest version only: a lower one recorded as not
+	// applied would pass as "up to date".
+	if err := schema.Check(ctx, db); err != nil {
+		return res, err
+	}
 	return res, nil
 }
 

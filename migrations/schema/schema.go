@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"fmt"
 	"io/fs"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -30,18 +31,23 @@ var ErrNotMigrated = &outbox.Error{Code: CodeNotMigrated}
 // Latest is the highest version among the embedded migrations: the version
 // [Up] leaves a database at.
 func Latest() int64 {
-	var latest int64
+	return slices.Max(append(versions(), 0))
+}
+
+// versions are the embedded migrations' versions.
+func versions() []int64 {
+	var out []int64
 	entries, _ := fs.ReadDir(migsql.Files, ".")
 	for _, e := range entries {
 		prefix, _, ok := strings.Cut(e.Name(), "_")
 		if !ok || !strings.HasSuffix(e.Name(), ".sql") {
 			continue
 		}
-		if v, err := strconv.ParseInt(prefix, 10, 64); err == nil && v > latest {
-			latest = v
+		if v, err := strconv.ParseInt(prefix, 10, 64); err == nil {
+			out = append(out, v)
 		}
 	}
-	return latest
+	return out
 }
 
 // sqlCheck reads, in one statement, the search_path, the first schema of it
@@ -82,8 +88,21 @@ func Check(ctx context.Context, db *sql.DB) error {
 	if !hasVersioned {
 		return nil
 	}
+	rows, err := db.QueryContext(ctx, `SELECT version_id FROM `+VersionTable+` WHERE is_applied`)
+	if err != nil {
+		return fmt.Errorf("migrations: check schema version: %w", err)
+	}
+	defer rows.Close()
+	applied := map[int64]bool{}
 	var current int64
-	if err := db.QueryRowContext(ctx, `SELECT coalesce(max(version_id), 0) FROM `+VersionTable+` WHERE is_applied`).Scan(&current); err != nil {
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			return fmt.Errorf("migrations: check schema version: %w", err)
+		}
+		applied[v], current = true, max(current, v)
+	}
+	if err := rows.Err(); err != nil {
 		return fmt.Errorf("migrations: check schema version: %w", err)
 	}
 	if latest := Latest(); current < latest {
@@ -91,5 +110,25 @@ func Check(ctx context.Context, db *sql.DB) error {
 			"schema %q (search_path %q) is at version %d, this build needs %d; run outboxctl migrate (or migrations.Up) with this search_path",
 			schema, searchPath, current, latest)
 	}
-	return nil
+	return checkGaps(op, schema, applied)
+}
+
+// checkGaps refuses a schema on which a migration below its latest applied
+// one is not recorded as applied (its row was removed or marked not applied
+// by hand): migrating "up" sees nothing to do, and whether that migration's
+// changes are there is unknown.
+func checkGaps(op, schema string, applied map[int64]bool) error {
+	var missing []int64
+	for _, v := range versions() {
+		if !applied[v] {
+			missing = append(missing, v)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	slices.Sort(missing)
+	return outbox.Errorf(CodeNotMigrated, op,
+		"schema %q records later migrations as applied but not %v: its version table was edited by hand; check whether those migrations' changes are in place, then restore their rows in %s (is_applied = true) or apply them by hand",
+		schema, missing, VersionTable)
 }
