@@ -73,9 +73,11 @@ type Config struct {
 	// BatchSize is the most rows one batch (one transaction) removes.
 	// Zero means 1000.
 	BatchSize int
-	// MaxBatches is the most batches one Run executes per table (outbox and
-	// inbox each), so one run is bounded even with a huge backlog. Zero
-	// means 100. Result.More tells when the limit stopped the run early.
+	// MaxBatches is the most batches that find rows one Run executes per
+	// table (outbox and inbox each), so one run is bounded even with a huge
+	// backlog; a batch that finds none (one index probe per source) is not
+	// counted against it. Zero means 100. Result.More tells when the limit
+	// stopped the run early.
 	MaxBatches int
 	// StatementTimeout is set with SET LOCAL inside each batch's own
 	// transaction, so a batch that cannot finish in time is cancelled and
@@ -148,7 +150,7 @@ type Result struct {
 	ArchiveConflicts int
 	InboxBatches     int  // inbox batches executed
 	InboxDeleted     int  // inbox rows deleted
-	More             bool // a table hit MaxBatches with a full last batch: rows past the horizon remain
+	More             bool // a table hit MaxBatches before its last source was drained: rows past the horizon may remain
 	Duration         time.Duration
 	// HeldBy, when Skipped, names the sessions holding the run lock ("pid N
 	// (role, application)"), as far as pg_stat_activity shows them.
@@ -565,11 +567,15 @@ func (c *Cleaner) now() any {
 }
 
 // drain runs each source in batches until a batch comes back short, then
-// the next source; MaxBatches bounds the batches of all sources together.
+// the next source; MaxBatches bounds the batches of all sources together
+// that found rows. A batch that finds none (an empty source: one index
+// probe) is counted in batches but spends none of the budget, so an empty
+// first source cannot use up a run and leave the rows of the next for ever.
 func (c *Cleaner) drain(ctx context.Context, conn *sql.Conn, table string, sources []source, horizon time.Duration, res *Result) (batches, removed int, more bool, err error) {
+	spent := 0
 	for _, src := range sources {
 		for {
-			if batches == c.cfg.MaxBatches {
+			if spent == c.cfg.MaxBatches {
 				return batches, removed, true, nil
 			}
 			n, set, err := c.batch(ctx, conn, table, src, horizon, batches+1, res)
@@ -578,6 +584,9 @@ func (c *Cleaner) drain(ctx context.Context, conn *sql.Conn, table string, sourc
 			}
 			batches++
 			removed += n
+			if n+set > 0 {
+				spent++
+			}
 			if n+set < c.cfg.BatchSize {
 				break
 			}

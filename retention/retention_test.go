@@ -339,6 +339,29 @@ func TestByCreatedAtParkedByCreatedAtPublishedByPublishedAt(t *testing.T) {
 	require.Equal(t, 2, s.Count(t, ""))
 }
 
+// An empty source spends none of MaxBatches: with only old parked rows
+// (the never-published stream, walked first, is empty), a run limited to one
+// batch removes them, and one limited to two says nothing is left.
+func TestAnEmptySourceSpendsNoneOfMaxBatches(t *testing.T) {
+	t.Parallel()
+	for _, max := range []int{1, 2} {
+		s := newSchema(t)
+		old := now.Add(-200 * time.Hour)
+		for _, id := range []string{"p1", "p2", "p3"} {
+			testdb.InsertRows(t, s.DB, testdb.Row(envelope.Row{MessageID: id, Destination: "orders", Payload: []byte{1},
+				Status: envelope.StatusFailed, CreatedAt: old, ParkedAt: old}))
+		}
+		enableCDC(t, s.DB)
+		c, err := retention.New(s.DB, nil, retention.Config{Mode: retention.ByCreatedAt, MaxBatches: max, Now: clock})
+		require.NoError(t, err)
+		res, err := c.Run(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, 3, res.Deleted, "MaxBatches %d", max)
+		require.Zero(t, s.Count(t, ""))
+		require.Equal(t, max == 1, res.More, "MaxBatches %d: more only when the budget ran out before the last source", max)
+	}
+}
+
 // ByCreatedAt walks never-published rows in insertion (seq) order and stops
 // at the first one that is not old yet, so a row whose transaction started
 // before the horizon but inserted after a younger row waits for a later run:
