@@ -68,12 +68,14 @@
 //	2  usage error: unknown command or flag, bad argument count or value, a configuration the
 //	   package refuses (OUTBOX_INVALID_CONFIG), JOURNAL_INVALID_FILTER, JOURNAL_TICKET_REQUIRED,
 //	   OUTBOXCTL_DIGEST_REQUIRED, OUTBOXCTL_DATABASE_URL_REQUIRED, OUTBOXCTL_INVALID_DATABASE_URL,
-//	   OUTBOX_SCHEMA_NOT_MIGRATED, RETENTION_HORIZON_BELOW_FLOOR
+//	   OUTBOXCTL_DATABASE_REFUSED (the server refused the URL's database, role, password or a
+//	   parameter value), OUTBOX_SCHEMA_NOT_MIGRATED, RETENTION_HORIZON_BELOW_FLOOR
 //	3  refused by a guard: JOURNAL_ALREADY_EXECUTED, JOURNAL_IN_FLIGHT, JOURNAL_LEASE_LOST,
 //	   JOURNAL_PLAN_MISMATCH, OUTBOXCTL_DIGEST_MISMATCH, RELAY_MODE_CONFLICT,
 //	   OUTBOXCTL_RETENTION_MODE_MISMATCH, JOURNAL_NOT_APPROVED, JOURNAL_APPROVAL_EXCEEDED,
 //	   JOURNAL_ALREADY_APPROVED
-//	4  OUTBOXCTL_DATABASE_UNREACHABLE: the first ping failed; safe to retry
+//	4  OUTBOXCTL_DATABASE_UNREACHABLE: the first ping got no answer from a server (refused,
+//	   timed out, reset); safe to retry
 //	5  OUTBOXCTL_CLEANUP_SKIPPED: another session holds the retention lock; the error names it
 //
 // Every typed refusal prints its stable code on a line of its own

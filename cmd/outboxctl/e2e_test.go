@@ -400,6 +400,17 @@ func TestUsageAndConnectionErrors(t *testing.T) {
 	requireCode(t, r, 4)
 	require.Contains(t, r.stderr, "code: OUTBOXCTL_DATABASE_UNREACHABLE")
 
+	// The server answers and refuses the settings: no retry will help.
+	for _, url := range []string{
+		"postgres://postgres@127.0.0.1:5432/no_such_database_x?sslmode=disable",
+		"postgres://no_such_role_x@127.0.0.1:5432/test?sslmode=disable",
+		"postgres://postgres@127.0.0.1:5432/test?sslmode=disable&statement_timeout=abc",
+	} {
+		r = cli(t, nil, "--database-url", url, "status")
+		requireCode(t, r, 2)
+		require.Contains(t, r.stderr, "code: OUTBOXCTL_DATABASE_REFUSED", url)
+	}
+
 	r = cli(t, nil, "--help")
 	requireCode(t, r, 0)
 	require.Contains(t, r.stdout, "Exit codes:")

@@ -37,8 +37,12 @@ const (
 	CodeDatabaseURLRequired outbox.Code = "OUTBOXCTL_DATABASE_URL_REQUIRED"
 	CodeInvalidDatabaseURL  outbox.Code = "OUTBOXCTL_INVALID_DATABASE_URL"
 	CodeDatabaseUnreachable outbox.Code = "OUTBOXCTL_DATABASE_UNREACHABLE"
-	CodeUsage               outbox.Code = "OUTBOXCTL_USAGE"
-	CodeRetentionMode       outbox.Code = "OUTBOXCTL_RETENTION_MODE_MISMATCH"
+	// CodeDatabaseRefused: the server answered and refused the connection's
+	// settings (no such database or role, a wrong password, a bad parameter
+	// value): retrying does not help, the URL must change (exit 2).
+	CodeDatabaseRefused outbox.Code = "OUTBOXCTL_DATABASE_REFUSED"
+	CodeUsage           outbox.Code = "OUTBOXCTL_USAGE"
+	CodeRetentionMode   outbox.Code = "OUTBOXCTL_RETENTION_MODE_MISMATCH"
 	// CodeCleanupSkipped: cleanup removed nothing because another session
 	// holds the retention lock (exit 5); the error names the holder.
 	CodeCleanupSkipped outbox.Code = "OUTBOXCTL_CLEANUP_SKIPPED"
@@ -59,6 +63,7 @@ var usageCodes = map[outbox.Code]bool{
 	relaymode.CodeOperatorRequired:  true,
 	CodeDatabaseURLRequired:         true,
 	CodeInvalidDatabaseURL:          true,
+	CodeDatabaseRefused:             true,
 	CodeUsage:                       true,
 	retention.CodeHorizonBelowFloor: true,
 	// The search_path reaches no migrated schema: the configuration (the
@@ -213,7 +218,8 @@ Exit codes:
   1  the operation failed (database error, message not found, an interrupted
      redrive/purge: the error ends with the command that resumes it)
   2  usage error: bad flags or arguments, invalid configuration, missing or
-     malformed database URL, schema not migrated (run outboxctl migrate)
+     malformed database URL, one the server refuses (no such database or role,
+     wrong password), schema not migrated (run outboxctl migrate)
   3  refused by a guard: journal already executed or in flight, plan mismatch,
      relay mode conflict, retention mode that does not match the relay mode
   4  the database is unreachable
@@ -302,6 +308,11 @@ func (a *app) openDB(ctx context.Context) (*sql.DB, error) {
 	defer cancel()
 	if err := db.PingContext(pingCtx); err != nil {
 		_ = db.Close()
+		var pe *pq.Error
+		if errors.As(err, &pe) && (pe.Code.Class() == "28" || pe.Code == "3D000" || pe.Code == "22023" || pe.Code == "42704") {
+			return nil, outbox.Wrap(CodeDatabaseRefused, "outboxctl", a.redactError(err),
+				"the server refused the connection settings (database, role, password or a parameter value): fix the database URL; retrying will not help")
+		}
 		return nil, outbox.Wrap(CodeDatabaseUnreachable, "outboxctl", a.redactError(err), "cannot reach the database")
 	}
 	return db, nil
