@@ -82,7 +82,7 @@ func TestAGapInTheAppliedMigrationsIsRefused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := testdb.New(t)
-	_, err := s.DB.Exec(`DELETE FROM `+migrations.VersionTable+` WHERE version_id = 20`)
+	_, err := s.DB.Exec(`DELETE FROM ` + migrations.VersionTable + ` WHERE version_id = 20`)
 	require.NoError(t, err)
 	err = migrations.Check(ctx, s.DB)
 	require.ErrorIs(t, err, migrations.ErrSchemaNotMigrated)
