@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
 	"github.com/fencedoutbox/watermill-outbox/journal"
@@ -79,4 +80,47 @@ func TestALockedRowFailsTheBatchInsteadOfHangingIt(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, out.Items)
 	require.Zero(t, s.Count(t, "true"))
+}
+
+// An executor frozen mid-batch (a stopped process, a partition: its
+// transaction open and idle, holding the journal row) does not block the
+// owner that takes over once its lease ends: the server ends the frozen
+// batch's transaction after a lease idle, the takeover goes through and
+// finishes the operation, and the frozen executor's batch never commits.
+func TestAFrozenExecutorDoesNotBlockTheTakeover(t *testing.T) {
+	s := newSchema(t)
+	ctx := context.Background()
+	for _, id := range []string{"a", "b"} {
+		testdb.InsertRow(t, s.DB, envelope.Row{MessageID: id, Destination: "orders", Payload: []byte("x")})
+	}
+	_, err := s.DB.Exec(`UPDATE messaging_outbox SET status = 'FAILED', parked_at = now(), attempts = 1, last_failure_code = 'X'`)
+	require.NoError(t, err)
+
+	frozen, err := journal.New(s.DB, journal.Config{Owner: "frozen", BatchSize: 1, LeaseDuration: time.Second})
+	require.NoError(t, err)
+	thaw, entered := make(chan struct{}), make(chan struct{})
+	journal.SetBeforeCommit(frozen, func() { close(entered); <-thaw })
+	done := make(chan error, 1)
+	go func() {
+		_, err := frozen.Purge(ctx, "CHG-FROZEN", journal.Filter{}, journal.Options{})
+		done <- err
+	}()
+	<-entered
+
+	other, err := journal.New(s.DB, journal.Config{Owner: "other", BatchSize: 1, LeaseDuration: time.Second})
+	require.NoError(t, err)
+	var out journal.Outcome
+	require.Eventually(t, func() bool {
+		out, err = other.Purge(ctx, "CHG-FROZEN", journal.Filter{}, journal.Options{})
+		if outbox.CodeOf(err) == journal.CodeInFlight {
+			return false // the frozen owner's lease has not ended yet
+		}
+		require.NoError(t, err)
+		return true
+	}, time.Minute, 50*time.Millisecond)
+	require.EqualValues(t, 2, out.Items)
+	require.Zero(t, s.Count(t, "true"))
+
+	close(thaw)
+	require.Error(t, <-done, "the frozen batch's transaction was ended by the server")
 }

@@ -147,7 +147,8 @@ type Journal struct {
 	db  *sql.DB
 	cfg Config
 
-	afterRead func() // test hook: between Begin's read and its takeover UPDATE
+	afterRead    func() // test hook: between Begin's read and its takeover UPDATE
+	beforeCommit func() // test hook: a batch's transaction is done but not committed
 }
 
 // New returns a Journal, or OUTBOX_INVALID_CONFIG for a nil db or an invalid

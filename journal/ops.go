@@ -461,6 +461,9 @@ func (j *Journal) batch(ctx context.Context, batchSQL string, run *Run, filterAr
 	if err := j.checkpoint(ctx, tx, &staged, run.ItemsCompleted+n, strconv.FormatInt(next, 10)); err != nil {
 		return 0, 0, err
 	}
+	if j.beforeCommit != nil {
+		j.beforeCommit()
+	}
 	if err := tx.Commit(); err != nil {
 		return 0, 0, fmt.Errorf("journal: %s batch commit: %w", run.Operation, err)
 	}
