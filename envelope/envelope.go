@@ -21,6 +21,14 @@ const MaxMessageIDLength = 255
 // instead of being refused here.
 const MaxOrderingKeyLength = 1024
 
+// storableYear reports whether t (in UTC) is in the years both RFC 3339
+// (0000-9999) and PostgreSQL (no year 0) can carry: a msg.occurred_at
+// outside them could not come back as it went in.
+func storableYear(t time.Time) bool {
+	y := t.UTC().Year()
+	return y >= 1 && y <= 9999
+}
+
 // Options tune the conversion. The zero value is usable.
 type Options struct {
 	// Producer is written to the producer column when the message carries no
@@ -144,10 +152,8 @@ func (r *Row) setCanonical(k, v string) error {
 		if err != nil {
 			return outbox.Wrap(outbox.CodeInvalidMetadata, op, err, KeyOccurredAt+" must be RFC 3339")
 		}
-		if y := t.UTC().Year(); y < 1 || y > 9999 {
-			// RFC 3339 years are 0000-9999 and PostgreSQL has no year 0: a
-			// value that could not come back as it went in.
-			return outbox.Errorf(outbox.CodeInvalidMetadata, op, "%s %q is in year %d (UTC); use a time in years 0001 to 9999", KeyOccurredAt, v, y)
+		if !storableYear(t) {
+			return outbox.Errorf(outbox.CodeInvalidMetadata, op, "%s %q is in year %d (UTC); use a time in years 0001 to 9999", KeyOccurredAt, v, t.UTC().Year())
 		}
 		// The column keeps microseconds; truncated here, not rounded by
 		// PostgreSQL, so what is stored is what SetOccurredAt wrote.
@@ -227,7 +233,7 @@ func ToMessage(r Row, opts Options) (*message.Message, error) {
 	}
 	if !occurred.IsZero() {
 		u := occurred.UTC()
-		if y := u.Year(); y < 1 || y > 9999 {
+		if !storableYear(u) {
 			return nil, corrupt("row %s: occurred_at (or created_at) %s is outside the years 0001-9999 that %s (RFC 3339) can carry", r.MessageID, u.Format(time.RFC3339Nano), KeyOccurredAt)
 		}
 		md[KeyOccurredAt] = u.Format(time.RFC3339Nano)

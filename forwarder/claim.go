@@ -87,8 +87,12 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	if cap(buf) < f.size {
 		buf = make([]fencing.Claimed, 0, f.size)
 	}
+	// Every statement has a byte budget (MaxBytes >= 1: the first
+	// statement's is at least one byte, and the statements that complete a
+	// batch run only while budget is left, strict once the batch holds rows:
+	// a row larger than what is left waits for a claim of its own, where it
+	// goes out alone).
 	claimFn := func(p fencing.ClaimParams) ([]fencing.Claimed, error) {
-		p.MaxBytes = f.byteBudget(p.MaxBytes)
 		n := len(buf)
 		var err error
 		if buf, err = fencing.ClaimAppend(dbctx, f.q, buf, p); err != nil {

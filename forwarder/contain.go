@@ -22,13 +22,6 @@ func (f *Forwarder) full(claimed []fencing.Claimed, n, limit int) bool {
 	return n >= limit || payloadBytes(claimed) >= f.cfg.MaxBatchBytes/2
 }
 
-// byteBudget is a claim statement's MaxBytes: b when positive, else one
-// byte, so that no statement runs unbounded. The statements that complete a
-// batch run only while budget is left, and once the batch holds rows they
-// are strict (fencing's StrictBytes): a row larger than what is left waits
-// for a claim of its own, where it goes out alone.
-func (f *Forwarder) byteBudget(b int64) int64 { return max(b, 1) }
-
 func payloadBytes(claimed []fencing.Claimed) int64 {
 	var n int64
 	for _, c := range claimed {

@@ -116,10 +116,10 @@ type Forwarder struct {
 	start      claimStart // where each claim starts in the claimable index, and the key walk
 	chains     chainLog   // which of this relay's chains were confirmed to their end
 	size       int        // the next claim's size, BatchSize to MaxBatchSize (claim, under claimMu)
-	// pace is the mean time a publish took since the claim before the
-	// last one, and slowest the slowest destination's lately, from paces,
-	// which every publish adds to (call.end) and nextSize takes (under
-	// claimMu).
+	// pace is the mean time a publish took between the last two claims,
+	// and slowest the slowest destination's lately: paces accumulates every
+	// publish (call.end), and each claim takes them (takePace, under
+	// claimMu) for nextSize and chainMax.
 	pace, slowest time.Duration
 	paces         paces
 	breakers      breakers // per destination: is the downstream down as a whole

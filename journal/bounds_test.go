@@ -58,15 +58,11 @@ func TestAnApprovedExecutionNeverTouchesMoreThanTheApprovedCount(t *testing.T) {
 func TestALockedRowFailsTheBatchInsteadOfHangingIt(t *testing.T) {
 	s := newSchema(t)
 	ctx := context.Background()
-	for _, id := range []string{"a", "b"} {
-		testdb.InsertRow(t, s.DB, envelope.Row{MessageID: id, Destination: "orders", Payload: []byte("x")})
-	}
-	_, err := s.DB.Exec(`UPDATE messaging_outbox SET status = 'FAILED', parked_at = now(), attempts = 1, last_failure_code = 'X'`)
-	require.NoError(t, err)
+	parked(t, s.DB, "r", 2, "FAILED", "orders", "", "X", time.Now())
 	holder, err := s.DB.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	defer func() { _ = holder.Rollback() }()
-	_, err = holder.Exec(`SELECT 1 FROM messaging_outbox WHERE message_id = 'b' FOR UPDATE`)
+	_, err = holder.Exec(`SELECT 1 FROM messaging_outbox WHERE message_id = 'r-2' FOR UPDATE`)
 	require.NoError(t, err)
 
 	j, err := journal.New(s.DB, journal.Config{Owner: "ops", BatchSize: 1, LeaseDuration: 2 * time.Second})
@@ -90,11 +86,7 @@ func TestALockedRowFailsTheBatchInsteadOfHangingIt(t *testing.T) {
 func TestAFrozenExecutorDoesNotBlockTheTakeover(t *testing.T) {
 	s := newSchema(t)
 	ctx := context.Background()
-	for _, id := range []string{"a", "b"} {
-		testdb.InsertRow(t, s.DB, envelope.Row{MessageID: id, Destination: "orders", Payload: []byte("x")})
-	}
-	_, err := s.DB.Exec(`UPDATE messaging_outbox SET status = 'FAILED', parked_at = now(), attempts = 1, last_failure_code = 'X'`)
-	require.NoError(t, err)
+	parked(t, s.DB, "r", 2, "FAILED", "orders", "", "X", time.Now())
 
 	frozen, err := journal.New(s.DB, journal.Config{Owner: "frozen", BatchSize: 1, LeaseDuration: time.Second})
 	require.NoError(t, err)

@@ -68,23 +68,21 @@ type Filter struct {
 // 1.24, and this module builds with Go 1.23): plan digests are computed over
 // this encoding and compared across processes.
 func (f Filter) MarshalJSON() ([]byte, error) {
-	type wire struct {
-		Statuses      []envelope.Status `json:"statuses"`
-		Destination   string            `json:"destination,omitempty"`
-		Tenant        string            `json:"tenant,omitempty"`
-		FailureCode   string            `json:"failure_code,omitempty"`
-		MessageIDs    []string          `json:"message_ids,omitempty"`
-		CreatedAfter  *time.Time        `json:"created_after,omitempty"`
-		CreatedBefore *time.Time        `json:"created_before,omitempty"`
+	type plain Filter // the fields and their tags, without this method
+	// The outer fields shadow plain's of the same names and keep their place
+	// (last), so only the zero times differ from plain's encoding.
+	return json.Marshal(struct {
+		plain
+		CreatedAfter  *time.Time `json:"created_after,omitempty"`
+		CreatedBefore *time.Time `json:"created_before,omitempty"`
+	}{plain(f), nonZero(f.CreatedAfter), nonZero(f.CreatedBefore)})
+}
+
+func nonZero(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
 	}
-	w := wire{Statuses: f.Statuses, Destination: f.Destination, Tenant: f.Tenant, FailureCode: f.FailureCode, MessageIDs: f.MessageIDs}
-	if !f.CreatedAfter.IsZero() {
-		w.CreatedAfter = &f.CreatedAfter
-	}
-	if !f.CreatedBefore.IsZero() {
-		w.CreatedBefore = &f.CreatedBefore
-	}
-	return json.Marshal(w)
+	return &t
 }
 
 // Normalize returns the canonical form the digest is computed over: statuses
