@@ -325,6 +325,9 @@ func (r *Relay) session(ctx context.Context, start pglogrepl.LSN, db querier, st
 	r.logger.Info("CDC relay streaming", watermill.LogFields{"slot": r.cfg.SlotName, "publication": r.cfg.PublicationName, "confirmed_lsn": start.String()})
 	s := &stream{r: r, db: db, stopAt: stopAt, conn: conn, rels: map[uint32]*pglogrepl.RelationMessage{}, confirmed: start}
 	err = s.loop(ctx)
+	if errors.Is(err, errDrained) {
+		s.report() // the next session starts where this one ended
+	}
 	// Whatever ended the session, what the downstream accepted is marked, so
 	// neither a restarted relay nor the forwarders publish it again.
 	if merr := s.markPublished(ctx); merr != nil && err == nil {
@@ -1051,9 +1054,28 @@ func (s *stream) sendStatus() error {
 	return nil
 }
 
-// report sends the final position on a clean stop, best effort.
+// report sends the final position on a clean stop and ends the stream with
+// CopyDone, best effort. The walsender answers CopyDone only after it has
+// handled every message sent before it, so once the answer arrives the slot
+// holds the position just sent. Closing the connection without it can lose
+// that position: a walsender blocked writing to a client that stopped
+// reading exits on the reset without reading what the client sent last, and
+// the next session (or a handover) would deliver the last transactions
+// again.
 func (s *stream) report() {
 	if s.confirmed != s.reported {
-		_ = s.sendStatus()
+		if s.sendStatus() != nil {
+			return
+		}
 	}
+	// SendStandbyCopyDone reads until ReadyForQuery with no context of its
+	// own: the deadline bounds it.
+	if err := s.conn.Conn().SetDeadline(time.Now().Add(copyDoneTimeout)); err != nil {
+		return
+	}
+	_, _ = pglogrepl.SendStandbyCopyDone(context.Background(), s.conn)
 }
+
+// copyDoneTimeout bounds the wait for the walsender's answer to CopyDone on
+// a clean stop.
+const copyDoneTimeout = 5 * time.Second
