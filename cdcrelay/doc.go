@@ -31,7 +31,12 @@
 //     in one statement, and only then tells the server the transaction is
 //     done (the standby status update whose flush position becomes the
 //     slot's confirmed_flush_lsn). Whenever a session ends (Close, an error,
-//     a refused publish) what the downstream accepted is marked first. So
+//     a refused publish) what the downstream accepted is marked first; a
+//     clean stop then ends the stream with CopyDone and waits (5 s at most)
+//     for the walsender's answer, which comes only once the server has
+//     taken the last position sent (closing without it, a walsender busy
+//     writing could exit without reading that position, and the next
+//     session delivered the last transactions again). So
 //     the forwarders after a switch back to POLLING, and a restarted relay,
 //     skip what was delivered; retention by status and the backlog gauges
 //     are truthful in CDC mode. Only a crash between a publish and its mark
