@@ -388,7 +388,11 @@ func TestRelay(t *testing.T) {
 		errc := make(chan error, 1)
 		go func() { errc <- r.Run(context.Background()) }()
 		t.Cleanup(func() { _ = r.Close() })
-		require.Eventually(t, func() bool { return e.slotActive(t) }, patience(t), 10*time.Millisecond)
+		// Streaming, not only active: Run creates the slot, and the backend
+		// that creates it holds it while it waits for a consistent point
+		// (for the transactions of other tests on a loaded machine); a row
+		// committed meanwhile is older than the slot and never streamed.
+		require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
 
 		e.publish(t, "orders", msg("ok-1", "1", nil))
 		require.Eventually(t, func() bool { return len(out.ids()) == 1 }, patience(t), 10*time.Millisecond)
