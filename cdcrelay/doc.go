@@ -32,8 +32,8 @@
 //     done (the standby status update whose flush position becomes the
 //     slot's confirmed_flush_lsn). Whenever a session ends (Close, an error,
 //     a refused publish) what the downstream accepted is marked first; a
-//     clean stop then ends the stream with CopyDone and waits (5 s at most)
-//     for the walsender's answer, which comes only once the server has
+//     clean stop then ends the stream with CopyDone and waits for the
+//     walsender's answer, which comes only once the server has
 //     taken the last position sent (closing without it, a walsender busy
 //     writing could exit without reading that position, and the next
 //     session delivered the last transactions again). So

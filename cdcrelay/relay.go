@@ -1063,14 +1063,13 @@ func (s *stream) sendStatus() error {
 // the next session (or a handover) would deliver the last transactions
 // again.
 func (s *stream) report() {
-	if s.confirmed != s.reported {
-		if s.sendStatus() != nil {
-			return
-		}
-	}
-	// SendStandbyCopyDone reads until ReadyForQuery with no context of its
-	// own: the deadline bounds it.
+	// Neither the status nor the wait for the answer has a context of its
+	// own (SendStandbyCopyDone reads until ReadyForQuery): the deadline
+	// bounds both, so a server that is gone (a partition) cannot hold Close.
 	if err := s.conn.Conn().SetDeadline(time.Now().Add(copyDoneTimeout)); err != nil {
+		return
+	}
+	if s.confirmed != s.reported && s.sendStatus() != nil {
 		return
 	}
 	_, _ = pglogrepl.SendStandbyCopyDone(context.Background(), s.conn)
