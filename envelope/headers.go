@@ -3,10 +3,9 @@ package envelope
 import (
 	"bytes"
 	"encoding/json"
-	"strings"
-	"unicode/utf8"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/internal/pgtext"
 )
 
 // EncodeHeaders turns application metadata into the jsonb text stored in the
@@ -95,11 +94,8 @@ func decodeHeadersGeneric(raw []byte) (map[string]string, error) {
 
 // checkText refuses values PostgreSQL text (and jsonb) cannot hold.
 func checkText(what, s string) error {
-	if strings.IndexByte(s, 0) >= 0 {
-		return outbox.Errorf(outbox.CodeInvalidHeader, "envelope", "%s contains a NUL byte, which PostgreSQL text cannot store", what)
-	}
-	if !utf8.ValidString(s) {
-		return outbox.Errorf(outbox.CodeInvalidHeader, "envelope", "%s is not valid UTF-8", what)
+	if why := pgtext.Unstorable(s); why != "" {
+		return outbox.Errorf(outbox.CodeInvalidHeader, "envelope", "%s %s", what, why)
 	}
 	return nil
 }

@@ -6,15 +6,13 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/trace"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
+	"github.com/fencedoutbox/watermill-outbox/internal/pgtext"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
 )
 
@@ -310,7 +308,7 @@ func (c Config) validated() (Config, error) {
 	if !c.OrderingPolicy.Valid() {
 		return bad("OrderingPolicy %d is unknown; use fencing.BlockKey or fencing.SkipParked", int(c.OrderingPolicy))
 	}
-	if len(c.NotifyChannel) > 63 || strings.ContainsRune(c.NotifyChannel, 0) || !utf8.ValidString(c.NotifyChannel) {
+	if len(c.NotifyChannel) > 63 || pgtext.Unstorable(c.NotifyChannel) != "" {
 		return bad("NotifyChannel must be at most 63 bytes of UTF-8 (a PostgreSQL identifier) without NUL characters")
 	}
 	if c.Listener != nil && c.ListenURL != "" {
@@ -325,7 +323,7 @@ func (c Config) validated() (Config, error) {
 		return bad("Owner must be at most 200 bytes, got %d", len(c.Owner))
 	}
 	for _, f := range [...]struct{ name, v string }{{"Owner", c.Owner}, {"Producer", c.Producer}} {
-		if !utf8.ValidString(f.v) || strings.IndexFunc(f.v, unicode.IsControl) >= 0 {
+		if pgtext.Unstorable(f.v) != "" || pgtext.ControlAt(f.v) >= 0 {
 			return bad("%s must be printable UTF-8 text (it is written to rows and printed in logs and by outboxctl), got %q", f.name, f.v)
 		}
 	}

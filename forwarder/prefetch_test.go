@@ -192,3 +192,34 @@ func TestOutcomesAreWrittenBehindTheNextBatch(t *testing.T) {
 		require.Equal(t, forwarder.Report{Claimed: 2, Published: 2}, withoutDuration(reports[i]), "pass %d", i+1)
 	}
 }
+
+// With prefetch a relay holds at most three batches' rows (the package
+// documentation and Config.DisablePrefetch say so): the batch being
+// published, the one claimed ahead, and the one before still having its
+// outcomes written. Every publish counts the rows IN_FLIGHT under the relay
+// at that moment.
+func TestPrefetchHoldsAtMostThreeBatches(t *testing.T) {
+	s := newDB(t)
+	const batch = 3
+	ids := make([]string, 20*batch)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("m-%03d", i)
+	}
+	insertN(t, s.DB, "orders", ids...)
+	var mu sync.Mutex
+	most := 0
+	rec := &recorder{behave: func(string, *message.Message) (bool, error) {
+		var n int
+		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_outbox WHERE status = 'IN_FLIGHT' AND lease_owner = 'pf3'`).Scan(&n))
+		mu.Lock()
+		most = max(most, n)
+		mu.Unlock()
+		return true, nil
+	}}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{Owner: "pf3", BatchSize: batch, Concurrency: 1})
+	runUntilDelivered(t, f, rec, len(ids), time.Minute)
+	mu.Lock()
+	defer mu.Unlock()
+	require.LessOrEqual(t, most, 3*batch)
+	require.Greater(t, most, 0, "every publish saw its own row IN_FLIGHT")
+}

@@ -6,6 +6,7 @@ import (
 	"unicode/utf8"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/internal/pgtext"
 )
 
 // DefaultNotifyChannel is the channel the publisher notifies when
@@ -86,7 +87,7 @@ func (c Config) Validate() error {
 	if err := checkConfigText("Producer", c.Producer); err != nil {
 		return err
 	}
-	if i := controlAt(c.Producer); i >= 0 {
+	if i := pgtext.ControlAt(c.Producer); i >= 0 {
 		return outbox.Errorf(outbox.CodeInvalidConfig, op,
 			"Producer has a control character at byte %d; it is written to every row, printed and logged, so every Publish would refuse it: use printable text", i)
 	}

@@ -2,11 +2,10 @@ package publisher
 
 import (
 	"github.com/ThreeDotsLabs/watermill/message"
-	"strings"
-	"unicode/utf8"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/pgtext"
 )
 
 // Codes of the publisher's input limits. Each refusal happens before any
@@ -77,29 +76,17 @@ func (c Config) limits() limits {
 	}
 }
 
-// controlAt returns the byte offset of the first control character in s
-// (C0, DEL or C1), or -1. NUL is left to the envelope, which refuses it with
-// OUTBOX_INVALID_HEADER.
-func controlAt(s string) int {
-	for i, r := range s {
-		if r != 0 && (r < 0x20 || (r >= 0x7f && r <= 0x9f)) {
-			return i
-		}
-	}
-	return -1
-}
-
 // checkTopic refuses a topic that is too long or holds a control character.
 func checkTopic(topic string, l limits) error {
 	const op = "publisher.Publish"
 	if l.destination >= 0 && len(topic) > l.destination {
 		return outbox.Errorf(CodeDestinationTooLong, op, "topic is %d bytes; the limit is %d (Config.MaxDestinationLength)", len(topic), l.destination)
 	}
-	if strings.IndexByte(topic, 0) >= 0 || !utf8.ValidString(topic) {
+	if why := pgtext.Unstorable(topic); why != "" {
 		// As the envelope refuses it, and also when there are no messages.
-		return outbox.Errorf(outbox.CodeInvalidHeader, op, "topic contains a NUL byte or is not valid UTF-8, which PostgreSQL text cannot store")
+		return outbox.Errorf(outbox.CodeInvalidHeader, op, "topic %s", why)
 	}
-	if i := controlAt(topic); i >= 0 {
+	if i := pgtext.ControlAt(topic); i >= 0 {
 		return outbox.Errorf(CodeControlCharacter, op, "topic has a control character at byte %d; destinations are printed and logged, use printable text", i)
 	}
 	return nil
@@ -141,7 +128,7 @@ func checkRow(r envelope.Row, i int) error {
 		{envelope.KeyAggregateType, r.AggregateType}, {envelope.KeyAggregateID, r.AggregateID},
 	}
 	for _, f := range fields {
-		if j := controlAt(f.v); j >= 0 {
+		if j := pgtext.ControlAt(f.v); j >= 0 {
 			return outbox.Errorf(CodeControlCharacter, "publisher.Publish",
 				"message %d: %s has a control character at byte %d; it is printed and logged, use printable text", i, f.name, j)
 		}
