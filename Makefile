@@ -18,12 +18,15 @@ MODULES := $(shell sed -n 's/^[[:space:]]*\(\.[^[:space:]]*\)$$/\1/p' go.work)
 # heartbeats have timed out on a locked table the pool has no connection left
 # and each heartbeat must connect within its 20 ms deadline, which a busy
 # machine does not reliably do (it passed in a quieter run). Production
-# heartbeat intervals (10 s) are not affected. Reported to the lead.
-# TestHeartbeatRenewsAndACDCSwitchStopsTheRelay: passed in two pgx runs, hung
-# in a third for 14 min with the relay's heartbeat blocked in relaymode.Beat
-# (IO wait, relaymode.go:128) after the test's UPDATE messaging_relay_mode;
-# not understood yet. Reported to the lead: do not drop this skip without
-# finding why.
+# heartbeat intervals (10 s) are not affected.
+# TestHeartbeatRenewsAndACDCSwitchStopsTheRelay: hung once in a full pgx
+# pass, for 14 min, with the relay's heartbeat blocked in relaymode.Beat (IO
+# wait) after the test's UPDATE messaging_relay_mode. Not reproduced since:
+# 190 runs of it alone on pgx under -race passed on 2026-12-02, 150 of them
+# beside two CPU hogs (OUTBOX_TEST_DRIVER=pgx go test -overlay ... -count=150
+# -run TestHeartbeatRenewsAndACDCSwitchStopsTheRelay ./forwarder). The cause
+# is not known, so it stays in the lib/pq pass only; do not drop this skip
+# without finding it.
 # Also left to the lib/pq pass, to keep the default suite near ten minutes:
 # the long fault and outage scenarios of the relay (about two minutes under
 # -race), whose SQL is the same statements the pgx pass runs in the other

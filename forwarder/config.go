@@ -97,11 +97,12 @@ type Config struct {
 	// BackoffBase x 2^(n-1), capped at BackoffMax).
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
-	// BreakerThreshold is how many consecutive publishes to one destination
-	// may fail without an answer about the message (unavailable, ambiguous,
-	// timed out), over at least two messages, before the destination's
-	// breaker opens: the relay then claims nothing for it, puts back what it
-	// holds for it without spending attempts, and probes it with one row
+	// BreakerThreshold is how many different messages to one destination
+	// may fail without an answer about them (unavailable, ambiguous, timed
+	// out), with no confirmed publish in between, before the destination's
+	// breaker opens (one message failing again counts once): the relay
+	// then claims nothing for it, puts back what it holds for it without
+	// spending attempts, and probes it with one row
 	// every BreakerProbeBase, doubling up to BreakerProbeMax (jittered per
 	// owner). A confirmed publish closes it. Defaults 5, 1s, and 30s or
 	// BreakerProbeBase when that is longer.

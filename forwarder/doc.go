@@ -89,9 +89,9 @@
 // A publish the classifier calls Unavailable (the downstream as a whole did
 // not take it) puts the row back without an attempt. Under DefaultClassifier
 // a pass in which every publish to a destination failed with the same error,
-// on two messages or more, counts as Unavailable too. BreakerThreshold
-// consecutive unanswered publishes to a destination (over at least two
-// messages) open its breaker: its rows are no longer claimed, those held are
+// on two messages or more, counts as Unavailable too. Unanswered
+// publishes of BreakerThreshold different messages to a destination, with
+// no confirmed publish in between, open its breaker: its rows are no longer claimed, those held are
 // given back without attempts, and one row is claimed as a probe every
 // BreakerProbeBase, doubling to BreakerProbeMax, jittered per owner; the first
 // confirmed publish closes it. Report.OpenBreakers, the

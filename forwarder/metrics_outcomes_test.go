@@ -26,9 +26,10 @@ func requireMessages(t *testing.T, reg prometheus.Gatherer, series string) {
 
 // The outcome labels other than published/ambiguous/failed: stale (a
 // superseded relay's write), released (rows not started when the relay
-// stops) and exhausted (the budget spent by a publish, or found spent by
-// the claim).
-func TestMetricsCountStaleReleasedAndExhausted(t *testing.T) {
+// stops), exhausted (the budget spent by a publish, or found spent by the
+// claim) and unavailable (put back without an attempt: the downstream was
+// down as a whole).
+func TestMetricsCountStaleReleasedExhaustedAndUnavailable(t *testing.T) {
 	t.Run("stale", func(t *testing.T) {
 		ctx := context.Background()
 		s := newDB(t)
@@ -93,5 +94,27 @@ outbox_forwarder_messages_total{destination="payments",outcome="released"} 1
 		requireMessages(t, reg, `outbox_forwarder_messages_total{destination="orders",outcome="exhausted"} 2
 `)
 		require.Equal(t, 2, s.Count(t, "status = 'EXHAUSTED'"))
+	})
+
+	t.Run("unavailable", func(t *testing.T) {
+		s := newDB(t)
+		insertN(t, s.DB, "orders", "m1")
+		rec := &recorder{behave: func(string, *message.Message) (bool, error) {
+			return false, forwarder.MarkUnavailable(errBroker)
+		}}
+		reg := prometheus.NewPedanticRegistry()
+		f := newForwarder(t, s.DB, rec, forwarder.Config{Metrics: promMetrics(t, reg)})
+		rep, err := f.RunOnce(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, 1, rep.Unavailable)
+		requireMessages(t, reg, `outbox_forwarder_messages_total{destination="orders",outcome="unavailable"} 1
+`)
+		// Put back without an attempt, with the code operators read.
+		var status, code string
+		var attempts int
+		require.NoError(t, s.DB.QueryRow(`SELECT status, attempts, last_failure_code FROM messaging_outbox WHERE message_id = 'm1'`).Scan(&status, &attempts, &code))
+		require.Equal(t, "PENDING", status)
+		require.Zero(t, attempts)
+		require.Equal(t, forwarder.FailureDownstreamUnavailable, code)
 	})
 }

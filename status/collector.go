@@ -38,6 +38,11 @@ type CollectorOptions struct {
 	MaxGroups int
 	// Namespace prefixes the metric names. Default "outbox".
 	Namespace string
+	// ConstLabels are added to every series (for example the deployment or
+	// the database). A label name Prometheus refuses, or one of the
+	// collector's own labels (status, destination, slot, wal_status), is
+	// refused by NewCollector with OUTBOX_INVALID_CONFIG.
+	ConstLabels prometheus.Labels
 	// Clock decides when the cache expires. Default time.Now. Tests pass a
 	// fake clock to step past the interval without sleeping.
 	Clock func() time.Time
@@ -126,36 +131,44 @@ func NewCollector(db *sql.DB, opts CollectorOptions) (*Collector, error) {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	ns := opts.Namespace
-	return &Collector{
+	ns, cl := opts.Namespace, opts.ConstLabels
+	c := &Collector{
 		db:   db,
 		opts: opts,
 		backlog: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "backlog_messages"),
 			"Outbox rows not yet PUBLISHED, by status and destination (destinations beyond the cap summed under _other).",
-			[]string{"status", "destination"}, nil),
+			[]string{"status", "destination"}, cl),
 		oldest: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "oldest_pending_age_seconds"),
-			"Age of the oldest PENDING, IN_FLIGHT or AMBIGUOUS row by the database clock; 0 when none.", nil, nil),
+			"Age of the oldest PENDING, IN_FLIGHT or AMBIGUOUS row by the database clock; 0 when none.", nil, cl),
 		parked: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "parked_messages"),
-			"Rows parked for an operator (FAILED rejected, EXHAUSTED out of attempts).", []string{"status"}, nil),
+			"Rows parked for an operator (FAILED rejected, EXHAUSTED out of attempts).", []string{"status"}, cl),
 		errs: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "backlog_sample_errors_total"),
-			"Backlog samples that failed; the previous sample was served instead.", nil, nil),
+			"Backlog samples that failed; the previous sample was served instead.", nil, cl),
 		sampleAge: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "backlog_sample_age_seconds"),
-			"Seconds since the backlog sample being served was read from the database.", nil, nil),
+			"Seconds since the backlog sample being served was read from the database.", nil, cl),
 		slotRetained: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "cdc_slot_retained_wal_bytes"),
-			"WAL a logical replication slot keeps from being recycled (server WAL position minus restart_lsn).", []string{"slot"}, nil),
+			"WAL a logical replication slot keeps from being recycled (server WAL position minus restart_lsn).", []string{"slot"}, cl),
 		slotLag: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "cdc_slot_confirmed_lag_bytes"),
-			"WAL written since the slot's consumer confirmed (server WAL position minus confirmed_flush_lsn).", []string{"slot"}, nil),
+			"WAL written since the slot's consumer confirmed (server WAL position minus confirmed_flush_lsn).", []string{"slot"}, cl),
 		slotSafe: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "cdc_slot_safe_wal_size_bytes"),
-			"WAL that can still be written before the slot may be invalidated (pg_replication_slots.safe_wal_size); absent when max_slot_wal_keep_size is -1.", []string{"slot"}, nil),
+			"WAL that can still be written before the slot may be invalidated (pg_replication_slots.safe_wal_size); absent when max_slot_wal_keep_size is -1.", []string{"slot"}, cl),
 		slotStatus: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "cdc_slot_wal_status"),
-			"1 for the slot's wal_status (reserved, extended, unreserved, lost), 0 for the others.", []string{"slot", "wal_status"}, nil),
+			"1 for the slot's wal_status (reserved, extended, unreserved, lost), 0 for the others.", []string{"slot", "wal_status"}, cl),
 		slotActive: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "cdc_slot_active"),
-			"1 while a consumer streams from the slot.", []string{"slot"}, nil),
+			"1 while a consumer streams from the slot.", []string{"slot"}, cl),
 		consumers: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "cdc_consumers"),
-			"CDC consumers (native relays, Debezium connectors) with a live heartbeat.", nil, nil),
+			"CDC consumers (native relays, Debezium connectors) with a live heartbeat.", nil, cl),
 		consumerSlots: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "cdc_consumer_slots"),
-			"Distinct replication slots among the live CDC consumers; above 1 every insert is delivered more than once.", nil, nil),
-	}, nil
+			"Distinct replication slots among the live CDC consumers; above 1 every insert is delivered more than once.", nil, cl),
+	}
+	// A descriptor keeps what is wrong with its labels until it is
+	// registered: registering on a registry of its own (Describe only, no
+	// query) reports it now, with a code, instead of at the caller's
+	// Register.
+	if err := prometheus.NewRegistry().Register(c); err != nil {
+		return nil, outbox.Wrap(outbox.CodeInvalidConfig, "status.NewCollector", err, "ConstLabels")
+	}
+	return c, nil
 }
 
 // Describe implements prometheus.Collector.

@@ -163,6 +163,41 @@ func TestNewCollectorRefusesBadOptions(t *testing.T) {
 	}
 }
 
+// ConstLabels are on every series the collector exposes; a label name
+// Prometheus refuses, one of the collector's own labels, or a value that is
+// not UTF-8 is refused when the collector is built, with a code, not at the
+// caller's Register.
+func TestCollectorConstLabels(t *testing.T) {
+	t.Parallel()
+	s := fixture(t)
+	c, err := NewCollector(s.DB, CollectorOptions{ConstLabels: prometheus.Labels{"deployment": "blue"}})
+	require.NoError(t, err)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	series := 0
+	for _, mf := range families {
+		for _, m := range mf.GetMetric() {
+			series++
+			found := false
+			for _, l := range m.GetLabel() {
+				found = found || (l.GetName() == "deployment" && l.GetValue() == "blue")
+			}
+			require.True(t, found, "%s%v has no deployment label", mf.GetName(), m.GetLabel())
+		}
+	}
+	require.Greater(t, series, 10, "the fixture's backlog is exposed")
+
+	for _, bad := range []prometheus.Labels{
+		{"status": "x"}, {"destination": "x"}, {"slot": "x"}, {"wal_status": "x"},
+		{"__reserved": "x"}, {"": "x"}, {"deployment": "\xff"},
+	} {
+		_, err := NewCollector(s.DB, CollectorOptions{ConstLabels: bad})
+		require.ErrorIs(t, err, outbox.ErrInvalidConfig, "%q", bad)
+	}
+}
+
 // More (status, destination) groups than MaxGroups: the groups cut by the
 // query's bound are still counted (under _other), and the parked counts and
 // the oldest pending age come from exact per-status totals.
