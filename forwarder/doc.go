@@ -91,10 +91,11 @@
 // a pass in which every publish to a destination failed with the same error,
 // on two messages or more, counts as Unavailable too. Unanswered
 // publishes of BreakerThreshold different messages to a destination, with
-// no confirmed publish in between, open its breaker: its rows are no longer claimed, those held are
-// given back without attempts, and one row is claimed as a probe every
-// BreakerProbeBase, doubling to BreakerProbeMax, jittered per owner; the first
-// confirmed publish closes it. Report.OpenBreakers, the
+// no confirmed publish in between, open its breaker: its rows are no
+// longer claimed, those held are given back without attempts, and one row
+// is claimed as a probe every BreakerProbeBase, doubling to
+// BreakerProbeMax, jittered per owner; the first confirmed publish closes
+// it. Report.OpenBreakers, the
 // outbox_forwarder_breaker_open gauge, one log line per change and Ready()
 // show it.
 //
