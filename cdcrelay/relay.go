@@ -461,17 +461,22 @@ func (r *Relay) beat(ctx context.Context) error {
 // ensureBeat beats when HeartbeatInterval has passed since the last
 // successful beat. A refusal stops the relay; a failure is tolerated while
 // the last heartbeat is alive, and stops the relay (CDC_HEARTBEAT_LAPSED)
-// after that: it no longer knows that the mode is CDC.
+// after that: it no longer knows that the mode is CDC. A renewal that
+// blocks (a lock held on the heartbeat row, a server that stopped
+// answering) is a failure too: it may take what is left of the heartbeat's
+// life, HeartbeatInterval at least, and no more.
 func (r *Relay) ensureBeat(ctx context.Context) error {
 	since := time.Since(r.lastBeat)
 	if since < r.cfg.HeartbeatInterval {
 		return nil
 	}
-	err := r.beat(ctx)
+	bctx, cancel := context.WithTimeout(ctx, max(r.cfg.HeartbeatTTL-since, r.cfg.HeartbeatInterval))
+	err := r.beat(bctx)
+	cancel()
 	if err == nil || isRefusal(err) || ctx.Err() != nil {
 		return err
 	}
-	if since >= r.cfg.HeartbeatTTL {
+	if since = time.Since(r.lastBeat); since >= r.cfg.HeartbeatTTL {
 		return outbox.Wrap(CodeHeartbeatLapsed, "cdcrelay.Run", err, fmt.Sprintf("no CDC heartbeat succeeded for %s (HeartbeatTTL %s); the relay mode may have changed meanwhile, so nothing more is published", since.Round(time.Millisecond), r.cfg.HeartbeatTTL))
 	}
 	r.logger.Error("CDC relay heartbeat failed; publishing stops once it has failed for HeartbeatTTL", err, watermill.LogFields{"ttl": r.cfg.HeartbeatTTL})
