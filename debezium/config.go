@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"regexp"
 	"sort"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/pgtext"
 )
 
 //go:generate go run ./internal/gen
@@ -99,7 +101,9 @@ func IsIdentifier(s string) bool { return identChars.MatchString(s) }
 // Options tune the generated connector configuration. The zero value is
 // usable: every empty field takes the default documented beside it.
 type Options struct {
-	// Name of the Kafka Connect connector. Default "messaging-outbox".
+	// Name of the Kafka Connect connector. Default "messaging-outbox". It
+	// may not hold control characters or invalid UTF-8 (it is written to
+	// the relay-heartbeat owner column and printed).
 	Name string
 	// TopicPrefix is prepended to destination to name the Kafka topic
 	// (route.topic.replacement = TopicPrefix + "${routedByValue}"). Default
@@ -117,8 +121,9 @@ type Options struct {
 	// DefaultPublicationName; the native relay's defaults too).
 	SlotName        string
 	PublicationName string
-	// HeartbeatIntervalMS is heartbeat.interval.ms. Default 10000. Each
-	// heartbeat runs [HeartbeatActionQuery].
+	// HeartbeatIntervalMS is heartbeat.interval.ms. Default 10000, at most
+	// math.MaxInt32 (Kafka Connect reads it as an int). Each heartbeat runs
+	// [HeartbeatActionQuery].
 	HeartbeatIntervalMS int
 	// Database connection. Defaults are Kafka FileConfigProvider references
 	// to /opt/kafka/secrets/outbox-db.properties, so the shipped file holds no
@@ -182,6 +187,15 @@ func (o Options) Validate() error {
 	}
 	if o.HeartbeatIntervalMS < 0 {
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "heartbeat interval %dms must not be negative (0 = %dms)", o.HeartbeatIntervalMS, DefaultHeartbeatIntervalMS)
+	}
+	if o.HeartbeatIntervalMS > math.MaxInt32 {
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "heartbeat interval %dms is above %dms, the largest heartbeat.interval.ms Kafka Connect accepts (an int)", o.HeartbeatIntervalMS, math.MaxInt32)
+	}
+	if why := pgtext.Unstorable(o.Name); why != "" {
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "name %s", why)
+	}
+	if i := pgtext.ControlAt(o.Name); i >= 0 {
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "name %q has a control character at byte %d; use printable text", o.Name, i)
 	}
 	for what, v := range map[string]string{"name": o.Name, "database hostname": o.DatabaseHostname, "database port": o.DatabasePort, "database user": o.DatabaseUser, "database password": o.DatabasePassword, "database name": o.DatabaseName} {
 		if strings.ContainsAny(v, "\x00\n\r") {
@@ -414,7 +428,7 @@ func HeartbeatOwner(name string) string { return "debezium:" + name }
 
 func heartbeatActionQuery(o Options) string {
 	schema := quoteIdent(o.Schema)
-	ttlMS := 3 * o.HeartbeatIntervalMS
+	ttlMS := 3 * int64(o.HeartbeatIntervalMS) // no overflow where int is 32 bits
 	return fmt.Sprintf("WITH beat AS ("+
 		"INSERT INTO %[1]s.messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at, kind, slot_name) "+
 		"VALUES (%[2]s, now(), now(), now() + interval '%[3]d milliseconds', 'CDC', %[4]s) "+

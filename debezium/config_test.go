@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -170,6 +172,12 @@ func TestInvalidOptionsAreRefused(t *testing.T) {
 		"NUL in database name":   {DatabaseName: "a\x00"},
 		"too long a publication": {PublicationName: strings.Repeat("p", 64)},
 		"negative heartbeat":     {HeartbeatIntervalMS: -1},
+		"tab in name":            {Name: "a\tb"},
+		"escape in name":         {Name: "a\x1b[31mb"},
+		"DEL in name":            {Name: "a\x7fb"},
+		"C1 control in name":     {Name: "a\u0085b"},
+		"NUL in name":            {Name: "a\x00b"},
+		"invalid UTF-8 in name":  {Name: "a\xffb"},
 	}
 	for name, opts := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -335,4 +343,40 @@ func TestHeartbeatActionQueryRegistersTheConnector(t *testing.T) {
 	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict, "the connector is live")
 	require.Contains(t, err.Error(), "debezium:orders-cdc")
 	require.NoError(t, relaymode.DisableAt(ctx, s.DB, "ops", time.Now().Add(2*time.Minute)), "once its heartbeat expired (connector stopped)")
+}
+
+// heartbeat.interval.ms is an int in Kafka Connect: above math.MaxInt32 the
+// connector would not start, and near math.MaxInt/3 the relay heartbeat's
+// lifetime (three intervals) overflowed to a negative interval. Both are
+// refused; math.MaxInt32 itself is accepted, and PostgreSQL takes its
+// three-interval lifetime.
+func TestHeartbeatIntervalAboveKafkaConnectsIntIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, ms := range []int64{int64(math.MaxInt32) + 1, math.MaxInt64/3 + 1, math.MaxInt64} {
+		if int64(int(ms)) != ms {
+			t.Skipf("int is %d bits: %d is not an int here", strconv.IntSize, ms)
+		}
+		opts := debezium.Options{HeartbeatIntervalMS: int(ms)}
+		err := opts.Validate()
+		require.ErrorIs(t, err, outbox.ErrInvalidConfig, "%d", ms)
+		require.Equal(t, outbox.CodeInvalidConfig, outbox.CodeOf(err))
+		_, err = debezium.HeartbeatActionQuery(opts)
+		require.ErrorIs(t, err, outbox.ErrInvalidConfig, "%d", ms)
+		require.ErrorIs(t, debezium.Generate(opts).Err(), outbox.ErrInvalidConfig, "%d", ms)
+	}
+
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(2)
+	opts := debezium.Options{Schema: s.Name, Name: "max-beat", HeartbeatIntervalMS: math.MaxInt32}
+	c := debezium.Generate(opts)
+	require.NoError(t, c.Err())
+	require.Equal(t, "2147483647", c.Settings["heartbeat.interval.ms"])
+	q, err := debezium.HeartbeatActionQuery(opts)
+	require.NoError(t, err)
+	require.Contains(t, q, "interval '6442450941 milliseconds'", "three intervals, not an overflowed int")
+	_, err = s.DB.Exec(q)
+	require.NoError(t, err)
+	var ttlMS int64
+	require.NoError(t, s.DB.QueryRow(`SELECT (extract(epoch FROM expires_at - heartbeat_at) * 1000)::bigint FROM messaging_relay_heartbeat WHERE owner = 'debezium:max-beat'`).Scan(&ttlMS))
+	require.Equal(t, int64(3)*math.MaxInt32, ttlMS)
 }

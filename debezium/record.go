@@ -201,10 +201,14 @@ func jsonbString(b *strings.Builder, s string) {
 // canonical headers (which arrive as empty strings) are removed, the
 // msg.headers object is spread back into one key per application header, and
 // the router's "id" header is dropped (msg.UUID already carries the id via
-// _watermill_message_uuid). A msg.headers value that is not a flat string
-// object, or an application header that would overwrite a key already
-// present, is refused (OUTBOX_CORRUPT_ROW / OUTBOX_RESERVED_HEADER) and md is
-// left unchanged.
+// _watermill_message_uuid). An empty msg.headers (a null header) means no
+// application headers; any other msg.headers value that is not a flat
+// string object, whitespace-only included, is refused (OUTBOX_CORRUPT_ROW).
+// An application header with a reserved name (see envelope.IsReserved), named
+// _watermill_message_uuid (the message id's header, which watermill-kafka
+// consumes into msg.UUID), or that would overwrite a key already present is
+// refused (OUTBOX_RESERVED_HEADER). On refusal md is left unchanged. A nil
+// md has nothing to expand: nil is returned and md stays nil.
 func ExpandMetadata(md message.Metadata) error {
 	out := make(message.Metadata, len(md))
 	for k, v := range md {
@@ -222,7 +226,7 @@ func ExpandMetadata(md message.Metadata) error {
 			return err
 		}
 		for k, v := range app {
-			if envelope.IsReserved(k) {
+			if envelope.IsReserved(k) || k == HeaderWatermillUUID {
 				return reservedAppHeader(k)
 			}
 			if _, clash := out[k]; clash {

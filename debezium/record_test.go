@@ -240,6 +240,14 @@ func TestExpandMetadataRefusals(t *testing.T) {
 		"non-string value":   {message.Metadata{"msg.headers": `{"a": 1}`}, "OUTBOX_CORRUPT_ROW"},
 		"reserved name":      {message.Metadata{"msg.headers": `{"msg.tenant": "evil"}`}, "OUTBOX_RESERVED_HEADER"},
 		"clashes with a key": {message.Metadata{"msg.headers": `{"x": "1"}`, "x": "2"}, "OUTBOX_RESERVED_HEADER"},
+		"whitespace only":    {message.Metadata{"msg.headers": "  ", "x": "2"}, "OUTBOX_CORRUPT_ROW"},
+		"line breaks only":   {message.Metadata{"msg.headers": "\n\t"}, "OUTBOX_CORRUPT_ROW"},
+		// watermill-kafka's unmarshaler moves this header into msg.UUID, so
+		// it is not in md to clash with; spread back it would stand in for
+		// the message id (watermill-kafka's marshaler refuses it too).
+		"watermill uuid":           {message.Metadata{"msg.headers": `{"_watermill_message_uuid": "forged"}`}, "OUTBOX_RESERVED_HEADER"},
+		"watermill uuid, from md":  {message.Metadata{"msg.headers": `{"_watermill_message_uuid": "forged"}`, "_watermill_message_uuid": "m-1"}, "OUTBOX_RESERVED_HEADER"},
+		"watermill correlation id": {message.Metadata{"msg.headers": `{"correlation_id": "c"}`}, "OUTBOX_RESERVED_HEADER"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -252,4 +260,21 @@ func TestExpandMetadataRefusals(t *testing.T) {
 			require.Equal(t, before, c.md, "metadata is left unchanged on refusal")
 		})
 	}
+}
+
+// Nil metadata has nothing to expand, and an empty msg.headers (a null
+// header, as watermill-kafka delivers one) means no application headers.
+func TestExpandMetadataOfNilAndEmptyHeaders(t *testing.T) {
+	t.Parallel()
+	var md message.Metadata
+	require.NoError(t, debezium.ExpandMetadata(md))
+	require.Nil(t, md)
+
+	md = message.Metadata{"msg.headers": "", "id": "m-1", "x": "1"}
+	require.NoError(t, debezium.ExpandMetadata(md))
+	require.Equal(t, message.Metadata{"x": "1"}, md)
+
+	md = message.Metadata{}
+	require.NoError(t, debezium.ExpandMetadata(md))
+	require.Empty(t, md)
 }

@@ -13,7 +13,10 @@
 // tracestate and baggage, and every other key goes to the headers column. A
 // "msg." key that is not canonical is refused (OUTBOX_RESERVED_HEADER), as
 // are NUL bytes and invalid UTF-8 (OUTBOX_INVALID_HEADER) and a bad tenant
-// slug (OUTBOX_INVALID_TENANT).
+// slug (OUTBOX_INVALID_TENANT). msg.occurred_at must lie after
+// 0001-01-01T00:00:00Z (exclusive: that instant, to the microsecond, is the
+// zero time.Time, which means absent) and in year 9999 or before; anything
+// else is refused (OUTBOX_INVALID_METADATA).
 //
 // Read side ([ToMessage]): the same message comes back, with each canonical
 // column as metadata under its key, occurred_at defaulting to created_at,

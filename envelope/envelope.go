@@ -33,7 +33,9 @@ func storableYear(t time.Time) bool {
 type Options struct {
 	// Producer is written to the producer column when the message carries no
 	// KeyProducer (write side), and restored as KeyProducer when the row has
-	// none (read side: the relay's identity).
+	// none (read side: the relay's identity). ToRow refuses one it would
+	// write that PostgreSQL text cannot hold (NUL, invalid UTF-8) with
+	// OUTBOX_INVALID_HEADER, as it refuses such a metadata value.
 	Producer string
 	// Propagator moves trace context between msg.Context() and the
 	// traceparent/tracestate/baggage columns. Nil means W3C trace context
@@ -117,7 +119,11 @@ func ToRow(topic string, msg *message.Message, opts Options) (Row, error) {
 			return Row{}, err
 		}
 	}
-	if r.Producer == "" {
+	if r.Producer == "" && opts.Producer != "" {
+		// The fallback, checked as the metadata value it stands for.
+		if err := checkText("Options.Producer", opts.Producer); err != nil {
+			return Row{}, err
+		}
 		r.Producer = opts.Producer
 	}
 	if r.Traceparent == "" && msg.Context() != nil {
@@ -153,11 +159,17 @@ func (r *Row) setCanonical(k, v string) error {
 			return outbox.Wrap(outbox.CodeInvalidMetadata, op, err, KeyOccurredAt+" must be RFC 3339")
 		}
 		if !storableYear(t) {
-			return outbox.Errorf(outbox.CodeInvalidMetadata, op, "%s %q is in year %d (UTC); use a time in years 0001 to 9999", KeyOccurredAt, v, t.UTC().Year())
+			return outbox.Errorf(outbox.CodeInvalidMetadata, op, "%s %q is in year %d (UTC); use a time after 0001-01-01T00:00:00Z and in year 9999 or before", KeyOccurredAt, v, t.UTC().Year())
 		}
 		// The column keeps microseconds; truncated here, not rounded by
 		// PostgreSQL, so what is stored is what SetOccurredAt wrote.
-		r.OccurredAt = t.Truncate(time.Microsecond)
+		t = t.Truncate(time.Microsecond)
+		if t.IsZero() {
+			// The zero time is Row's "absent" (stored as NULL, read back as
+			// created_at): the value would be lost and another invented.
+			return outbox.Errorf(outbox.CodeInvalidMetadata, op, "%s %q is (to the microsecond) 0001-01-01T00:00:00Z, which stands for no occurred_at; use a time after it", KeyOccurredAt, v)
+		}
+		r.OccurredAt = t
 	case KeyCorrelationID:
 		r.CorrelationID = v
 	case KeyCausationID:

@@ -102,13 +102,17 @@ func TestToMessageRefusesReservedStoredHeaders(t *testing.T) {
 }
 
 func TestDecodeHeadersRefusesWhatIsNotAFlatStringObject(t *testing.T) {
-	for _, raw := range []string{`[]`, `"s"`, `{"a":1}`, `{"a":{"b":"c"}}`, `{"a":null}`, `{`, `nul`} {
+	for _, raw := range []string{`[]`, `"s"`, `{"a":1}`, `{"a":{"b":"c"}}`, `{"a":null}`, `{`, `nul`, ` `, "\t\n\r "} {
 		_, err := envelope.DecodeHeaders([]byte(raw))
-		require.ErrorIs(t, err, outbox.ErrCorruptRow, raw)
+		require.ErrorIs(t, err, outbox.ErrCorruptRow, "%q", raw)
 	}
-	h, err := envelope.DecodeHeaders(nil)
-	require.NoError(t, err)
-	require.Empty(t, h)
+	// Empty input (no column text) is no headers; whitespace-only is not.
+	for _, raw := range [][]byte{nil, {}} {
+		h, err := envelope.DecodeHeaders(raw)
+		require.NoError(t, err)
+		require.NotNil(t, h)
+		require.Empty(t, h)
+	}
 }
 
 func TestTypedSettersRemoveOnEmpty(t *testing.T) {
@@ -180,23 +184,63 @@ func TestATracestateAloneSurvives(t *testing.T) {
 // Values the database would refuse, or could not give back as they went in,
 // are refused before any SQL with OUTBOX_INVALID_METADATA: an ordering key
 // too long for its index, an occurred_at in year 0000 (RFC 3339 has it,
-// PostgreSQL does not).
+// PostgreSQL does not), and an occurred_at that is, to the microsecond,
+// 0001-01-01T00:00:00Z: that is the zero time.Time, Row's "absent", which
+// would be stored as NULL and come back as created_at. The lower bound is
+// exclusive: occurred_at must lie after it.
 func TestValuesTheDatabaseCannotHoldAreRefused(t *testing.T) {
 	for name, md := range map[string][2]string{
-		"long ordering key": {envelope.KeyOrderingKey, strings.Repeat("k", envelope.MaxOrderingKeyLength+1)},
-		"year 0000":         {envelope.KeyOccurredAt, "0000-06-01T00:00:00Z"},
-		"year 0000 by zone": {envelope.KeyOccurredAt, "0001-01-01T00:30:00+01:00"},
+		"long ordering key":        {envelope.KeyOrderingKey, strings.Repeat("k", envelope.MaxOrderingKeyLength+1)},
+		"year 0000":                {envelope.KeyOccurredAt, "0000-06-01T00:00:00Z"},
+		"year 0000 by zone":        {envelope.KeyOccurredAt, "0001-01-01T00:30:00+01:00"},
+		"the zero instant":         {envelope.KeyOccurredAt, "0001-01-01T00:00:00Z"},
+		"the zero instant by zone": {envelope.KeyOccurredAt, "0001-01-01T01:00:00+01:00"},
+		"truncates to zero":        {envelope.KeyOccurredAt, "0001-01-01T00:00:00.000000999Z"},
 	} {
 		m := message.NewMessage("id", nil)
 		m.Metadata.Set(md[0], md[1])
 		_, err := envelope.ToRow("t", m, envelope.Options{})
 		require.ErrorIs(t, err, outbox.ErrInvalidMetadata, name)
 	}
-	m := message.NewMessage("id", nil)
-	m.Metadata.Set(envelope.KeyOrderingKey, strings.Repeat("k", envelope.MaxOrderingKeyLength))
-	m.Metadata.Set(envelope.KeyOccurredAt, "0001-01-01T00:00:00Z")
-	_, err := envelope.ToRow("t", m, envelope.Options{})
-	require.NoError(t, err, "the bounds themselves are allowed")
+	for _, at := range []string{"0001-01-01T00:00:00.000001Z", "9999-12-31T23:59:59.999999Z"} {
+		m := message.NewMessage("id", nil)
+		m.Metadata.Set(envelope.KeyOrderingKey, strings.Repeat("k", envelope.MaxOrderingKeyLength))
+		m.Metadata.Set(envelope.KeyOccurredAt, at)
+		r, err := envelope.ToRow("t", m, envelope.Options{})
+		require.NoError(t, err, "the first and last storable microseconds are allowed: %s", at)
+		back, err := envelope.ToMessage(r, envelope.Options{})
+		require.NoError(t, err)
+		require.Equal(t, at, back.Metadata.Get(envelope.KeyOccurredAt), "neither lost nor replaced by created_at")
+	}
+}
+
+// Options.Producer stands in for msg.producer, so ToRow holds it to the same
+// rule as a metadata value (OUTBOX_INVALID_HEADER) instead of leaving the
+// database to fail the caller's transaction without a code. It is checked
+// where it is used: a message with its own producer does not write it.
+func TestToRowRefusesAnUnstorableOptionsProducer(t *testing.T) {
+	for name, producer := range map[string]string{
+		"NUL":               "a\x00b",
+		"invalid UTF-8":     "a\xffb",
+		"truncated UTF-8":   "caf\xc3",
+		"lone NUL":          "\x00",
+		"surrogate as UTF8": "\xed\xa0\x80",
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := envelope.ToRow("t", message.NewMessage("id", nil), envelope.Options{Producer: producer})
+			require.ErrorIs(t, err, outbox.ErrInvalidHeader)
+			require.Equal(t, outbox.CodeInvalidHeader, outbox.CodeOf(err))
+
+			m := message.NewMessage("id", nil)
+			envelope.SetProducer(m, "billing")
+			r, err := envelope.ToRow("t", m, envelope.Options{Producer: producer})
+			require.NoError(t, err, "the message's own producer wins; the option is not written")
+			require.Equal(t, "billing", r.Producer)
+		})
+	}
+	r, err := envelope.ToRow("t", message.NewMessage("id", nil), envelope.Options{Producer: "relay-ü"})
+	require.NoError(t, err)
+	require.Equal(t, "relay-ü", r.Producer)
 }
 
 // A row written by SQL with occurred_at (or created_at) outside the years

@@ -48,8 +48,10 @@ func validateHeaders(h map[string]string) error {
 	return nil
 }
 
-// DecodeHeaders parses the headers column. Anything but a JSON object whose
-// values are all strings is a corrupt row (OUTBOX_CORRUPT_ROW).
+// DecodeHeaders parses the headers column. Empty input (nil or "": no
+// column text) is no headers, an empty map. Anything else but a JSON object
+// whose values are all strings, whitespace-only input included, is a
+// corrupt row (OUTBOX_CORRUPT_ROW).
 func DecodeHeaders(raw []byte) (map[string]string, error) {
 	if string(raw) == "{}" {
 		return map[string]string{}, nil
@@ -70,7 +72,7 @@ func DecodeHeaders(raw []byte) (map[string]string, error) {
 // decodeHeadersGeneric is DecodeHeaders without the fast path: it decodes
 // any JSON and then checks its shape, so it can say what is wrong.
 func decodeHeadersGeneric(raw []byte) (map[string]string, error) {
-	if len(bytes.TrimSpace(raw)) == 0 {
+	if len(raw) == 0 {
 		return map[string]string{}, nil
 	}
 	var generic any

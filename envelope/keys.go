@@ -17,7 +17,8 @@ const ReservedPrefix = "msg."
 // Canonical metadata keys. On the way in each goes to its own column; on the
 // way out each column comes back under the same key. Values are strings;
 // KeyOccurredAt is RFC 3339 (a value with more than microseconds is
-// truncated to microseconds on the way in, as the column keeps them),
+// truncated to microseconds on the way in, as the column keeps them) after
+// 0001-01-01T00:00:00Z and in year 9999 or before,
 // KeyAggregateVersion a base-10 int64.
 const (
 	KeyProducer         = "msg.producer"

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -532,8 +533,12 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 		}
 		keys[i], afters[i], ids[i] = c.Key, c.AfterSeq, c.AfterID
 	}
-	maxChain, maxContinued := cmp.Or(p.MaxChain, p.Limit), cmp.Or(p.MaxContinued, p.Limit)
-	unkeyed, walk := p.Limit, p.Limit
+	// The chain bounds and the walk's size are integer parameters in SQL
+	// (compared with a position, or with 0): a larger value (a huge Limit
+	// standing in for them) means no bound, and must not reach the
+	// database as a value integer cannot hold.
+	maxChain, maxContinued := min(cmp.Or(p.MaxChain, p.Limit), math.MaxInt32), min(cmp.Or(p.MaxContinued, p.Limit), math.MaxInt32)
+	unkeyed, walk := p.Limit, min(p.Limit, math.MaxInt32)
 	if p.NoUnkeyed {
 		unkeyed = 0
 	}
@@ -565,13 +570,18 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 // IN_FLIGHT with a fresh lease, or EXHAUSTED when an expired lease spent the
 // budget or the budget was already spent (a chain ends after such a row).
 // Invalid parameters are refused with FENCING_INVALID_ARGUMENT before
-// touching the database.
+// touching the database. p.Limit bounds the statement only (room for at
+// most 1024 rows is allocated up front, the rest as rows arrive), so a huge
+// Limit, up to math.MaxInt, claims what there is.
 func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Claimed, error) {
 	if p.Limit <= 0 { // refused by ClaimAppend; no buffer to size
 		return ClaimAppend(ctx, db, nil, p)
 	}
-	return ClaimAppend(ctx, db, make([]Claimed, 0, p.Limit), p)
+	return ClaimAppend(ctx, db, make([]Claimed, 0, min(p.Limit, claimPrealloc)), p)
 }
+
+// claimPrealloc caps the capacity Claim allocates up front from p.Limit.
+const claimPrealloc = 1024
 
 // ClaimAppend is [Claim] appending the claimed rows, in seq order, to dst
 // and returning the extended slice (dst unchanged on an error), so a relay
@@ -988,8 +998,12 @@ func Release(ctx context.Context, db DBTX, l Lease, now time.Time) (Result, erro
 
 // CleanText makes s storable as text and bounded: NUL bytes (which
 // PostgreSQL text cannot hold) and invalid UTF-8 become U+FFFD, and the
-// result is cut to at most max bytes on a rune boundary.
+// result is cut to at most max bytes on a rune boundary. A max of 0 or less
+// leaves no room: the result is "".
 func CleanText(s string, max int) string {
+	if max <= 0 {
+		return ""
+	}
 	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
 	if len(s) <= max {
 		return s

@@ -15,6 +15,7 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/pgtext"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
 )
 
@@ -166,9 +167,12 @@ func NewMiddleware(db *sql.DB, consumer string, cfg Config) (message.HandlerMidd
 // documentation). With invalid arguments (see Validate) every message fails
 // with that error and is nacked, so nothing is processed without the inbox;
 // use NewMiddleware to find out at construction. A message with an empty
-// UUID fails with OUTBOX_MESSAGE_ID_REQUIRED: it cannot be de-duplicated. A
-// handler that returns produced messages fails with INBOX_PRODUCED_MESSAGES
-// and nothing commits: emit follow-ups with Publisher(msg.Context()).
+// UUID fails with OUTBOX_MESSAGE_ID_REQUIRED: it cannot be de-duplicated;
+// one the inbox cannot record fails with OUTBOX_MESSAGE_ID_TOO_LONG (longer
+// than MaxMessageIDLength) or OUTBOX_INVALID_HEADER (a NUL byte or invalid
+// UTF-8), before any transaction begins. A handler that returns produced
+// messages fails with INBOX_PRODUCED_MESSAGES and nothing commits: emit
+// follow-ups with Publisher(msg.Context()).
 func Middleware(db *sql.DB, consumer string, cfg Config) message.HandlerMiddleware {
 	return middleware(db, consumer, cfg, Validate(db, consumer, cfg))
 }
@@ -199,8 +203,10 @@ func middleware(db *sql.DB, consumer string, cfg Config, invalid error) message.
 var errAlreadyProcessed = errors.New("inbox: message already processed")
 
 // checkID refuses a message the inbox cannot record: no UUID (it cannot be
-// de-duplicated), or one longer than MaxMessageIDLength (the database
-// would refuse its key, on every redelivery, without a code).
+// de-duplicated), one longer than MaxMessageIDLength, or one PostgreSQL
+// text cannot hold (a NUL byte, invalid UTF-8; OUTBOX_INVALID_HEADER, as
+// the envelope refuses such an id): the database would refuse its key, on
+// every redelivery, without a code.
 func checkID(msg *message.Message) error {
 	const op = "inbox"
 	if msg.UUID == "" {
@@ -208,6 +214,9 @@ func checkID(msg *message.Message) error {
 	}
 	if len(msg.UUID) > MaxMessageIDLength {
 		return outbox.Errorf(outbox.CodeMessageIDTooLong, op, "message UUID is %d bytes, at most %d allowed: the inbox cannot record it (route such messages aside, e.g. with watermill's PoisonQueue middleware on this code)", len(msg.UUID), MaxMessageIDLength)
+	}
+	if why := pgtext.Unstorable(msg.UUID); why != "" {
+		return outbox.Errorf(outbox.CodeInvalidHeader, op, "message UUID %.64q %s: the inbox cannot record it (route such messages aside, e.g. with watermill's PoisonQueue middleware on this code)", msg.UUID, why)
 	}
 	return nil
 }

@@ -74,7 +74,9 @@ func (c metadataCarrier) Keys() []string {
 // "process <destination>", kind consumer, messaging.operation.type and
 // messaging.operation.name "process", messaging.destination.name (the
 // router's subscribe topic), messaging.message.id (the message UUID),
-// messaging.message.conversation_id (msg.correlation_id, when set),
+// messaging.message.conversation_id (msg.correlation_id or, when that is
+// not set, watermill's correlation_id, envelope.WatermillCorrelationKey; no
+// attribute when neither is set),
 // messaging.message.body.size, and messaging.system and
 // messaging.consumer.group.name when configured. A handler error is
 // recorded on the span and sets its status to Error. A message without

@@ -37,7 +37,8 @@ const (
 	// CodeInvalidFilter: a redrive or purge filter that names a status other
 	// than FAILED or EXHAUSTED, an empty message id, or an empty time range.
 	CodeInvalidFilter outbox.Code = "JOURNAL_INVALID_FILTER"
-	// CodeOperationRequired: Begin with an empty operation name.
+	// CodeOperationRequired: Begin with an empty operation name, or Approve
+	// with an operation other than OpRedrive or OpPurge.
 	CodeOperationRequired outbox.Code = "JOURNAL_OPERATION_REQUIRED"
 	// CodeBatchFailed is not returned: it is the failure_code Redrive and
 	// Purge record (with the error as failure_detail) when a batch, or the
@@ -415,7 +416,11 @@ type execQuerier interface {
 // stored, and the lease is extended. JOURNAL_LEASE_LOST when run no longer
 // holds the operation. Redrive and Purge checkpoint inside each batch
 // transaction themselves; this is for callers running their own operation.
+// A nil run is OUTBOX_INVALID_CONFIG.
 func (j *Journal) Checkpoint(ctx context.Context, run *Run, itemsCompleted int64, cursor string) error {
+	if run == nil {
+		return nilRun("journal.Checkpoint")
+	}
 	return j.checkpoint(ctx, j.db, run, itemsCompleted, cursor)
 }
 
@@ -435,16 +440,24 @@ func (j *Journal) checkpoint(ctx context.Context, q execQuerier, run *Run, items
 }
 
 // Complete marks the operation COMPLETED: it can never run again under its
-// ticket. JOURNAL_LEASE_LOST when run no longer holds it.
+// ticket. JOURNAL_LEASE_LOST when run no longer holds it; a nil run is
+// OUTBOX_INVALID_CONFIG.
 func (j *Journal) Complete(ctx context.Context, run *Run) error {
+	if run == nil {
+		return nilRun("journal.Complete")
+	}
 	res, err := j.db.ExecContext(ctx, sqlComplete, run.Ticket, run.Digest, j.now(), run.Owner, run.LeaseToken)
 	return j.fencedResult("journal.Complete", run, res, err)
 }
 
 // Fail marks the operation FAILED with a code and detail and releases its
 // lease: any replica may take it over (resuming from its checkpoint) at
-// once. JOURNAL_LEASE_LOST when run no longer holds it.
+// once. JOURNAL_LEASE_LOST when run no longer holds it; a nil run is
+// OUTBOX_INVALID_CONFIG.
 func (j *Journal) Fail(ctx context.Context, run *Run, code, detail string) error {
+	if run == nil {
+		return nilRun("journal.Fail")
+	}
 	res, err := j.db.ExecContext(ctx, sqlFail, run.Ticket, run.Digest, j.now(), run.Owner, run.LeaseToken, code, detail)
 	return j.fencedResult("journal.Fail", run, res, err)
 }
@@ -461,6 +474,11 @@ func (j *Journal) fencedResult(op string, run *Run, res sql.Result, err error) e
 		return lost(op, run)
 	}
 	return nil
+}
+
+// nilRun refuses a nil *Run before any statement.
+func nilRun(op string) error {
+	return outbox.Errorf(outbox.CodeInvalidConfig, op, "run is nil; pass the *Run that Begin returned")
 }
 
 func lost(op string, run *Run) error {

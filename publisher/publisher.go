@@ -116,14 +116,31 @@ func bind(tx *sql.Tx, cfg Config, logger watermill.LoggerAdapter) *Publisher {
 // outbox.Err* sentinels):
 //
 //   - OUTBOX_PUBLISHER_CLOSED after Close;
-//   - OUTBOX_TRANSACTION_REQUIRED when the transaction is finished, read-only
-//     (SQLSTATE 25006) or already aborted by an earlier error (25P02);
+//   - OUTBOX_TRANSACTION_REQUIRED when the Publisher has no transaction (the
+//     zero value, not built by New, NewOnTx or InTx), or the transaction is
+//     finished, read-only (SQLSTATE 25006) or already aborted by an earlier
+//     error (25P02);
 //   - OUTBOX_TOPIC_REQUIRED, OUTBOX_MESSAGE_ID_REQUIRED,
 //     OUTBOX_MESSAGE_ID_TOO_LONG, OUTBOX_RESERVED_HEADER,
 //     OUTBOX_INVALID_HEADER, OUTBOX_INVALID_TENANT, OUTBOX_INVALID_METADATA
-//     from the envelope;
+//     from the envelope (OUTBOX_INVALID_HEADER also for a topic with a NUL
+//     byte or invalid UTF-8);
+//   - OUTBOX_DESTINATION_TOO_LONG, OUTBOX_PAYLOAD_TOO_LARGE,
+//     OUTBOX_HEADERS_TOO_LARGE over the Config limits, and
+//     OUTBOX_PAYLOAD_TOO_LARGE for a call of several messages whose payloads
+//     add up to 2 GiB - 1 byte or more (the batch statement addresses them
+//     with int4 offsets), even with MaxPayloadBytes negative;
+//   - OUTBOX_CONTROL_CHARACTER for a control character in the topic, a
+//     message id or a canonical field;
 //   - OUTBOX_DUPLICATE_MESSAGE_ID when an id appears twice in msgs (refused
-//     before any SQL) or is already in the table (the primary key refuses it).
+//     before any SQL) or is already in the table (the primary key refuses it);
+//   - OUTBOX_INVALID_TENANT also when the database's tenant check refuses
+//     the row;
+//   - OUTBOX_INVALID_CONFIG when Config.Prepared was closed or was prepared
+//     on another *sql.DB than the transaction's.
+//
+// Any other failure (a lost connection, a cancelled context) is the
+// driver's error, wrapped, without a code.
 //
 // A refusal by the database (a duplicate id from an earlier call) aborts the
 // caller's transaction, as every failed statement does in PostgreSQL: the
@@ -136,6 +153,11 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	defer p.mu.Unlock()
 	if p.closed {
 		return outbox.Errorf(outbox.CodePublisherClosed, op, "publisher is closed")
+	}
+	if p.tx == nil && p.other == nil {
+		// A Publisher not built by New, NewOnTx or InTx (the zero value).
+		return outbox.Errorf(outbox.CodeTransactionRequired, op,
+			"the publisher has no transaction; build it with publisher.New, publisher.NewOnTx or publisher.InTx")
 	}
 	st, err := buildInsert(topic, msgs, p.cfg)
 	if err != nil {

@@ -3,6 +3,7 @@ package publisher
 import (
 	"database/sql"
 	"database/sql/driver"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -179,9 +180,16 @@ type Statement struct {
 // envelope.ToRow(topic, msg, envelope.Options{Producer: cfg.Producer}).
 // Nothing is sent to the database: a refusal here means no row of the batch
 // can be written. Refusals are *outbox.Error with the codes of envelope.ToRow
-// plus OUTBOX_DUPLICATE_MESSAGE_ID (the same id twice in msgs) and
-// OUTBOX_INVALID_CONFIG. The watermill-sql schema adapters (sub-packages
-// sqlv3 and sqlv4) are built on it.
+// (OUTBOX_TOPIC_REQUIRED, OUTBOX_MESSAGE_ID_REQUIRED,
+// OUTBOX_MESSAGE_ID_TOO_LONG, OUTBOX_RESERVED_HEADER, OUTBOX_INVALID_HEADER,
+// OUTBOX_INVALID_TENANT, OUTBOX_INVALID_METADATA) plus
+// OUTBOX_DESTINATION_TOO_LONG, OUTBOX_PAYLOAD_TOO_LARGE and
+// OUTBOX_HEADERS_TOO_LARGE (the Config limits; OUTBOX_PAYLOAD_TOO_LARGE also
+// for two or more messages whose payloads add up to 2 GiB - 1 byte or more),
+// OUTBOX_CONTROL_CHARACTER (in the topic, a message id or a canonical
+// field), OUTBOX_DUPLICATE_MESSAGE_ID (the same id twice in msgs) and
+// OUTBOX_INVALID_CONFIG (cfg fails Validate). The watermill-sql schema
+// adapters (sub-packages sqlv3 and sqlv4) are built on it.
 //
 // The statement carries only the columns the batch fills (one of three fixed
 // column sets, see the variant constants), so its text depends on which
@@ -236,6 +244,9 @@ func buildInsert(topic string, msgs []*message.Message, cfg Config) (Statement, 
 	if len(rows) == 1 {
 		st = one(topic, rows[0], headers[0], v, cfg)
 	} else {
+		if err := checkBatchPayloads(len(rows), func(i int) int { return len(rows[i].Payload) }); err != nil {
+			return Statement{}, err
+		}
 		st = batch(topic, rows, headers, v, cfg)
 	}
 	st.IDs = ids
@@ -313,6 +324,27 @@ func one(topic string, r envelope.Row, headers []byte, v variant, cfg Config) St
 		args = append(args, cfg.NotifyChannel)
 	}
 	return Statement{SQL: pick(v, true, cfg.Notify, cfg.LockOrderingKeys && r.OrderingKey != ""), Args: args}
+}
+
+// maxBatchPayloadBytes is the most payload bytes a batch statement can
+// carry: batch addresses each payload by its 1-based start and its length
+// as int4, so the start after every payload must still fit in an int32.
+const maxBatchPayloadBytes = math.MaxInt32 - 1
+
+// checkBatchPayloads refuses n payloads (payload i is size(i) bytes) too
+// large together for batch's int4 offsets. It sums in int64, so the sum
+// itself cannot overflow.
+func checkBatchPayloads(n int, size func(i int) int) error {
+	var total int64
+	for i := range n {
+		total += int64(size(i))
+	}
+	if total > maxBatchPayloadBytes {
+		return outbox.Errorf(CodePayloadTooLarge, "publisher.Publish",
+			"the %d payloads of this call total %d bytes; one call carries at most %d: publish them in several calls",
+			n, total, int64(maxBatchPayloadBytes))
+	}
+	return nil
 }
 
 func batch(topic string, rows []envelope.Row, headers [][]byte, v variant, cfg Config) Statement {

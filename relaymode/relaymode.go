@@ -32,11 +32,37 @@ const CodeRelayModeConflict outbox.Code = "RELAY_MODE_CONFLICT"
 // every mode switch records who made it.
 const CodeOperatorRequired outbox.Code = "RELAY_MODE_OPERATOR_REQUIRED"
 
+// CodeRelayModeMissing is returned when messaging_relay_mode has no row: the
+// migration inserts it and nothing in this module deletes it, so its absence
+// is a damaged schema, not a mode. [ReadMode], [CurrentMode], [RequireMode],
+// [Beat], [BeatBudget], [BeatCDC], [Enable] and [Disable] (and their Tx
+// forms) all refuse with it, so no relay of either kind runs and no switch
+// is made until the row is restored; the detail gives the migration's
+// INSERT that restores the row as POLLING:
+//
+//	INSERT INTO messaging_relay_mode (id, mode) VALUES (true, 'POLLING');
+//
+// Run it with every relay stopped, then [Enable] if a CDC consumer is to
+// publish.
+//
+// Treating a missing row as POLLING instead would not be safe: a Beat would
+// then lock no row, and a switch could not order itself against it.
+const CodeRelayModeMissing outbox.Code = "RELAY_MODE_MISSING"
+
+// restoreModeSQL is the INSERT of migration 00004 (a test holds them equal).
+const restoreModeSQL = `INSERT INTO messaging_relay_mode (id, mode) VALUES (true, 'POLLING');`
+
 // Sentinels for errors.Is.
 var (
 	ErrRelayModeConflict = &outbox.Error{Code: CodeRelayModeConflict}
 	ErrOperatorRequired  = &outbox.Error{Code: CodeOperatorRequired}
+	ErrRelayModeMissing  = &outbox.Error{Code: CodeRelayModeMissing}
 )
+
+// modeMissing is the RELAY_MODE_MISSING refusal of op.
+func modeMissing(op string) error {
+	return outbox.Errorf(CodeRelayModeMissing, op, "messaging_relay_mode has no row, so neither relay mode is recorded: the schema is damaged (the migration inserts the row, and nothing in this module deletes it); with every relay stopped, restore it with `%s`, then switch to CDC with `outboxctl debezium enable` if a CDC consumer is to publish", restoreModeSQL)
+}
 
 // SQL of the relay-mode protocol. The mode row is the single point both
 // sides lock: Beat takes it FOR SHARE inside its INSERT, a switch takes it
@@ -95,17 +121,19 @@ type Querier interface {
 // ModeRecord is the recorded relay mode and who switched it when.
 type ModeRecord struct {
 	Mode      Mode
-	ChangedAt time.Time // zero when no row is recorded
+	ChangedAt time.Time
 	ChangedBy string
 }
 
-// ReadMode reads the recorded relay mode. The migration inserts the row; a
-// missing row means nobody switched: polling.
+// ReadMode reads the recorded relay mode. The migration inserts the row
+// (changed_by "migration"); a missing row is a damaged schema, not a mode,
+// and is refused with RELAY_MODE_MISSING ([CodeRelayModeMissing]), as every
+// function of this package that reads the mode refuses it.
 func ReadMode(ctx context.Context, q Querier) (ModeRecord, error) {
 	var r ModeRecord
 	err := q.QueryRowContext(ctx, sqlCurrentMode).Scan(&r.Mode, &r.ChangedAt, &r.ChangedBy)
 	if errors.Is(err, sql.ErrNoRows) {
-		return ModeRecord{Mode: ModePolling}, nil
+		return ModeRecord{}, modeMissing("relaymode.ReadMode")
 	}
 	if err != nil {
 		return ModeRecord{}, fmt.Errorf("relaymode: read relay mode: %w", err)
@@ -113,7 +141,8 @@ func ReadMode(ctx context.Context, q Querier) (ModeRecord, error) {
 	return r, nil
 }
 
-// CurrentMode reads the recorded relay mode.
+// CurrentMode reads the recorded relay mode (RELAY_MODE_MISSING without the
+// row, as [ReadMode]).
 func CurrentMode(ctx context.Context, q Querier) (Mode, error) {
 	r, err := ReadMode(ctx, q)
 	return r.Mode, err
@@ -121,7 +150,8 @@ func CurrentMode(ctx context.Context, q Querier) (Mode, error) {
 
 // RequireMode returns RELAY_MODE_CONFLICT (from op, with hint saying what to
 // do) unless the database records want: the one start-up gate every relay
-// and the age-based cleaner use.
+// and the age-based cleaner use. Without the mode row it returns
+// RELAY_MODE_MISSING.
 func RequireMode(ctx context.Context, db *sql.DB, want Mode, op, hint string) error {
 	mode, err := CurrentMode(ctx, db)
 	if err != nil {
@@ -144,7 +174,10 @@ func RequireMode(ctx context.Context, db *sql.DB, want Mode, op, hint string) er
 //
 // It also refuses (RELAY_MODE_CONFLICT) while a CDC consumer's heartbeat is
 // live (see [BeatCDC] and [HeartbeatActionQuery]): a connector streaming in
-// POLLING mode would deliver every row a second time.
+// POLLING mode would deliver every row a second time. Without the mode row it
+// refuses with RELAY_MODE_MISSING, and a ttl of zero or less with
+// OUTBOX_INVALID_CONFIG (before touching the database): a heartbeat that has
+// already expired announces nothing.
 func Beat(ctx context.Context, db *sql.DB, owner string, ttl time.Duration) error {
 	return BeatBudget(ctx, db, owner, ttl, 0)
 }
@@ -154,12 +187,20 @@ func Beat(ctx context.Context, db *sql.DB, owner string, ttl time.Duration) erro
 // show the live relays' budgets and warn when they differ: the budget is
 // each relay's configuration, not the row's.
 func BeatBudget(ctx context.Context, db *sql.DB, owner string, ttl time.Duration, maxAttempts int) error {
+	const op = "relaymode.Beat"
+	if ttl <= 0 {
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "ttl is %s; a heartbeat needs a positive lifetime", ttl)
+	}
 	res, err := db.ExecContext(ctx, sqlBeat, owner, ttl.Seconds(), maxAttempts)
 	if err != nil {
 		return fmt.Errorf("relaymode: relay heartbeat: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return outbox.Errorf(CodeRelayModeConflict, "relaymode.Beat", "the database's relay mode is CDC, or a CDC consumer's heartbeat is live; a polling forwarder must not run (stop the CDC consumer, then switch back with `outboxctl debezium disable`)")
+		// Refused; a missing mode row refuses too, and is named as such.
+		if _, err := ReadMode(ctx, db); errors.Is(err, ErrRelayModeMissing) {
+			return modeMissing(op)
+		}
+		return outbox.Errorf(CodeRelayModeConflict, op, "the database's relay mode is CDC, or a CDC consumer's heartbeat is live; a polling forwarder must not run (stop the CDC consumer, then switch back with `outboxctl debezium disable`)")
 	}
 	return nil
 }
@@ -183,13 +224,21 @@ var ErrSecondCDCConsumer = &outbox.Error{Code: CodeSecondCDCConsumer}
 // at start and before any publish once a beat interval has passed; a
 // Debezium connector beats through [HeartbeatActionQuery] instead (which
 // cannot refuse, so a second connector is reported, not refused).
+//
+// Before touching the database it refuses with OUTBOX_INVALID_CONFIG an
+// empty (or blank) owner, a slot that is not a replication slot name
+// (^[a-z_][a-z0-9_]{0,62}$) and a ttl of zero or less. Without the mode row
+// it refuses with RELAY_MODE_MISSING.
 func BeatCDC(ctx context.Context, db *sql.DB, owner, slot string, ttl time.Duration) error {
 	const op = "relaymode.BeatCDC"
 	if strings.TrimSpace(owner) == "" || !isSlotName(slot) {
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "owner must not be empty and slot %q must match ^[a-z_][a-z0-9_]{0,62}$", slot)
 	}
+	if ttl <= 0 {
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "ttl is %s; a heartbeat needs a positive lifetime", ttl)
+	}
 	return inTx(ctx, db, func(tx *sql.Tx) error {
-		mode, err := lockMode(ctx, tx)
+		mode, err := lockMode(ctx, tx, op)
 		if err != nil {
 			return err
 		}
@@ -284,7 +333,8 @@ func nullTime(t time.Time) any {
 // refuses with RELAY_MODE_CONFLICT while any polling relay's heartbeat is
 // live at now (zero now means the database's clock), naming the live owners
 // in the detail: stop them first, or wait for their heartbeats to expire. It
-// refuses an empty by with RELAY_MODE_OPERATOR_REQUIRED. Enabling when the
+// refuses an empty by with RELAY_MODE_OPERATOR_REQUIRED, and a missing mode
+// row with RELAY_MODE_MISSING (it does not insert one). Enabling when the
 // mode is already CDC succeeds without changing the record.
 func Enable(ctx context.Context, db *sql.DB, by string, now time.Time) error {
 	return inTx(ctx, db, func(tx *sql.Tx) error { return EnableTx(ctx, tx, by, now) })
@@ -298,7 +348,7 @@ func EnableTx(ctx context.Context, tx *sql.Tx, by string, now time.Time) error {
 	if strings.TrimSpace(by) == "" {
 		return outbox.Errorf(CodeOperatorRequired, op, "say who switches the relay mode (by must not be empty)")
 	}
-	mode, err := lockMode(ctx, tx)
+	mode, err := lockMode(ctx, tx, op)
 	if err != nil {
 		return err
 	}
@@ -325,8 +375,9 @@ func EnableTx(ctx context.Context, tx *sql.Tx, by string, now time.Time) error {
 // [HeartbeatActionQuery]), naming them: stop the consumer first (the native
 // relay marks what it delivered PUBLISHED and removes its heartbeat when it
 // stops), or wait for its heartbeat to expire. It refuses an empty by with
-// RELAY_MODE_OPERATOR_REQUIRED; disabling when already POLLING succeeds
-// without changing the record.
+// RELAY_MODE_OPERATOR_REQUIRED, and a missing mode row with
+// RELAY_MODE_MISSING (it does not insert one); disabling when already
+// POLLING succeeds without changing the record.
 func Disable(ctx context.Context, db *sql.DB, by string) error {
 	return DisableAt(ctx, db, by, time.Time{})
 }
@@ -344,7 +395,7 @@ func DisableTx(ctx context.Context, tx *sql.Tx, by string, now time.Time) error 
 	if strings.TrimSpace(by) == "" {
 		return outbox.Errorf(CodeOperatorRequired, op, "say who switches the relay mode (by must not be empty)")
 	}
-	mode, err := lockMode(ctx, tx)
+	mode, err := lockMode(ctx, tx, op)
 	if err != nil || mode == ModePolling {
 		return err
 	}
@@ -362,11 +413,15 @@ func DisableTx(ctx context.Context, tx *sql.Tx, by string, now time.Time) error 
 	return setMode(ctx, tx, ModePolling, by, now)
 }
 
-func lockMode(ctx context.Context, tx *sql.Tx) (Mode, error) {
+func lockMode(ctx context.Context, tx *sql.Tx, op string) (Mode, error) {
 	var m string
-	if err := tx.QueryRowContext(ctx, sqlLockMode).Scan(&m); err != nil {
+	err := tx.QueryRowContext(ctx, sqlLockMode).Scan(&m)
+	if errors.Is(err, sql.ErrNoRows) {
 		// The migration inserts the row; its absence is a broken schema,
 		// not a mode.
+		return "", modeMissing(op)
+	}
+	if err != nil {
 		return "", fmt.Errorf("relaymode: lock relay mode: %w", err)
 	}
 	return Mode(m), nil

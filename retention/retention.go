@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -81,7 +82,9 @@ type Config struct {
 	MaxBatches int
 	// StatementTimeout is set with SET LOCAL inside each batch's own
 	// transaction, so a batch that cannot finish in time is cancelled and
-	// rolled back instead of holding its row locks. Zero means 5s.
+	// rolled back instead of holding its row locks. Zero means 5s. It is
+	// sent in whole milliseconds, at least 1ms and at most 2147483647ms
+	// (about 24.8 days, PostgreSQL's limit); Validate refuses others.
 	StatementTimeout time.Duration
 	// Mode chooses which rows are old. Zero means ByPublishedAt. CDC relay
 	// mode needs ByCreatedAt (see the constant's documentation).
@@ -192,6 +195,8 @@ func (c Config) Validate() error {
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "StatementTimeout is %s; use a positive duration (or 0 for %s)", c.StatementTimeout, DefaultStatementTimeout)
 	case c.StatementTimeout < time.Millisecond:
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "StatementTimeout is %s; PostgreSQL counts it in whole milliseconds, use at least 1ms", c.StatementTimeout)
+	case c.StatementTimeout.Milliseconds() > math.MaxInt32:
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "StatementTimeout is %s; PostgreSQL's statement_timeout holds at most %dms (about 24.8 days), use at most that", c.StatementTimeout, math.MaxInt32)
 	case c.InboxHorizon < 0:
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "InboxHorizon is %s; use a positive duration, or 0 to disable inbox cleanup", c.InboxHorizon)
 	case !c.AllowShortHorizons && c.Horizon < DefaultHorizon:

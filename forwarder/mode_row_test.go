@@ -1,0 +1,50 @@
+package forwarder_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
+)
+
+// docs/ERRORS.md, RELAY_MODE_MISSING: a running forwarder whose relay-mode
+// row is deleted logs its heartbeats as failed with that code, claims
+// nothing once its heartbeat has lapsed (it no longer knows the mode is
+// polling), and resumes when the row is restored.
+func TestAMissingModeRowStopsClaimsUntilItIsRestored(t *testing.T) {
+	s := newDB(t)
+	rec := &recorder{}
+	logs := &errLogger{}
+	f, err := forwarder.New(s.DB, rec, logs, forwarder.Config{
+		HeartbeatInterval: 250 * time.Millisecond, // each beat must finish within it: shorter, and a busy machine lapses it for good
+		PollInterval:      5 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond,
+		BackoffBase: 5 * time.Millisecond, BackoffMax: 10 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = f.Close() })
+	done := make(chan error, 1)
+	go func() { done <- f.Run(context.Background()) }()
+	waitOrFail(t, f.Running(), "Run reaching its loop")
+
+	_, err = s.DB.Exec(`DELETE FROM messaging_relay_mode`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return logs.count(relaymode.CodeRelayModeMissing) > 0 }, 10*time.Second, 5*time.Millisecond,
+		"heartbeats fail with RELAY_MODE_MISSING")
+	require.Eventually(t, func() bool { return logs.count(forwarder.CodeHeartbeatLapsed) > 0 }, 10*time.Second, 5*time.Millisecond,
+		"passes fail with FORWARDER_HEARTBEAT_LAPSED")
+	insertN(t, s.DB, "orders", "m1")
+	n := logs.count(forwarder.CodeHeartbeatLapsed)
+	require.Eventually(t, func() bool { return logs.count(forwarder.CodeHeartbeatLapsed) >= n+2 }, 10*time.Second, 5*time.Millisecond)
+	require.Empty(t, rec.ids(), "nothing is claimed while the mode row is missing")
+	require.Equal(t, "PENDING", state(t, s.DB, "m1").Status)
+
+	_, err = s.DB.Exec(`INSERT INTO messaging_relay_mode (id, mode) VALUES (true, 'POLLING')`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(rec.ids()) == 1 }, time.Minute, 5*time.Millisecond, "claims resume once the row is back (a minute: the machine may be busy)")
+	require.NoError(t, f.Close())
+	require.NoError(t, waitOrFail(t, done, "Run returning"))
+}
