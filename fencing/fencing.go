@@ -509,8 +509,8 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "limit must be > 0, got %d", p.Limit)
 	case p.Lease <= 0:
 		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "lease must be > 0, got %s", p.Lease)
-	case p.MaxAttempts <= 0:
-		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "max attempts must be > 0, got %d", p.MaxAttempts)
+	case p.MaxAttempts <= 0 || p.MaxAttempts > math.MaxInt32:
+		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "max attempts must be between 1 and %d (the attempts column is an integer), got %d", math.MaxInt32, p.MaxAttempts)
 	case !p.Policy.Valid():
 		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "unknown ordering policy %d", int(p.Policy))
 	case p.FromSeq < 0:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -520,12 +521,13 @@ func TestInvalidArgumentsAreRefused(t *testing.T) {
 	s := newDB(t)
 	good := params("r", t0)
 	for name, mut := range map[string]func(*fencing.ClaimParams){
-		"owner":    func(p *fencing.ClaimParams) { p.Owner = "" },
-		"limit":    func(p *fencing.ClaimParams) { p.Limit = 0 },
-		"lease":    func(p *fencing.ClaimParams) { p.Lease = 0 },
-		"attempts": func(p *fencing.ClaimParams) { p.MaxAttempts = 0 },
-		"policy":   func(p *fencing.ClaimParams) { p.Policy = 7 },
-		"from":     func(p *fencing.ClaimParams) { p.FromSeq = -1 },
+		"owner":                      func(p *fencing.ClaimParams) { p.Owner = "" },
+		"limit":                      func(p *fencing.ClaimParams) { p.Limit = 0 },
+		"lease":                      func(p *fencing.ClaimParams) { p.Lease = 0 },
+		"attempts":                   func(p *fencing.ClaimParams) { p.MaxAttempts = 0 },
+		"attempts beyond the column": func(p *fencing.ClaimParams) { p.MaxAttempts = math.MaxInt32 + 1 },
+		"policy":                     func(p *fencing.ClaimParams) { p.Policy = 7 },
+		"from":                       func(p *fencing.ClaimParams) { p.FromSeq = -1 },
 	} {
 		p := good
 		mut(&p)

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"os"
 	"time"
 
@@ -276,6 +277,9 @@ func (c Config) validated() (Config, error) {
 		if f.v < 0 {
 			return bad("%s must be positive (or zero for the default), got %d", f.name, f.v)
 		}
+	}
+	if c.MaxAttempts > math.MaxInt32 {
+		return bad("MaxAttempts %d is beyond what the attempts column (integer) can count; use at most %d", c.MaxAttempts, math.MaxInt32)
 	}
 	if c.MaxBatchSize > MaxClaimRows {
 		return bad("BatchSize %d / MaxBatchSize %d exceed %d rows: a claim holds its rows in memory (about 1 KB each before payloads) and in one statement's arrays; use at most %d",

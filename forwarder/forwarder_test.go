@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -94,6 +95,7 @@ func TestConfigRefusals(t *testing.T) {
 		"max below default": {forwarder.Config{MaxBatchSize: 20}, outbox.CodeInvalidConfig, "MaxBatchSize 20 is below BatchSize 100"},
 		"huge batch":        {forwarder.Config{BatchSize: 1 << 40}, outbox.CodeInvalidConfig, "exceed 10000 rows"},
 		"huge max batch":    {forwarder.Config{MaxBatchSize: forwarder.MaxClaimRows + 1}, outbox.CodeInvalidConfig, "use at most 10000"},
+		"huge attempts":     {forwarder.Config{MaxAttempts: math.MaxInt32 + 1}, outbox.CodeInvalidConfig, "MaxAttempts 2147483648"},
 		"owner not UTF-8":   {forwarder.Config{Owner: "relay\xff"}, outbox.CodeInvalidConfig, "Owner must be printable UTF-8"},
 		"owner escape":      {forwarder.Config{Owner: "relay\x1b[31m"}, outbox.CodeInvalidConfig, "Owner must be printable UTF-8"},
 		"owner too long":    {forwarder.Config{Owner: strings.Repeat("o", 201)}, outbox.CodeInvalidConfig, "Owner must be at most 200 bytes"},
