@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
@@ -29,13 +28,13 @@ func TestTraceConversationIDFallsBackToWatermillsCorrelationID(t *testing.T) {
 	}
 
 	watermillOnly := message.NewMessage("wm", nil)
-	middleware.SetCorrelationID("wm-corr", watermillOnly)
+	watermillOnly.Metadata.Set(envelope.WatermillCorrelationKey, "wm-corr") // what middleware.SetCorrelationID sets
 	v, ok := conversation(watermillOnly)
 	require.True(t, ok, "watermill's key alone is used")
 	require.Equal(t, "wm-corr", v)
 
 	both := message.NewMessage("both", nil)
-	middleware.SetCorrelationID("wm-corr", both)
+	both.Metadata.Set(envelope.WatermillCorrelationKey, "wm-corr")
 	both.Metadata.Set(envelope.KeyCorrelationID, "outbox-corr")
 	v, ok = conversation(both)
 	require.True(t, ok)
