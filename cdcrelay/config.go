@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"database/sql"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/pgtext"
 )
 
 // Defaults filled in by [Config] when a field is zero.
@@ -153,7 +155,7 @@ func (c Config) withDefaults() Config {
 	c.RetryInitial = cmp.Or(c.RetryInitial, DefaultRetryInitial)
 	c.RetryMax = cmp.Or(c.RetryMax, max(DefaultRetryMax, c.RetryInitial))
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
-	c.HeartbeatTTL = cmp.Or(c.HeartbeatTTL, max(DefaultHeartbeatTTL, 2*c.HeartbeatInterval))
+	c.HeartbeatTTL = cmp.Or(c.HeartbeatTTL, max(DefaultHeartbeatTTL, twice(c.HeartbeatInterval)))
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.LagWarnBytes = cmp.Or(c.LagWarnBytes, DefaultLagWarnBytes)
 	c.LagWarnEvery = cmp.Or(c.LagWarnEvery, DefaultLagWarnEvery)
@@ -162,6 +164,18 @@ func (c Config) withDefaults() Config {
 		c.Owner = fmt.Sprintf("cdcrelay@%s:%d:%s", cmp.Or(host, "unknown"), os.Getpid(), c.SlotName)
 	}
 	return c
+}
+
+// twice is 2*d, saturated at the int64 bounds instead of wrapping around (a
+// wrapped HeartbeatInterval*2 would let a huge interval pass as a small one).
+func twice(d time.Duration) time.Duration {
+	switch {
+	case d > math.MaxInt64/2:
+		return math.MaxInt64
+	case d < math.MinInt64/2:
+		return math.MinInt64
+	}
+	return 2 * d
 }
 
 // Validate reports the first setting that cannot work, as
@@ -193,11 +207,18 @@ func (c Config) replicationConfig() (*pgconn.Config, error) {
 	if c.StandbyTimeout < 0 || c.RetryInitial < 0 || c.RetryMax < 0 || c.SlotBusyWait < 0 || c.HeartbeatInterval < 0 || c.HeartbeatTTL < 0 || c.BatchSize < 0 || c.LagWarnEvery < 0 {
 		return invalid("StandbyTimeout, SlotBusyWait, RetryInitial, RetryMax, HeartbeatInterval, HeartbeatTTL, BatchSize and LagWarnEvery must not be negative")
 	}
-	if c.HeartbeatTTL < 2*c.HeartbeatInterval {
+	// Not TTL < 2*Interval: that product overflows for a huge interval.
+	if c.HeartbeatInterval > c.HeartbeatTTL/2 {
 		return invalid("HeartbeatTTL (%s) must be at least twice HeartbeatInterval (%s): one late heartbeat must not stop the relay", c.HeartbeatTTL, c.HeartbeatInterval)
 	}
 	if strings.TrimSpace(c.Owner) == "" {
 		return invalid("Owner must not be blank")
+	}
+	if why := pgtext.Unstorable(c.Owner); why != "" {
+		return invalid("Owner %q %s (it is written to messaging_relay_heartbeat)", c.Owner, why)
+	}
+	if i := pgtext.ControlAt(c.Owner); i >= 0 {
+		return invalid("Owner %q has a control character at byte %d; use printable text (it is printed in logs and by outboxctl)", c.Owner, i)
 	}
 	if c.RetryMax < c.RetryInitial {
 		return invalid("RetryMax (%s) must be at least RetryInitial (%s)", c.RetryMax, c.RetryInitial)

@@ -292,11 +292,20 @@ func (r *Relay) run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		r.failing.delay = min(r.failing.delay*2, r.cfg.RetryMax)
+		r.failing.delay = nextDelay(r.failing.delay, r.cfg.RetryMax)
 		if err := r.ensureBeat(ctx); err != nil {
 			return err
 		}
 	}
+}
+
+// nextDelay doubles the backoff d up to limit; d*2 is never computed when
+// it would pass limit, so it cannot wrap around to a negative delay.
+func nextDelay(d, limit time.Duration) time.Duration {
+	if d > limit/2 {
+		return limit
+	}
+	return 2 * d
 }
 
 // session streams from the slot's confirmed position (start) until it ends:

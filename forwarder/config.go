@@ -22,8 +22,13 @@ const (
 	DefaultBatchSize = 100
 	// DefaultMaxBatchSize is MaxBatchSize when neither it nor BatchSize is set.
 	DefaultMaxBatchSize = 1000
-	// MaxClaimRows is the most BatchSize and MaxBatchSize may be.
-	MaxClaimRows             = 10000
+	// MaxClaimRows is the most BatchSize, MaxBatchSize and Concurrency may
+	// be.
+	MaxClaimRows = 10000
+	// MaxHeartbeatInterval is the most HeartbeatInterval may be: a relay
+	// that stopped without clearing its heartbeat holds off a switch to CDC
+	// for 3 intervals.
+	MaxHeartbeatInterval     = time.Hour
 	DefaultLeaseDuration     = 30 * time.Second
 	DefaultPublishTimeout    = 5 * time.Second
 	DefaultPollInterval      = 500 * time.Millisecond
@@ -113,7 +118,8 @@ type Config struct {
 	// Concurrency is how many units a pass publishes at once: an unkeyed
 	// row, or one ordering key's chain (its rows of the batch in seq order,
 	// published one at a time, each waiting for the previous outcome), so it
-	// never reorders a key. Default 8.
+	// never reorders a key. Default 8; at most MaxClaimRows (more workers
+	// than a claim can hold rows would have nothing to publish).
 	Concurrency int
 	// MaxBatchBytes bounds what one claim takes by size: the claim
 	// statement stops adding rows (in seq order) once their payloads and
@@ -186,7 +192,8 @@ type Config struct {
 	// TracerProvider for publish spans. Nil: the otel global provider.
 	TracerProvider trace.TracerProvider
 	// HeartbeatInterval is how often the relay renews its relay-mode
-	// heartbeat (which lives 3 intervals). Default 10s.
+	// heartbeat (which lives 3 intervals). Default 10s; at most
+	// MaxHeartbeatInterval (1h).
 	HeartbeatInterval time.Duration
 	// DrainTimeout bounds how long Close (or cancelling Run) waits for the
 	// publishes in progress before it records them as ambiguous. It must not
@@ -237,7 +244,9 @@ func (c Config) withDefaults() Config {
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, c.PublishTimeout)
 	c.MaxBatchBytes = cmp.Or(c.MaxBatchBytes, DefaultMaxBatchBytes)
 	c.DBTimeout = cmp.Or(c.DBTimeout, min(DefaultDBTimeout, c.LeaseDuration/2))
-	c.MaxAbandoned = cmp.Or(c.MaxAbandoned, 2*c.Concurrency)
+	// Concurrency is capped before doubling so that a huge one cannot
+	// overflow into a negative default (Validate refuses it by name).
+	c.MaxAbandoned = cmp.Or(c.MaxAbandoned, 2*min(c.Concurrency, MaxClaimRows))
 	c.Owner = cmp.Or(c.Owner, defaultOwner())
 	c.NotifyChannel = cmp.Or(c.NotifyChannel, publisher.DefaultNotifyChannel)
 	if c.Classifier == nil {
@@ -288,10 +297,24 @@ func (c Config) validated() (Config, error) {
 	if c.MaxBatchSize < c.BatchSize {
 		return bad("MaxBatchSize %d is below BatchSize %d; raise MaxBatchSize (or leave it zero: BatchSize, fixed)", c.MaxBatchSize, c.BatchSize)
 	}
-	if c.LeaseDuration < 2*c.PublishTimeout {
+	if c.Concurrency > MaxClaimRows {
+		return bad("Concurrency %d exceeds %d: a pass publishes at most the rows of one claim (MaxClaimRows), so more workers would have nothing to do; use at most %d",
+			c.Concurrency, MaxClaimRows, MaxClaimRows)
+	}
+	if c.HeartbeatInterval > MaxHeartbeatInterval {
+		return bad("HeartbeatInterval %s exceeds %s: the heartbeat lives 3 intervals, and a relay that stopped holds off a switch to CDC that long; use at most %s",
+			c.HeartbeatInterval, MaxHeartbeatInterval, MaxHeartbeatInterval)
+	}
+	// LeaseDuration < 2 x PublishTimeout, written so that it cannot overflow
+	// (for non-negative a, b: a < 2b exactly when b > a/2, rounding down).
+	if c.PublishTimeout > c.LeaseDuration/2 {
+		need := "2 x PublishTimeout"
+		if c.PublishTimeout <= math.MaxInt64/2 {
+			need = (2 * c.PublishTimeout).String()
+		}
 		return Config{}, outbox.Errorf(outbox.CodeLeaseTooShort, op,
 			"LeaseDuration %s is shorter than 2 x PublishTimeout (%s): another relay could publish a row while this one still waits for a confirm; raise LeaseDuration to at least %s or lower PublishTimeout",
-			c.LeaseDuration, c.PublishTimeout, 2*c.PublishTimeout)
+			c.LeaseDuration, c.PublishTimeout, need)
 	}
 	if c.DBTimeout > c.LeaseDuration/2 {
 		return bad("DBTimeout %s exceeds half of LeaseDuration (%s): a claim that took that long would leave its rows too little of their lease to be published; lower DBTimeout or raise LeaseDuration",

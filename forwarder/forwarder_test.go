@@ -114,6 +114,16 @@ func TestConfigRefusals(t *testing.T) {
 		"negative dbtime":   {forwarder.Config{DBTimeout: -time.Second}, outbox.CodeInvalidConfig, "DBTimeout must be positive"},
 		"negative backoff":  {forwarder.Config{BackoffBase: -time.Second}, outbox.CodeInvalidConfig, "BackoffBase must be positive"},
 		"negative pollmax":  {forwarder.Config{MaxPollInterval: -time.Second}, outbox.CodeInvalidConfig, "MaxPollInterval must be positive"},
+		// 2 x PublishTimeout must not overflow into an accepted lease or the wrong code.
+		"lease 2x overflow": {forwarder.Config{PublishTimeout: 5e18, LeaseDuration: 6e18, DrainTimeout: time.Second}, outbox.CodeLeaseTooShort, "at least 2 x PublishTimeout or lower PublishTimeout"},
+		"max timeout":       {forwarder.Config{PublishTimeout: math.MaxInt64}, outbox.CodeLeaseTooShort, "lower PublishTimeout"},
+		"lease 2x minus 1":  {forwarder.Config{LeaseDuration: 2*time.Second - 1, PublishTimeout: time.Second, DrainTimeout: time.Millisecond}, outbox.CodeLeaseTooShort, "at least 2s"},
+		// 3 x HeartbeatInterval (the heartbeat's lifetime) must not overflow in Run.
+		"huge beat":       {forwarder.Config{HeartbeatInterval: math.MaxInt64 / 2}, outbox.CodeInvalidConfig, "HeartbeatInterval"},
+		"beat over bound": {forwarder.Config{HeartbeatInterval: forwarder.MaxHeartbeatInterval + 1}, outbox.CodeInvalidConfig, "use at most 1h0m0s"},
+		// 2 x Concurrency (the default MaxAbandoned) must not overflow either.
+		"huge conc":     {forwarder.Config{Concurrency: math.MaxInt}, outbox.CodeInvalidConfig, "Concurrency 9223372036854775807 exceeds 10000"},
+		"conc over max": {forwarder.Config{Concurrency: forwarder.MaxClaimRows + 1}, outbox.CodeInvalidConfig, "use at most 10000"},
 	} {
 		err := tc.cfg.Validate()
 		require.Error(t, err, name)
@@ -123,6 +133,10 @@ func TestConfigRefusals(t *testing.T) {
 		require.Error(t, err, name)
 	}
 	require.NoError(t, forwarder.Config{BatchSize: forwarder.MaxClaimRows}.Validate(), "the bound itself is allowed")
+	require.NoError(t, forwarder.Config{Concurrency: forwarder.MaxClaimRows}.Validate(), "the bound itself is allowed")
+	require.NoError(t, forwarder.Config{HeartbeatInterval: forwarder.MaxHeartbeatInterval}.Validate(), "the bound itself is allowed")
+	require.NoError(t, forwarder.Config{LeaseDuration: 2 * time.Second, PublishTimeout: time.Second, DrainTimeout: time.Millisecond}.Validate(), "exactly 2 x PublishTimeout is enough")
+	require.NoError(t, forwarder.Config{PublishTimeout: 4e18, LeaseDuration: 8e18, DrainTimeout: time.Second}.Validate(), "a huge lease of exactly 2 x PublishTimeout is enough")
 	require.NoError(t, forwarder.Config{Owner: "relay-é-1", Producer: "billing/ν2"}.Validate(), "printable UTF-8 is fine")
 	s := newDB(t)
 	_, err := forwarder.New(nil, &recorder{}, nil, forwarder.Config{})

@@ -22,8 +22,8 @@ import (
 // Notifications only shorten the wait: polling continues whatever the
 // listener does, so a lost notification delays a message by at most
 // MaxPollInterval. Any login may NOTIFY the channel, so a notification never
-// shortens a failure backoff, and after a woken pass that found nothing the
-// next woken pass waits PollInterval/10 (at most 50 ms)
+// shortens a failure backoff, and after two woken passes in a row that found
+// nothing the next woken pass waits PollInterval/10 (at most 50 ms)
 // (TestANotifyFloodStartsOneWokenPassPerGap, TestWokenPassesThatFindRowsAreNotHeldBack,
 // TestNotificationsDoNotCutTheFailureBackoff).
 type Listener interface {

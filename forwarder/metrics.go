@@ -4,9 +4,9 @@ import "time"
 
 // Metric names of the Prometheus implementation (forwarder/prommetrics),
 // with its default namespace "outbox". Labels are bounded: outcome is one of
-// published, ambiguous, failed, exhausted, stale, released; destination is
-// the topic, capped by prommetrics.Options.MaxDestinations (the rest are
-// counted under "_other"). The message id is never a label.
+// published, ambiguous, failed, exhausted, unavailable, stale, released;
+// destination is the topic, capped by prommetrics.Options.MaxDestinations
+// (the rest are counted under "_other"). The message id is never a label.
 const (
 	MetricMessages        = "outbox_forwarder_messages_total"
 	MetricPassFailures    = "outbox_forwarder_pass_failures_total"

@@ -83,4 +83,32 @@ func TestPromMetricsRefusesBadOptions(t *testing.T) {
 	reg.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: forwarder.MetricPasses, Help: "x"}))
 	_, err = prommetrics.New(reg, prommetrics.Options{})
 	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+
+	// Names are refused before any collector is built: a constant "le"
+	// made prometheus.NewHistogram panic.
+	for name, tc := range map[string]struct {
+		o    prommetrics.Options
+		hint string
+	}{
+		"le":              {prommetrics.Options{ConstLabels: prometheus.Labels{"le": "x"}}, `"le" is a label the forwarder's collectors set`},
+		"destination":     {prommetrics.Options{ConstLabels: prometheus.Labels{"destination": "x"}}, `"destination" is a label`},
+		"outcome":         {prommetrics.Options{ConstLabels: prometheus.Labels{"outcome": "x"}}, `"outcome" is a label`},
+		"label dash":      {prommetrics.Options{ConstLabels: prometheus.Labels{"a-b": "x"}}, `"a-b" is not a Prometheus label name`},
+		"label reserved":  {prommetrics.Options{ConstLabels: prometheus.Labels{"__x": "x"}}, `"__x" is not a Prometheus label name`},
+		"label empty":     {prommetrics.Options{ConstLabels: prometheus.Labels{"": "x"}}, `"" is not a Prometheus label name`},
+		"namespace dash":  {prommetrics.Options{Namespace: "a-b"}, `Namespace "a-b"`},
+		"namespace digit": {prommetrics.Options{Namespace: "1a"}, `Namespace "1a"`},
+		"namespace space": {prommetrics.Options{Namespace: "a b"}, `Namespace "a b"`},
+	} {
+		reg := prometheus.NewPedanticRegistry()
+		require.NotPanics(t, func() { _, err = prommetrics.New(reg, tc.o) }, name)
+		require.Error(t, err, name)
+		require.Equal(t, outbox.CodeInvalidConfig, outbox.CodeOf(err), name)
+		require.Contains(t, err.Error(), tc.hint, name)
+		mfs, gerr := reg.Gather()
+		require.NoError(t, gerr, name)
+		require.Empty(t, mfs, "%s: nothing registered", name)
+	}
+	_, err = prommetrics.New(prometheus.NewRegistry(), prommetrics.Options{Namespace: "_shop_2", ConstLabels: prometheus.Labels{"shard_1": "a-b", "_x": ""}})
+	require.NoError(t, err, "classic names pass")
 }

@@ -206,3 +206,19 @@ func (f publisherFunc) Publish(topic string, msgs ...*message.Message) error {
 	return f(topic, msgs...)
 }
 func (publisherFunc) Close() error { return nil }
+
+// embeddedTx is a pgx.Tx of the caller's own making.
+type embeddedTx struct{ pgx.Tx }
+
+// A pgx.Tx holding a nil pointer passes tx == nil; it is refused as a nil tx
+// is, not left to panic on the first Publish.
+func TestNewPublisherRefusesTypedNilTx(t *testing.T) {
+	var own *embeddedTx
+	var pooled *pgxpool.Tx
+	for name, tx := range map[string]pgx.Tx{"nil": nil, "nil *embeddedTx": own, "nil *pgxpool.Tx": pooled} {
+		pub, err := pgxadapter.NewPublisher(tx, publisher.Config{}, nil)
+		require.Nil(t, pub, name)
+		require.ErrorIs(t, err, outbox.ErrTransactionRequired, name)
+		require.Equal(t, outbox.CodeTransactionRequired, outbox.CodeOf(err), name)
+	}
+}

@@ -43,6 +43,7 @@
 // # Errors
 //
 // [Message] returns STATUS_MESSAGE_NOT_FOUND ([ErrMessageNotFound]) for an
-// unknown id and OUTBOX_MESSAGE_ID_REQUIRED for an empty one. Negative
+// unknown id, including one no row can have (a NUL byte or invalid UTF-8,
+// refused before any query), and OUTBOX_MESSAGE_ID_REQUIRED for an empty one. Negative
 // options are refused with OUTBOX_INVALID_CONFIG.
 package status

@@ -12,6 +12,7 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/pgtext"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
@@ -491,12 +492,17 @@ func warnings(s Snapshot) []string {
 
 // Message reads one outbox row by message id, every column included. An
 // empty id is refused with OUTBOX_MESSAGE_ID_REQUIRED; an unknown id returns
-// STATUS_MESSAGE_NOT_FOUND. A row the envelope cannot decode is returned with
+// STATUS_MESSAGE_NOT_FOUND, and so does, without a query, an id no row can
+// have (a NUL byte or invalid UTF-8, which PostgreSQL text cannot store). A row the envelope cannot decode is returned with
 // its OUTBOX_CORRUPT_ROW error, identity fields filled, so an operator can
 // still see it.
 func Message(ctx context.Context, db *sql.DB, messageID string) (envelope.Row, error) {
 	if messageID == "" {
 		return envelope.Row{}, outbox.Errorf(outbox.CodeMessageIDRequired, "status.Message", "give the message id to inspect")
+	}
+	if why := pgtext.Unstorable(messageID); why != "" {
+		// The server would refuse the parameter (22021) with no code.
+		return envelope.Row{}, outbox.Errorf(CodeMessageNotFound, "status.Message", "no outbox row can have message_id %q: it %s", messageID, why)
 	}
 	row, err := envelope.ScanRow(db.QueryRowContext(ctx, messageQuery, messageID))
 	if errors.Is(err, sql.ErrNoRows) {

@@ -190,3 +190,17 @@ func TestMessageReadsEveryColumn(t *testing.T) {
 	_, err = Message(ctx, s.DB, "")
 	require.ErrorIs(t, err, outbox.ErrMessageIDRequired)
 }
+
+// An id PostgreSQL text cannot hold (NUL, invalid UTF-8) names no row: it is
+// STATUS_MESSAGE_NOT_FOUND, not the server's untyped 22021 refusal.
+func TestMessageUnstorableIDIsNotFound(t *testing.T) {
+	t.Parallel()
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(2)
+	ctx := context.Background()
+	for _, id := range []string{"\xff", "a\x00", "ok\xc3"} {
+		_, err := Message(ctx, s.DB, id)
+		require.ErrorIs(t, err, ErrMessageNotFound, "id %q: %v", id, err)
+		require.Equal(t, CodeMessageNotFound, outbox.CodeOf(err), "id %q", id)
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/internal/pgtext"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
@@ -79,6 +80,30 @@ the default options). --format json is the Kafka Connect REST form,
 	return cmd
 }
 
+// checkOperator refuses a --by that PostgreSQL text cannot store (NUL,
+// invalid UTF-8) or that holds control characters (it is printed by
+// status and in the audit of the mode switch) with OUTBOXCTL_USAGE, exit 2,
+// before the database is opened.
+func checkOperator(cmdName, by string) error {
+	if why := pgtext.Unstorable(by); why != "" {
+		return runError{outbox.Errorf(CodeUsage, cmdName, "--by %s", why)}
+	}
+	if i := pgtext.ControlAt(by); i >= 0 {
+		return runError{outbox.Errorf(CodeUsage, cmdName, "--by contains a control character at byte %d; give a plain operator name", i)}
+	}
+	return nil
+}
+
+// withOperator runs body after checkOperator accepted *by.
+func withOperator(cmdName string, by *string, body func(*cobra.Command, []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := checkOperator(cmdName, *by); err != nil {
+			return err
+		}
+		return body(cmd, args)
+	}
+}
+
 // defaultOperator names who switches the relay mode when --by is not given.
 func defaultOperator() string {
 	name := "outboxctl"
@@ -101,12 +126,12 @@ func (a *app) debeziumEnableCommand() *cobra.Command {
 first, or wait for their heartbeats to expire. Once enabled, forwarders
 refuse to start.`,
 		Args: cobra.NoArgs,
-		RunE: a.withDB(func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
+		RunE: withOperator("outboxctl debezium enable", &by, a.withDB(func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
 			if err := relaymode.Enable(ctx, db, by, time.Time{}); err != nil {
 				return err
 			}
 			return a.printMode(ctx, db)
-		}),
+		})),
 	}
 	cmd.Flags().StringVar(&by, "by", defaultOperator(), "who switches the mode (recorded in messaging_relay_mode)")
 	return cmd
@@ -118,12 +143,12 @@ func (a *app) debeziumDisableCommand() *cobra.Command {
 		Use:   "disable",
 		Short: "Switch the database back to POLLING relay mode (refused while a CDC consumer's heartbeat is live: stop it first)",
 		Args:  cobra.NoArgs,
-		RunE: a.withDB(func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
+		RunE: withOperator("outboxctl debezium disable", &by, a.withDB(func(ctx context.Context, db *sql.DB, _ *cobra.Command, _ []string) error {
 			if err := relaymode.Disable(ctx, db, by); err != nil {
 				return err
 			}
 			return a.printMode(ctx, db)
-		}),
+		})),
 	}
 	cmd.Flags().StringVar(&by, "by", defaultOperator(), "who switches the mode (recorded in messaging_relay_mode)")
 	return cmd

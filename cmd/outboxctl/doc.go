@@ -50,10 +50,14 @@
 //	                                      --amqp-create-exchanges
 //	                              nats    --nats-url (default nats://127.0.0.1:4222; JetStream),
 //	                                      --nats-create-streams
-//	                            a missing topic/exchange/stream parks rows FAILED unless the
-//	                            sink's create flag is set; an empty or refused sink setting is
-//	                            OUTBOX_INVALID_CONFIG (exit 2). Only downstreams whose transport
-//	                            packages exist are offered (see `relay --help`).
+//	                            a missing topic/exchange parks rows FAILED unless the sink's
+//	                            create flag is set; a NATS subject no stream captures is
+//	                            unavailable: rows stay PENDING (no attempt spent) and the
+//	                            destination's breaker opens until a stream answers (unless
+//	                            --nats-create-streams); an empty, malformed or refused sink
+//	                            setting is OUTBOX_INVALID_CONFIG (exit 2), before any dial.
+//	                            Only downstreams whose transport packages exist are offered
+//	                            (see `relay --help`).
 //	debezium config             the generated connector configuration (--format json|properties,
 //	                            --topic-prefix, -o file); needs no database
 //	debezium enable|disable     switch the relay mode (enable refused while polling relays are live)

@@ -279,6 +279,12 @@ func TestInspect(t *testing.T) {
 	requireCode(t, db(t, s, "inspect"), 2)
 	requireCode(t, db(t, s, "inspect", "a", "b"), 2)
 	requireCode(t, db(t, s, "inspect", ""), 2) // OUTBOX_MESSAGE_ID_REQUIRED
+
+	// An id no row can have (invalid UTF-8) is not found, not an untyped
+	// database error.
+	r = db(t, s, "inspect", "\xff")
+	requireCode(t, r, 1)
+	require.Contains(t, r.stderr, "code: STATUS_MESSAGE_NOT_FOUND")
 }
 
 func TestCleanupDeletesInBatchesWithProgress(t *testing.T) {
@@ -379,6 +385,19 @@ func TestDebeziumEnableRefusedWhileRelaysLive(t *testing.T) {
 	require.Equal(t, "CDC", st["relay_mode"])
 
 	requireCode(t, db(t, s, "debezium", "disable", "--by", ""), 2) // RELAY_MODE_OPERATOR_REQUIRED
+	// An operator name PostgreSQL cannot store or a terminal would act on
+	// is refused before the database is touched: a usage error with its code.
+	for _, sub := range []string{"enable", "disable"} {
+		for _, by := range []string{"\xff", "ops\x1b[2J", "ops\nforged", "ops\u0085"} {
+			r = db(t, s, "debezium", sub, "--by", by)
+			requireCode(t, r, 2)
+			require.Contains(t, r.stderr, "code: OUTBOXCTL_USAGE", "%s --by %q", sub, by)
+			require.NotContains(t, r.stderr, "\x1b", "%s --by %q", sub, by)
+		}
+	}
+	r = db(t, s, "debezium", "status")
+	requireCode(t, r, 0)
+	require.Contains(t, r.stdout, "relay mode: CDC", "the refused disable changed nothing")
 	r = db(t, s, "debezium", "disable", "--by", "ops")
 	requireCode(t, r, 0)
 	require.Contains(t, r.stdout, "relay mode: POLLING")
@@ -395,6 +414,19 @@ func TestUsageAndConnectionErrors(t *testing.T) {
 	requireCode(t, cli(t, nil, "no-such-command"), 2)
 	requireCode(t, cli(t, nil, "status", "--no-such-flag"), 2)
 	requireCode(t, cli(t, nil, "migrate", "extra-arg"), 2)
+
+	// A negative --timeout is refused, not read as "none" (0 is none),
+	// before any connection, on every command.
+	for _, args := range [][]string{{"--timeout", "-1s", "status"}, {"--timeout=-1ns", "version"}, {"--json", "--timeout", "-5m", "relay", "--to", "log"}} {
+		r = cli(t, nil, args...)
+		requireCode(t, r, 2)
+		if args[0] == "--json" {
+			require.Contains(t, r.stderr, `"code":"OUTBOXCTL_USAGE"`, "%q", args)
+		} else {
+			require.Contains(t, r.stderr, "code: OUTBOXCTL_USAGE", "%q", args)
+		}
+		require.Contains(t, r.stderr, "--timeout is -", "%q", args)
+	}
 
 	r = cli(t, nil, "--database-url", "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=2", "status")
 	requireCode(t, r, 4)

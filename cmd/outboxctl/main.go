@@ -236,8 +236,17 @@ func (a *app) rootCommand() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL (default $OUTBOX_DATABASE_URL)")
 	root.PersistentFlags().BoolVar(&a.json, "json", false, "print JSON instead of tables")
-	root.PersistentFlags().DurationVar(&a.timeout, "timeout", 5*time.Minute, "bound for the whole command (0 = none); not applied to relay (runs until SIGINT/SIGTERM) nor to redrive/purge executions (run to completion; a cut prints how to resume)")
+	root.PersistentFlags().DurationVar(&a.timeout, "timeout", 5*time.Minute, "bound for the whole command (0 = none; negative is refused); not applied to relay (runs until SIGINT/SIGTERM) nor to redrive/purge executions (run to completion; a cut prints how to resume)")
 	root.CompletionOptions.DisableDefaultCmd = true
+	// Every command (relay included, which ignores --timeout) refuses a
+	// negative --timeout rather than read it as "none": 0 is the only way
+	// to say none.
+	root.PersistentPreRunE = func(_ *cobra.Command, _ []string) error {
+		if a.timeout < 0 {
+			return outbox.Errorf(CodeUsage, "outboxctl", "--timeout is %s; use a positive duration, or 0 for none", a.timeout)
+		}
+		return nil
+	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
 	root.AddCommand(
 		a.migrateCommand(),

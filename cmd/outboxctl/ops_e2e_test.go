@@ -114,11 +114,25 @@ func TestSecretsNeverPrinted(t *testing.T) {
 	r := cli(t, []string{"OUTBOX_AMQP_URL=amqp://guest:" + secret + "%Z@127.0.0.1:5672/"}, "--database-url", s.URL, "relay", "--to", "amqp")
 	require.NotContains(t, r.stdout+r.stderr, secret, r.stderr)
 	requireCode(t, r, 2)
-	// A NATS URL with a password that cannot be reached or parsed.
-	for _, u := range []string{"nats://u:" + secret + "@127.0.0.1:1", "nats://u:" + secret + "%Z@127.0.0.1:1"} {
-		r = cli(t, nil, "--database-url", s.URL, "--json", "relay", "--to", "nats", "--nats-url", u)
+	// A NATS URL with a password that cannot be reached (a failed dial,
+	// exit 1) or parsed (a refused setting, exit 2, OUTBOX_INVALID_CONFIG).
+	for _, tc := range []struct {
+		url  string
+		exit int
+		code string
+	}{
+		{"nats://u:" + secret + "@127.0.0.1:1", 1, ""},
+		{"nats://u:" + secret + "%Z@127.0.0.1:1", 2, "OUTBOX_INVALID_CONFIG"},
+	} {
+		r = cli(t, nil, "--database-url", s.URL, "--json", "relay", "--to", "nats", "--nats-url", tc.url)
 		require.NotContains(t, r.stdout+r.stderr, secret, r.stderr)
-		require.NotEqual(t, 0, r.code)
+		requireCode(t, r, tc.exit)
+		if tc.code != "" {
+			var e map[string]any
+			require.NoError(t, json.Unmarshal([]byte(r.stderr), &e), r.stderr)
+			require.Equal(t, tc.code, e["code"])
+			require.EqualValues(t, tc.exit, e["exit_code"])
+		}
 	}
 }
 

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/url"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -71,7 +73,14 @@ var sinks = map[string]func(a *app, f *sinkFlags, logger watermill.LoggerAdapter
 		return p, googlecloud.Classify, err
 	},
 	"kafka": func(_ *app, f *sinkFlags, logger watermill.LoggerAdapter) (message.Publisher, forwarder.Classifier, error) {
-		p, err := kafka.NewPublisher(f.kafkaConfig(), logger)
+		c := f.kafkaConfig()
+		if err := c.Validate(); err != nil { // empty list or address: kafka.Config's refusal
+			return nil, nil, err
+		}
+		if err := checkKafkaBrokers(c.Brokers); err != nil {
+			return nil, nil, err
+		}
+		p, err := kafka.NewPublisher(c, logger)
 		return p, kafka.Classify, err
 	},
 	"amqp": func(_ *app, f *sinkFlags, logger watermill.LoggerAdapter) (message.Publisher, forwarder.Classifier, error) {
@@ -79,16 +88,72 @@ var sinks = map[string]func(a *app, f *sinkFlags, logger watermill.LoggerAdapter
 			// Without this a malformed URI would surface as a dial failure
 			// (exit 1) although the command line is what must change.
 			if _, err := amqp091.ParseURI(f.amqp.URI); err != nil {
-				return nil, nil, outbox.Wrap(CodeUsage, "outboxctl relay", err, "--amqp-url is not an AMQP URI")
+				return nil, nil, outbox.Wrap(outbox.CodeInvalidConfig, "outboxctl relay", err, "--amqp-url is not an AMQP URI")
 			}
 		}
 		p, err := amqp.NewPublisher(f.amqp, logger)
 		return p, amqp.Classify, err
 	},
 	"nats": func(_ *app, f *sinkFlags, logger watermill.LoggerAdapter) (message.Publisher, forwarder.Classifier, error) {
+		if f.nats.URL != "" { // empty: nats.Config's own refusal below
+			if err := checkNATSURL(f.nats.URL); err != nil {
+				return nil, nil, err
+			}
+		}
 		p, err := nats.NewPublisher(f.nats, logger)
 		return p, nats.Classify, err
 	},
+}
+
+// checkKafkaBrokers refuses a broker that is not host:port with a port in
+// 1-65535 (OUTBOX_INVALID_CONFIG): sarama would only fail at dial time,
+// after its retries, as a connection error (exit 1).
+func checkKafkaBrokers(brokers []string) error {
+	for _, b := range brokers {
+		host, port, err := net.SplitHostPort(b)
+		if err == nil && host == "" {
+			err = errors.New("no host")
+		}
+		if err == nil {
+			var n uint64
+			if n, err = strconv.ParseUint(port, 10, 16); err == nil && n == 0 {
+				err = errors.New("port 0")
+			}
+		}
+		if err != nil {
+			return outbox.Errorf(outbox.CodeInvalidConfig, "outboxctl relay", "--kafka-brokers: %q is not host:port with a port in 1-65535", b)
+		}
+	}
+	return nil
+}
+
+// checkNATSURL parses the comma-separated --nats-url as nats.go does (a
+// server without "://" gets nats://) and refuses, with
+// OUTBOX_INVALID_CONFIG, one that does not parse or names no host: the
+// client would fail at connect (exit 1) although the setting must change.
+// Neither the URL nor the parser's message is quoted: both may carry the
+// password.
+func checkNATSURL(list string) error {
+	n := 0
+	for i, s := range strings.Split(list, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue // nats.go skips empty entries
+		}
+		n++
+		if !strings.Contains(s, "://") {
+			s = "nats://" + s
+		}
+		u, err := url.Parse(s)
+		if err != nil || u.Hostname() == "" {
+			return outbox.Errorf(outbox.CodeInvalidConfig, "outboxctl relay",
+				"--nats-url: server %d does not parse as a URL with a host: percent-encode reserved characters of the user and password (%% as %%25, @ as %%40, : as %%3A, / as %%2F); it is not shown, as it may hold a password", i+1)
+		}
+	}
+	if n == 0 {
+		return outbox.Errorf(outbox.CodeInvalidConfig, "outboxctl relay", "--nats-url lists no server, e.g. nats://127.0.0.1:4222")
+	}
+	return nil
 }
 
 const supportedSinks = "log, pubsub, kafka, amqp, nats"
@@ -125,11 +190,15 @@ Classify (confirmed, rejected = parked FAILED, ambiguous = retried):
   nats    NATS JetStream: --nats-url. The topic is the subject, the UUID the
           Nats-Msg-Id; a stream must capture the subject.
 
-A missing topic, exchange or stream parks the row FAILED (fix it, then
-redrive) unless --pubsub-create-topics, --kafka-auto-create-topics,
---amqp-create-exchanges or --nats-create-streams. An empty or refused sink
-setting (e.g. --kafka-brokers "") is a usage error: OUTBOX_INVALID_CONFIG,
-exit 2.
+A missing topic or exchange parks the row FAILED (fix it, then redrive)
+unless --pubsub-create-topics, --kafka-auto-create-topics or
+--amqp-create-exchanges. A NATS subject no stream captures is unavailable,
+not a rejection: the row stays PENDING with no attempt spent and the
+destination's breaker opens, holding its backlog until a stream answers
+(create the stream, or set --nats-create-streams). An empty, malformed or
+refused sink setting (e.g. --kafka-brokers "", --kafka-brokers nohostport,
+an --amqp-url or --nats-url that does not parse) is a usage error, refused
+before any dial: OUTBOX_INVALID_CONFIG, exit 2.
 
 Every flag can also be set from the environment: OUTBOX_ and the flag's name
 upper-cased with '-' as '_' (--max-attempts is OUTBOX_MAX_ATTEMPTS, --to is
@@ -183,7 +252,7 @@ terminationGracePeriodSeconds, systemd TimeoutStopSec) of at least
 	f.StringVar(&sf.amqp.URI, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "amqp: RabbitMQ URI")
 	f.BoolVar(&sf.amqp.CreateMissingExchanges, "amqp-create-exchanges", false, "amqp: declare missing exchanges (default: a missing exchange parks the row FAILED)")
 	f.StringVar(&sf.nats.URL, "nats-url", "nats://127.0.0.1:4222", "nats: NATS server URL (JetStream enabled)")
-	f.BoolVar(&sf.nats.AutoProvision, "nats-create-streams", false, "nats: create a stream for a subject no stream captures (default: such a row is parked FAILED)")
+	f.BoolVar(&sf.nats.AutoProvision, "nats-create-streams", false, "nats: create a stream for a subject no stream captures (default: such a row stays PENDING, no attempt spent, and the destination's breaker opens until a stream answers)")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9464; empty = off)")
 	f.StringVar(&lf.format, "log-format", "text", "log format on stderr: text or json")
 	f.StringVar(&lf.level, "log-level", "info", "least log level: debug, info, warn or error")

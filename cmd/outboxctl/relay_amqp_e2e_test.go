@@ -69,7 +69,8 @@ func TestRelayToAMQP(t *testing.T) {
 	stopRelay(t, cmd, stderr)
 }
 
-// Bad --amqp-url values are usage errors, refused before any dial.
+// Bad --amqp-url values are usage errors, refused before any dial, with the
+// one code relay --help documents for sink settings.
 func TestRelayToAMQPBadURL(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
@@ -80,6 +81,6 @@ func TestRelayToAMQPBadURL(t *testing.T) {
 
 	r = db(t, s, "relay", "--to", "amqp", "--amqp-url", "http://127.0.0.1:5672/")
 	requireCode(t, r, 2)
-	require.Contains(t, r.stderr, "code: OUTBOXCTL_USAGE")
+	require.Contains(t, r.stderr, "code: OUTBOX_INVALID_CONFIG")
 	require.Contains(t, r.stderr, "--amqp-url is not an AMQP URI")
 }

@@ -52,6 +52,12 @@ func TestRelayToKafkaBadBrokers(t *testing.T) {
 		{"", "at least one bootstrap address"},
 		{" , ", "empty address"},
 		{"127.0.0.1:9092,,127.0.0.1:9093", "empty address"},
+		// Malformed addresses: refused before any dial, not a connection
+		// failure (exit 1) after sarama's retries.
+		{"nohostport", `"nohostport" is not host:port`},
+		{"127.0.0.1:9092,broker:kafka", `"broker:kafka" is not host:port`},
+		{":9092", `":9092" is not host:port`},
+		{"h:0", `"h:0" is not host:port`},
 	} {
 		r := db(t, s, "relay", "--to", "kafka", "--kafka-brokers", tc.brokers)
 		requireCode(t, r, 2)

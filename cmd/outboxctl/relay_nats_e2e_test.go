@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -61,7 +62,8 @@ func TestRelayToNATS(t *testing.T) {
 	stopRelay(t, cmd, stderr)
 }
 
-// An empty --nats-url is a usage error, refused before any dial.
+// An empty or malformed --nats-url is a usage error, refused before any
+// dial: OUTBOX_INVALID_CONFIG, exit 2, the URL (and its password) not shown.
 func TestRelayToNATSBadURL(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
@@ -69,4 +71,31 @@ func TestRelayToNATSBadURL(t *testing.T) {
 	requireCode(t, r, 2)
 	require.Contains(t, r.stderr, "code: OUTBOX_INVALID_CONFIG")
 	require.Contains(t, r.stderr, "URL is required")
+
+	for _, tc := range []struct{ url, detail string }{
+		{"nats://u:pw-x9q%Z@127.0.0.1:4222", "server 1 does not parse"},
+		{"nats://127.0.0.1:4222, nats://u:pw-x9q%Z@h:4222", "server 2 does not parse"},
+		{"nats://127.0.0.1:notaport", "server 1 does not parse"},
+		{"nats://", "server 1 does not parse"},
+		{" , ", "lists no server"},
+	} {
+		r = db(t, s, "relay", "--to", "nats", "--nats-url", tc.url)
+		requireCode(t, r, 2)
+		require.Contains(t, r.stderr, "code: OUTBOX_INVALID_CONFIG", "url %q", tc.url)
+		require.Contains(t, r.stderr, tc.detail, "url %q", tc.url)
+		require.NotContains(t, r.stderr, "pw-x9q", "url %q", tc.url)
+	}
+}
+
+// The help says what the code does (transport/nats.Classify): a subject no
+// stream captures leaves the row PENDING, it is not parked FAILED.
+func TestRelayHelpNATSMissingStream(t *testing.T) {
+	t.Parallel()
+	r := cli(t, nil, "relay", "--help")
+	requireCode(t, r, 0)
+	help := strings.Join(strings.Fields(r.stdout), " ")
+	require.NotRegexp(t, `stream parks`, help)
+	require.Contains(t, help, "A NATS subject no stream captures is unavailable, not a rejection: the row stays PENDING with no attempt spent")
+	require.Regexp(t, `--nats-create-streams nats: create a stream for a subject no stream captures \(default: such a row stays PENDING, no attempt spent`, help)
+	require.NotContains(t, help, "such a row is parked FAILED")
 }

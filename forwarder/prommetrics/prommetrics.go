@@ -19,6 +19,8 @@ package prommetrics
 import (
 	"cmp"
 	"errors"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -40,10 +42,15 @@ const DefaultMaxDestinations = 50
 // names and a cap of 50 destinations.
 type Options struct {
 	// Namespace prefixes the metric names (namespace_forwarder_...).
-	// Default "outbox", which gives the forwarder.Metric* names.
+	// Default "outbox", which gives the forwarder.Metric* names. It must be
+	// a classic Prometheus name: a letter or underscore, then letters,
+	// digits and underscores.
 	Namespace string
 	// ConstLabels are added to every series (for example the relay's
-	// deployment or shard).
+	// deployment or shard). Their names must be classic Prometheus label
+	// names (a letter or underscore, then letters, digits and underscores,
+	// not starting with "__") other than the labels the collectors use
+	// themselves: "outcome", "destination" and the histograms' "le".
 	ConstLabels prometheus.Labels
 	// MaxDestinations caps the destination label values: destinations
 	// beyond the first MaxDestinations seen are counted under "_other".
@@ -54,6 +61,15 @@ type Options struct {
 	// histogram. Default forwarder.DefaultMaxBatchSize.
 	BatchSize int
 }
+
+// classicName is a Prometheus metric name prefix or label name in the
+// classic character set, which every scraper and query accepts unquoted.
+var classicName = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
+
+// reservedLabels are the label names the collectors set themselves: a
+// constant label of one of these names is refused (by NewHistogram with a
+// panic, for "le").
+var reservedLabels = []string{"outcome", "destination", "le"}
 
 // Metrics is a forwarder.Metrics on Prometheus collectors.
 type Metrics struct {
@@ -78,8 +94,10 @@ var _ forwarder.Metrics = (*Metrics)(nil)
 
 // New registers the collectors on reg. Two forwarders in one process may
 // share reg: the second gets the collectors already registered (with the
-// same options), so their series add up. A nil reg or a negative
-// MaxDestinations or BatchSize is refused with OUTBOX_INVALID_CONFIG.
+// same options), so their series add up. A nil reg, a negative
+// MaxDestinations or BatchSize, a Namespace or ConstLabels name that is not
+// a classic Prometheus name, or a ConstLabels name the collectors use
+// themselves (see Options) is refused with OUTBOX_INVALID_CONFIG.
 func New(reg prometheus.Registerer, o Options) (*Metrics, error) {
 	const op = "prommetrics.New"
 	if reg == nil {
@@ -87,6 +105,22 @@ func New(reg prometheus.Registerer, o Options) (*Metrics, error) {
 	}
 	if o.MaxDestinations < 0 || o.BatchSize < 0 {
 		return nil, outbox.Errorf(outbox.CodeInvalidConfig, op, "MaxDestinations and BatchSize must be >= 0 (0 = default)")
+	}
+	// Checked before any collector is built: prometheus.NewHistogram panics
+	// on a constant "le" label instead of returning an error.
+	if o.Namespace != "" && !classicName.MatchString(o.Namespace) {
+		return nil, outbox.Errorf(outbox.CodeInvalidConfig, op,
+			"Namespace %q is not a Prometheus metric name prefix; use letters, digits and underscores, not starting with a digit", o.Namespace)
+	}
+	for l := range o.ConstLabels {
+		switch {
+		case !classicName.MatchString(l) || strings.HasPrefix(l, "__"):
+			return nil, outbox.Errorf(outbox.CodeInvalidConfig, op,
+				"ConstLabels name %q is not a Prometheus label name; use letters, digits and underscores, not starting with a digit or \"__\"", l)
+		case slices.Contains(reservedLabels, l):
+			return nil, outbox.Errorf(outbox.CodeInvalidConfig, op,
+				"ConstLabels name %q is a label the forwarder's collectors set themselves (%s); rename it", l, strings.Join(reservedLabels, ", "))
+		}
 	}
 	ns := cmp.Or(o.Namespace, "outbox")
 	name := func(metric string) string { return ns + strings.TrimPrefix(metric, "outbox") }

@@ -13,7 +13,9 @@ type Config struct {
 	// URL is the NATS URL, e.g. nats://127.0.0.1:4222.
 	URL string
 	// AutoProvision creates a stream for a topic that no stream captures.
-	// Off by default: such a publish is a rejection.
+	// Off by default: such a publish is unavailable (see [Classify]): the
+	// row stays PENDING with no attempt spent and the destination's breaker
+	// holds its backlog until a stream answers.
 	AutoProvision bool
 	// NatsOptions are passed to nats.Connect unchanged.
 	NatsOptions []natsgo.Option
