@@ -71,6 +71,11 @@ TEST_GOGC ?= 400
 # One job each (a NAME=COMMAND of scripts/run-jobs.sh, single-quoted in the
 # recipe; OUTBOX_TEST_DATABASE_URL comes from the recipe's environment).
 UNIT_JOB = unit $(1)=cd $(1) && $(if $(filter ./internal/chaos,$(1)),,GOGC=$(TEST_GOGC) )$(GO_TEST_RACE) ./...
+# The core's suite once more outside the workspace (GOWORK=off): on the
+# dependency versions its own go.mod pins (the floors the README states),
+# which the workspace raises to what the other modules need. Without -race:
+# the race-enabled run is the workspace one.
+FLOORS_JOB = unit-floors=GOWORK=off GOGC=$(TEST_GOGC) $(GO) test -count=1 -timeout 15m ./...
 PGX_JOB = unit-pgx=GOGC=$(TEST_GOGC) OUTBOX_TEST_DRIVER=pgx $(GO) test -overlay "$$(scripts/pgx-overlay.sh)" -race -count=1 -timeout 15m -skip "$(PGX_SKIP)" $(PGX_PACKAGES)
 
 .PHONY: all db test units unit unit-pgx deps fuzz lint demo bench soak services
@@ -81,14 +86,14 @@ all: lint test
 db:
 	@scripts/ensure-db.sh
 
-## test: every module's suite with the race detector and the core's database suites again on pgx (JOBS at a time), the consumer dependency check, then every fuzz target for $(FUZZTIME) inputs each
+## test: every module's suite with the race detector, the core's database suites again on pgx and the core's suite on its pinned dependency versions (JOBS at a time), the consumer dependency check, then every fuzz target for $(FUZZTIME) inputs each
 test: units deps fuzz
 
 ## units: unit and unit-pgx together, JOBS jobs at a time; each job's output is printed whole when it ends, and any failure fails the target (after every job ended)
 units:
 	@export OUTBOX_TEST_DATABASE_URL="$$(scripts/ensure-db.sh)"; \
 	echo "tests against $$OUTBOX_TEST_DATABASE_URL, $(JOBS) jobs at a time"; \
-	JOBS=$(JOBS) scripts/run-jobs.sh '$(call UNIT_JOB,.)' '$(PGX_JOB)' \
+	JOBS=$(JOBS) scripts/run-jobs.sh '$(call UNIT_JOB,.)' '$(PGX_JOB)' '$(FLOORS_JOB)' \
 	  $(foreach m,$(filter-out .,$(ORDERED_MODULES)),'$(call UNIT_JOB,$(m))')
 
 ## unit: every module's suite with the race detector, JOBS modules at a time
