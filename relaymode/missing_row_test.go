@@ -3,6 +3,7 @@ package relaymode_test
 import (
 	"context"
 	"database/sql"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -85,15 +86,21 @@ func TestMissingModeRowIsRefusedEverywhere(t *testing.T) {
 // a zero or negative ttl with OUTBOX_INVALID_CONFIG before touching the
 // database (a nil db would panic), as BeatCDC refuses a blank owner or a bad
 // slot name. They used to write a heartbeat that had already expired.
-func TestBeatsRefuseAnInvalidTTLBeforeTheDatabase(t *testing.T) {
+func TestBeatsRefuseInvalidArgumentsBeforeTheDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	var db *sql.DB // nil: any use of it panics
 	cases := map[string]func() error{
-		"Beat zero":           func() error { return relaymode.Beat(ctx, db, "fw", 0) },
-		"Beat negative":       func() error { return relaymode.Beat(ctx, db, "fw", -time.Second) },
-		"BeatBudget zero":     func() error { return relaymode.BeatBudget(ctx, db, "fw", 0, 3) },
-		"BeatBudget negative": func() error { return relaymode.BeatBudget(ctx, db, "fw", -time.Nanosecond, 3) },
+		"Beat zero":                    func() error { return relaymode.Beat(ctx, db, "fw", 0) },
+		"Beat negative":                func() error { return relaymode.Beat(ctx, db, "fw", -time.Second) },
+		"BeatBudget zero":              func() error { return relaymode.BeatBudget(ctx, db, "fw", 0, 3) },
+		"BeatBudget negative":          func() error { return relaymode.BeatBudget(ctx, db, "fw", -time.Nanosecond, 3) },
+		"Beat empty owner":             func() error { return relaymode.Beat(ctx, db, "", time.Minute) },
+		"Beat blank owner":             func() error { return relaymode.Beat(ctx, db, " \t", time.Minute) },
+		"BeatBudget negative attempts": func() error { return relaymode.BeatBudget(ctx, db, "fw", time.Minute, -1) },
+		"BeatBudget attempts beyond the column": func() error {
+			return relaymode.BeatBudget(ctx, db, "fw", time.Minute, math.MaxInt32+1)
+		},
 		"BeatCDC zero":        func() error { return relaymode.BeatCDC(ctx, db, "cdc", "slot_a", 0) },
 		"BeatCDC negative":    func() error { return relaymode.BeatCDC(ctx, db, "cdc", "slot_a", -time.Minute) },
 		"BeatCDC empty owner": func() error { return relaymode.BeatCDC(ctx, db, "", "slot_a", time.Minute) },

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"strings"
 	"time"
@@ -175,9 +176,11 @@ func RequireMode(ctx context.Context, db *sql.DB, want Mode, op, hint string) er
 // It also refuses (RELAY_MODE_CONFLICT) while a CDC consumer's heartbeat is
 // live (see [BeatCDC] and [HeartbeatActionQuery]): a connector streaming in
 // POLLING mode would deliver every row a second time. Without the mode row it
-// refuses with RELAY_MODE_MISSING, and a ttl of zero or less with
-// OUTBOX_INVALID_CONFIG (before touching the database): a heartbeat that has
-// already expired announces nothing.
+// refuses with RELAY_MODE_MISSING, and a ttl of zero or less or an empty
+// (or blank) owner with OUTBOX_INVALID_CONFIG (before touching the
+// database): a heartbeat that has already expired announces nothing, and
+// one without an owner names no relay. BeatBudget also refuses a
+// maxAttempts outside 0 to 2147483647 (the column is an integer).
 func Beat(ctx context.Context, db *sql.DB, owner string, ttl time.Duration) error {
 	return BeatBudget(ctx, db, owner, ttl, 0)
 }
@@ -188,8 +191,13 @@ func Beat(ctx context.Context, db *sql.DB, owner string, ttl time.Duration) erro
 // each relay's configuration, not the row's.
 func BeatBudget(ctx context.Context, db *sql.DB, owner string, ttl time.Duration, maxAttempts int) error {
 	const op = "relaymode.Beat"
-	if ttl <= 0 {
+	switch {
+	case ttl <= 0:
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "ttl is %s; a heartbeat needs a positive lifetime", ttl)
+	case strings.TrimSpace(owner) == "":
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "owner must not be empty: it names the relay in the heartbeat table")
+	case maxAttempts < 0 || maxAttempts > math.MaxInt32:
+		return outbox.Errorf(outbox.CodeInvalidConfig, op, "maxAttempts must be between 0 (none recorded) and %d, got %d", math.MaxInt32, maxAttempts)
 	}
 	res, err := db.ExecContext(ctx, sqlBeat, owner, ttl.Seconds(), maxAttempts)
 	if err != nil {
