@@ -106,7 +106,9 @@ type Config struct {
 	// BreakerThreshold is how many different messages to one destination
 	// may fail without an answer about them (unavailable, ambiguous, timed
 	// out), with no confirmed publish in between, before the destination's
-	// breaker opens (one message failing again counts once): the relay
+	// breaker opens (one message failing again counts once; under
+	// DefaultClassifier a pass whose every publish to the destination
+	// failed alike, on two messages or more, opens it too): the relay
 	// then claims nothing for it, puts back what it holds for it without
 	// spending attempts, and probes it with one row
 	// every BreakerProbeBase, doubling up to BreakerProbeMax (jittered per

@@ -481,6 +481,10 @@ func TestAPassWhoseEveryPublishFailsAlikeIsDownstreamFailing(t *testing.T) {
 	f := newForwarder(t, s.DB, rec, forwarder.Config{Now: clk.Now})
 	rep, _ := f.RunOnce(ctx)
 	require.Equal(t, 3, rep.Unavailable)
+	// Three messages, fewer than BreakerThreshold (5): the pass-wide rule
+	// opened the breaker, not the count.
+	require.Len(t, rep.OpenBreakers, 1, "one pass of alike failures opens the breaker")
+	require.Equal(t, "orders", rep.OpenBreakers[0].Destination)
 	for _, id := range []string{"a", "b", "c"} {
 		st := state(t, s.DB, id)
 		require.Equal(t, "PENDING", st.Status, id)
