@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -145,6 +146,30 @@ func (c *capture) heartbeatFailures() []captured {
 	return out
 }
 
+// runLapsing runs a relay as owner on a fresh environment in CDC mode,
+// beating every 50 ms with a 1 s lifetime, publishing to out, on a pool
+// with heartbeatLockTimeout when lockTimeout is set (else on the
+// environment's own); it returns once the walsender streams. runErr gets
+// Run's result.
+func runLapsing(t *testing.T, base, owner string, lockTimeout bool, out message.Publisher, logger watermill.LoggerAdapter) (e *env, cfg cdcrelay.Config, runErr chan error) {
+	t.Helper()
+	e = newEnv(t, base)
+	e.enableCDC(t)
+	cfg = e.config()
+	if lockTimeout {
+		cfg.DB = relayPool(t, e)
+	}
+	cfg.Owner = owner
+	cfg.HeartbeatInterval, cfg.HeartbeatTTL = 50*time.Millisecond, time.Second
+	r, err := cdcrelay.New(cfg, out, logger)
+	require.NoError(t, err)
+	runErr = make(chan error, 1)
+	go func() { runErr <- r.Run(context.Background()) }()
+	t.Cleanup(func() { _ = r.Close() })
+	require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
+	return e, cfg, runErr
+}
+
 // docs/ERRORS.md: CDC_HEARTBEAT_LAPSED, returned by cdcrelay: no CDC
 // heartbeat succeeded for longer than its lifetime (HeartbeatTTL); the mode
 // may have left CDC meanwhile, so the relay stopped before publishing more.
@@ -152,22 +177,11 @@ func TestHeartbeatLapseStopsTheRelay(t *testing.T) {
 	base := testdb.Logical(t)
 
 	t.Run("heartbeat writes failing for HeartbeatTTL stop a running relay with CDC_HEARTBEAT_LAPSED", func(t *testing.T) {
-		e := newEnv(t, base)
-		e.enableCDC(t)
-		cfg := e.config()
-		cfg.DB = relayPool(t, e)
-		cfg.Owner = "cdc-lapse-idle"
-		cfg.HeartbeatInterval, cfg.HeartbeatTTL = 50*time.Millisecond, time.Second
 		logs := &capture{}
-		r, err := cdcrelay.New(cfg, &recorder{}, logs)
-		require.NoError(t, err)
-		runErr := make(chan error, 1)
-		go func() { runErr <- r.Run(context.Background()) }()
-		t.Cleanup(func() { _ = r.Close() })
-		require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
+		e, cfg, runErr := runLapsing(t, base, "cdc-lapse-idle", true, &recorder{}, logs)
 
 		release := holdHeartbeat(t, e, cfg.Owner)
-		err = receive(t, runErr)
+		err := receive(t, runErr)
 		release()
 		require.ErrorIs(t, err, cdcrelay.ErrHeartbeatLapsed)
 		require.Equal(t, cdcrelay.CodeHeartbeatLapsed, outbox.CodeOf(err))
@@ -185,41 +199,20 @@ func TestHeartbeatLapseStopsTheRelay(t *testing.T) {
 	t.Run("a renewal that blocks is bounded by the heartbeat's lifetime", func(t *testing.T) {
 		// No lock_timeout here: the renewal waits on the row lock for as
 		// long as it is held, so only the relay's own bound ends it.
-		e := newEnv(t, base)
-		e.enableCDC(t)
-		cfg := e.config()
-		cfg.Owner = "cdc-lapse-blocked"
-		cfg.HeartbeatInterval, cfg.HeartbeatTTL = 50*time.Millisecond, time.Second
-		r, err := cdcrelay.New(cfg, &recorder{}, nil)
-		require.NoError(t, err)
-		runErr := make(chan error, 1)
-		go func() { runErr <- r.Run(context.Background()) }()
-		t.Cleanup(func() { _ = r.Close() })
-		require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
+		e, cfg, runErr := runLapsing(t, base, "cdc-lapse-blocked", false, &recorder{}, nil)
 
 		release := holdHeartbeat(t, e, cfg.Owner)
 		defer release()
-		err = receive(t, runErr)
+		err := receive(t, runErr)
 		require.ErrorIs(t, err, cdcrelay.ErrHeartbeatLapsed)
 		s := pgerr.State(err)
 		require.True(t, s == pgerr.QueryCanceled || errors.Is(err, context.DeadlineExceeded), "the renewal was cut by its bound, not refused: %v", err)
 	})
 
 	t.Run("a publish that outlives the heartbeat's lifetime is the last one", func(t *testing.T) {
-		e := newEnv(t, base)
-		e.enableCDC(t)
-		cfg := e.config()
-		cfg.DB = relayPool(t, e)
-		cfg.Owner = "cdc-lapse-held"
-		cfg.HeartbeatInterval, cfg.HeartbeatTTL = 50*time.Millisecond, time.Second
 		out := newGate("first")
-		r, err := cdcrelay.New(cfg, out, nil)
-		require.NoError(t, err)
-		runErr := make(chan error, 1)
-		go func() { runErr <- r.Run(context.Background()) }()
-		t.Cleanup(func() { _ = r.Close() })
+		e, cfg, runErr := runLapsing(t, base, "cdc-lapse-held", true, out, nil)
 		t.Cleanup(out.release) // runs before Close: a failed test never leaves Run in Publish
-		require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
 
 		// One transaction of two messages; the downstream holds the first.
 		e.publish(t, "orders", msg("first", "1", nil), msg("second", "2", nil))
@@ -234,7 +227,7 @@ func TestHeartbeatLapseStopsTheRelay(t *testing.T) {
 		require.Eventually(t, func() bool { return heartbeatExpired(t, e, cfg.Owner) }, patience(t), 10*time.Millisecond)
 		out.release()
 
-		err = receive(t, runErr)
+		err := receive(t, runErr)
 		release()
 		require.ErrorIs(t, err, cdcrelay.ErrHeartbeatLapsed)
 		// The renewal after the publish fails on the lock, or is cut by its

@@ -1,7 +1,6 @@
 package forwarder_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -17,20 +16,9 @@ import (
 // polling), and resumes when the row is restored.
 func TestAMissingModeRowStopsClaimsUntilItIsRestored(t *testing.T) {
 	s := newDB(t)
-	rec := &recorder{}
-	logs := &errLogger{}
-	f, err := forwarder.New(s.DB, rec, logs, forwarder.Config{
-		HeartbeatInterval: 250 * time.Millisecond, // each beat must finish within it: shorter, and a busy machine lapses it for good
-		PollInterval:      5 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond,
-		BackoffBase: 5 * time.Millisecond, BackoffMax: 10 * time.Millisecond,
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = f.Close() })
-	done := make(chan error, 1)
-	go func() { done <- f.Run(context.Background()) }()
-	waitOrFail(t, f.Running(), "Run reaching its loop")
+	f, rec, logs, done := runBeating(t, s)
 
-	_, err = s.DB.Exec(`DELETE FROM messaging_relay_mode`)
+	_, err := s.DB.Exec(`DELETE FROM messaging_relay_mode`)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return logs.count(relaymode.CodeRelayModeMissing) > 0 }, 10*time.Second, 5*time.Millisecond,
 		"heartbeats fail with RELAY_MODE_MISSING")

@@ -227,10 +227,12 @@ func (l *errLogger) count(code outbox.Code) int {
 // Once heartbeats have failed for longer than their lifetime, relaymode.Enable
 // may switch the database to CDC: the relay must stop claiming until a
 // heartbeat succeeds again.
-func TestRelayClaimsNothingWhileItsHeartbeatHasLapsed(t *testing.T) {
-	s := newDB(t)
-	rec := &recorder{}
-	logs := &errLogger{}
+// runBeating starts a relay on s whose heartbeat beats every 250 ms and
+// whose passes follow each other within milliseconds, with its errors
+// logged to the returned errLogger; done receives Run's result.
+func runBeating(t *testing.T, s *testdb.Schema) (f *forwarder.Forwarder, rec *recorder, logs *errLogger, done chan error) {
+	t.Helper()
+	rec, logs = &recorder{}, &errLogger{}
 	f, err := forwarder.New(s.DB, rec, logs, forwarder.Config{
 		HeartbeatInterval: 250 * time.Millisecond, // each beat must finish within it: shorter, and a busy machine lapses it for good
 		PollInterval:      5 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond,
@@ -238,9 +240,15 @@ func TestRelayClaimsNothingWhileItsHeartbeatHasLapsed(t *testing.T) {
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = f.Close() })
-	done := make(chan error, 1)
+	done = make(chan error, 1)
 	go func() { done <- f.Run(context.Background()) }()
 	waitOrFail(t, f.Running(), "Run reaching its loop")
+	return f, rec, logs, done
+}
+
+func TestRelayClaimsNothingWhileItsHeartbeatHasLapsed(t *testing.T) {
+	s := newDB(t)
+	f, rec, logs, done := runBeating(t, s)
 
 	// Heartbeats now hang on the lock until their timeout: they fail.
 	tx, err := s.DB.Begin()

@@ -244,10 +244,10 @@ func buildInsert(topic string, msgs []*message.Message, cfg Config) (Statement, 
 	if len(rows) == 1 {
 		st = one(topic, rows[0], headers[0], v, cfg)
 	} else {
-		if err := checkBatchPayloads(len(rows), func(i int) int { return len(rows[i].Payload) }); err != nil {
+		var err error
+		if st, err = batch(topic, rows, headers, v, cfg); err != nil {
 			return Statement{}, err
 		}
-		st = batch(topic, rows, headers, v, cfg)
 	}
 	st.IDs = ids
 	return st, nil
@@ -331,14 +331,9 @@ func one(topic string, r envelope.Row, headers []byte, v variant, cfg Config) St
 // as int4, so the start after every payload must still fit in an int32.
 const maxBatchPayloadBytes = math.MaxInt32 - 1
 
-// checkBatchPayloads refuses n payloads (payload i is size(i) bytes) too
-// large together for batch's int4 offsets. It sums in int64, so the sum
-// itself cannot overflow.
-func checkBatchPayloads(n int, size func(i int) int) error {
-	var total int64
-	for i := range n {
-		total += int64(size(i))
-	}
+// checkBatchPayloads refuses n payloads of total bytes together, too large
+// for batch's int4 offsets.
+func checkBatchPayloads(n int, total int64) error {
 	if total > maxBatchPayloadBytes {
 		return outbox.Errorf(CodePayloadTooLarge, "publisher.Publish",
 			"the %d payloads of this call total %d bytes; one call carries at most %d: publish them in several calls",
@@ -347,13 +342,16 @@ func checkBatchPayloads(n int, size func(i int) int) error {
 	return nil
 }
 
-func batch(topic string, rows []envelope.Row, headers [][]byte, v variant, cfg Config) Statement {
+func batch(topic string, rows []envelope.Row, headers [][]byte, v variant, cfg Config) (Statement, error) {
 	n := len(rows)
-	ids, hdrs := make(textArray, n), make(textArray, n)
-	size := 0
+	var size int64
 	for _, r := range rows {
-		size += len(r.Payload)
+		size += int64(len(r.Payload))
 	}
+	if err := checkBatchPayloads(n, size); err != nil {
+		return Statement{}, err
+	}
+	ids, hdrs := make(textArray, n), make(textArray, n)
 	payloads := make([]byte, 0, size)
 	at, lens := make(pq.Int32Array, n), make(pq.Int32Array, n)
 	cols := make([]textArray, v)
@@ -392,7 +390,7 @@ func batch(topic string, rows []envelope.Row, headers [][]byte, v variant, cfg C
 	for _, r := range rows {
 		keyed = keyed || r.OrderingKey != ""
 	}
-	return Statement{SQL: pick(v, false, cfg.Notify, cfg.LockOrderingKeys && keyed), Args: args}
+	return Statement{SQL: pick(v, false, cfg.Notify, cfg.LockOrderingKeys && keyed), Args: args}, nil
 }
 
 // text maps "" to NULL: the envelope never stores an absent value as an

@@ -1,7 +1,6 @@
 package googlecloud_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 
@@ -12,8 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/transport/googlecloud"
+	"github.com/fencedoutbox/watermill-outbox/transport/internal/classifytest"
 )
 
 // Every code docs/ERRORS.md promises for Pub/Sub, checked on the error
@@ -25,44 +24,25 @@ func TestClassifyGivesTheDocumentedCodes(t *testing.T) {
 	_, reservedErr := googlecloud.Marshaler{}.Marshal("orders", msg)
 	require.Error(t, reservedErr)
 
-	rejected := func(code string) forwarder.Verdict {
-		return forwarder.Verdict{Outcome: forwarder.Rejected, Code: code}
-	}
-	ambiguous := func(code string) forwarder.Verdict {
-		return forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: code}
-	}
-	cases := []struct {
-		name string
-		err  error
-		want forwarder.Verdict
-	}{
-		{"context deadline", context.DeadlineExceeded, ambiguous("CONTEXT_DEADLINE_EXCEEDED")},
-		{"context canceled", context.Canceled, ambiguous("CONTEXT_CANCELED")},
-		{"reserved attribute", reservedErr, rejected("PUBSUB_RESERVED_ATTRIBUTE")},
-		{"topic not found", fmt.Errorf("orders: %w", wgc.ErrTopicDoesNotExist), rejected("PUBSUB_TOPIC_NOT_FOUND")},
-		{"message too large", pubsub.ErrOversizedMessage, rejected("PUBSUB_MESSAGE_TOO_LARGE")},
-		{"ordering key paused", pubsub.ErrPublishingPaused{OrderingKey: "k"}, ambiguous("PUBSUB_ORDERING_KEY_PAUSED")},
-		{"grpc permission denied", status.Error(codes.PermissionDenied, "denied"), rejected("PUBSUB_PERMISSION_DENIED")},
-		{"grpc not found", status.Error(codes.NotFound, "Resource not found"), rejected("PUBSUB_NOT_FOUND")},
-		{"grpc invalid argument", status.Error(codes.InvalidArgument, "too many attributes"), rejected("PUBSUB_INVALID_ARGUMENT")},
-		{"grpc failed precondition", status.Error(codes.FailedPrecondition, "precondition"), rejected("PUBSUB_FAILED_PRECONDITION")},
+	classifytest.Check(t, googlecloud.Classify, "publishing message m1 failed: %w", []classifytest.Case{
+		{"reserved attribute", reservedErr, classifytest.Rejected("PUBSUB_RESERVED_ATTRIBUTE")},
+		{"topic not found", fmt.Errorf("orders: %w", wgc.ErrTopicDoesNotExist), classifytest.Rejected("PUBSUB_TOPIC_NOT_FOUND")},
+		{"message too large", pubsub.ErrOversizedMessage, classifytest.Rejected("PUBSUB_MESSAGE_TOO_LARGE")},
+		{"ordering key paused", pubsub.ErrPublishingPaused{OrderingKey: "k"}, classifytest.Ambiguous("PUBSUB_ORDERING_KEY_PAUSED")},
+		{"grpc permission denied", status.Error(codes.PermissionDenied, "denied"), classifytest.Rejected("PUBSUB_PERMISSION_DENIED")},
+		{"grpc not found", status.Error(codes.NotFound, "Resource not found"), classifytest.Rejected("PUBSUB_NOT_FOUND")},
+		{"grpc invalid argument", status.Error(codes.InvalidArgument, "too many attributes"), classifytest.Rejected("PUBSUB_INVALID_ARGUMENT")},
+		{"grpc failed precondition", status.Error(codes.FailedPrecondition, "precondition"), classifytest.Rejected("PUBSUB_FAILED_PRECONDITION")},
 		{"grpc unavailable", status.Error(codes.Unavailable, "connection refused"),
-			forwarder.Verdict{Outcome: forwarder.Unavailable, Code: "PUBSUB_UNAVAILABLE"}},
-		{"grpc deadline exceeded", status.Error(codes.DeadlineExceeded, "deadline"), ambiguous("PUBSUB_DEADLINE_EXCEEDED")},
-		{"grpc internal", status.Error(codes.Internal, "internal"), ambiguous("PUBSUB_INTERNAL")},
-		{"grpc resource exhausted", status.Error(codes.ResourceExhausted, "quota"), ambiguous("PUBSUB_RESOURCE_EXHAUSTED")},
-		{"grpc unauthenticated", status.Error(codes.Unauthenticated, "token"), ambiguous("PUBSUB_UNAUTHENTICATED")},
-		{"grpc canceled", status.Error(codes.Canceled, "canceled"), ambiguous("PUBSUB_CANCELLED")},
+			classifytest.Unavailable("PUBSUB_UNAVAILABLE")},
+		{"grpc deadline exceeded", status.Error(codes.DeadlineExceeded, "deadline"), classifytest.Ambiguous("PUBSUB_DEADLINE_EXCEEDED")},
+		{"grpc internal", status.Error(codes.Internal, "internal"), classifytest.Ambiguous("PUBSUB_INTERNAL")},
+		{"grpc resource exhausted", status.Error(codes.ResourceExhausted, "quota"), classifytest.Ambiguous("PUBSUB_RESOURCE_EXHAUSTED")},
+		{"grpc unauthenticated", status.Error(codes.Unauthenticated, "token"), classifytest.Ambiguous("PUBSUB_UNAUTHENTICATED")},
+		{"grpc canceled", status.Error(codes.Canceled, "canceled"), classifytest.Ambiguous("PUBSUB_CANCELLED")},
 		// Not a gRPC status, or a status without a usable code.
-		{"plain error", fmt.Errorf("connection reset by peer"), ambiguous("PUBSUB_UNKNOWN")},
-		{"grpc unknown", status.Error(codes.Unknown, "unknown"), ambiguous("PUBSUB_UNKNOWN")},
-		{"publisher closed", wgc.ErrPublisherClosed, ambiguous("PUBSUB_UNKNOWN")},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, googlecloud.Classify(tc.err), "error: %v", tc.err)
-			wrapped := fmt.Errorf("publishing message m1 failed: %w", tc.err)
-			require.Equal(t, tc.want, googlecloud.Classify(wrapped), "error: %v", wrapped)
-		})
-	}
+		{"plain error", fmt.Errorf("connection reset by peer"), classifytest.Ambiguous("PUBSUB_UNKNOWN")},
+		{"grpc unknown", status.Error(codes.Unknown, "unknown"), classifytest.Ambiguous("PUBSUB_UNKNOWN")},
+		{"publisher closed", wgc.ErrPublisherClosed, classifytest.Ambiguous("PUBSUB_UNKNOWN")},
+	})
 }
