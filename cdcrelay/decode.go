@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 )
@@ -213,4 +215,25 @@ type unknownStatusError string
 
 func (e unknownStatusError) Error() string {
 	return "status " + strconv.Quote(string(e)) + " is not a known state"
+}
+
+// decodeInsert is the row an INSERT's tuple carries: each value paired with
+// its relation's column name, then decodeRow.
+func decodeInsert(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (envelope.Row, error) {
+	if tuple == nil || len(tuple.Columns) != len(rel.Columns) {
+		return envelope.Row{}, undecodable("insert into %s.%s has a tuple that does not match its relation", rel.Namespace, rel.RelationName)
+	}
+	cols := make([]column, len(tuple.Columns))
+	for i, c := range tuple.Columns {
+		cols[i].name = rel.Columns[i].Name
+		switch c.DataType {
+		case pglogrepl.TupleDataTypeNull:
+			cols[i].null = true
+		case pglogrepl.TupleDataTypeText:
+			cols[i].text = c.Data
+		default:
+			return envelope.Row{}, undecodable("column %s arrived as tuple type %q; the relay reads text format only", cols[i].name, c.DataType)
+		}
+	}
+	return decodeRow(cols)
 }
