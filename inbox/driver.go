@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/internal/typednil"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
 )
 
@@ -35,7 +36,7 @@ type Transactor interface {
 // Config.TxOptions is the Transactor's to honour (pgxadapter maps it).
 // Refusals are NewMiddleware's; a nil tr is OUTBOX_INVALID_CONFIG.
 func NewMiddlewareOn(tr Transactor, consumer string, cfg Config) (message.HandlerMiddleware, error) {
-	if tr == nil || reflectNil(tr) {
+	if typednil.Is(tr) {
 		return nil, outbox.Errorf(outbox.CodeInvalidConfig, "inbox.Middleware", "the Transactor must not be nil")
 	}
 	if err := validate(consumer, cfg); err != nil {

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"reflect"
 	"strings"
 	"unicode/utf8"
 
@@ -298,14 +297,4 @@ func runWith(ctx context.Context, st *state, record func(context.Context) (int64
 			"handler returned %d produced message(s) for %s; use inbox.Publisher(msg.Context()) to emit follow-ups: they commit with the effect", len(produced), msg.UUID)
 	}
 	return nil, nil
-}
-
-// reflectNil reports whether v is an interface holding a nil pointer.
-func reflectNil(v any) bool {
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
 }

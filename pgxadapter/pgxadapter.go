@@ -24,11 +24,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"reflect"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fencedoutbox/watermill-outbox/internal/typednil"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
 )
 
@@ -37,7 +37,7 @@ import (
 // included) is refused with OUTBOX_TRANSACTION_REQUIRED, an invalid cfg or a
 // cfg with Prepared with OUTBOX_INVALID_CONFIG.
 func NewPublisher(tx pgx.Tx, cfg publisher.Config, logger watermill.LoggerAdapter) (*publisher.Publisher, error) {
-	if isNil(tx) {
+	if typednil.Is(tx) {
 		return publisher.NewOnTx(nil, cfg, logger)
 	}
 	return publisher.NewOnTx(txAdapter{tx}, cfg, logger)
@@ -60,17 +60,4 @@ func (a txAdapter) ExecAffected(ctx context.Context, query string, args ...any) 
 		return 0, fmt.Errorf("%w: %w", sql.ErrTxDone, err)
 	}
 	return tag.RowsAffected(), err
-}
-
-// isNil reports a nil tx, or a pgx.Tx holding a nil pointer (or map, func,
-// ...), which would pass tx == nil and panic on the first Publish.
-func isNil(tx pgx.Tx) bool {
-	if tx == nil {
-		return true
-	}
-	switch v := reflect.ValueOf(tx); v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface, reflect.UnsafePointer:
-		return v.IsNil()
-	}
-	return false
 }

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"reflect"
 	"strings"
 	"sync"
 
@@ -14,6 +13,7 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/internal/pgerr"
+	"github.com/fencedoutbox/watermill-outbox/internal/typednil"
 )
 
 // pkeyConstraint is the primary key of messaging_outbox (migration 00001).
@@ -72,7 +72,7 @@ type Tx interface {
 // else is New's. Config.Prepared is for database/sql pools and is refused
 // here (OUTBOX_INVALID_CONFIG); pgx prepares and caches statements itself.
 func NewOnTx(tx Tx, cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
-	if tx == nil || reflectNil(tx) {
+	if typednil.Is(tx) {
 		return nil, outbox.Errorf(outbox.CodeTransactionRequired, "publisher.NewOnTx",
 			"tx is nil; begin a transaction and publish in it")
 	}
@@ -86,16 +86,6 @@ func NewOnTx(tx Tx, cfg Config, logger watermill.LoggerAdapter) (*Publisher, err
 	p := bind(nil, cfg, logger)
 	p.other = tx
 	return p, nil
-}
-
-// reflectNil reports whether v is an interface holding a nil pointer.
-func reflectNil(v any) bool {
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
 }
 
 // bind is New after its checks: tx is not nil and cfg is valid.
