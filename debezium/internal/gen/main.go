@@ -40,7 +40,7 @@ func main() {
 // defaultDir is "." under go generate (which runs in the package directory)
 // and "debezium" from the repository root.
 func defaultDir() string {
-	if _, err := os.Stat("relaymode.go"); err == nil {
+	if _, err := os.Stat("shipped.go"); err == nil {
 		return "."
 	}
 	return "debezium"
