@@ -146,3 +146,15 @@ func TestTakeoverOfALiveOperationNeedsTheSameLoginOrForce(t *testing.T) {
 	require.Equal(t, []string{login, login, mallory}, rec.ExecutedBy)
 	require.Equal(t, []string{mallory}, rec.ForcedBy, "the forced takeover is journaled with its login")
 }
+
+// JOURNAL_OPERATION_REQUIRED is also Approve's refusal of an operation other
+// than redrive or purge (as its documentation says), before any statement.
+func TestApproveRefusesAnUnknownOperation(t *testing.T) {
+	t.Parallel()
+	j, err := journal.New(&sql.DB{}, journal.Config{Owner: "a"})
+	require.NoError(t, err)
+	for _, op := range []string{"", "delete", "Redrive"} {
+		_, err := j.Approve(context.Background(), "T-1", op, journal.Filter{})
+		require.ErrorIs(t, err, journal.ErrOperationRequired, "%q", op)
+	}
+}

@@ -9,8 +9,93 @@ import (
 	"github.com/stretchr/testify/require"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/journal"
 )
+
+func TestStaleOwnerCheckpointRefusedAndItemsOnlyGrow(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	clk := newClock(t0)
+	a := newJournal(t, s.DB, "a", clk, 10)
+	b := newJournal(t, s.DB, "b", clk, 10)
+	ctx := context.Background()
+
+	runA, err := a.Begin(ctx, "T-1", "custom", map[string]int{"n": 1})
+	require.NoError(t, err)
+	require.NoError(t, a.Checkpoint(ctx, runA, 50, "c50"))
+	require.NoError(t, a.Checkpoint(ctx, runA, 10, "c10"))
+	rec, err := a.Find(ctx, "T-1")
+	require.NoError(t, err)
+	require.EqualValues(t, 50, rec.ItemsCompleted, "items_completed never goes backwards")
+	require.Equal(t, "c10", rec.Checkpoint)
+	require.True(t, rec.LeaseExpiresAt.Equal(t0.Add(30*time.Second)))
+
+	// The checkpoint extended the lease: at t0+40s it has not expired...
+	clk.set(t0.Add(20 * time.Second))
+	require.NoError(t, a.Checkpoint(ctx, runA, 60, "c60"))
+	clk.set(t0.Add(40 * time.Second))
+	_, err = b.Begin(ctx, "T-1", "custom", map[string]int{"n": 1})
+	require.ErrorIs(t, err, journal.ErrInFlight)
+
+	// ...at t0+51s it has, and b takes over; a is fenced out.
+	clk.set(t0.Add(51 * time.Second))
+	runB, err := b.Begin(ctx, "T-1", "custom", map[string]int{"n": 1})
+	require.NoError(t, err)
+	require.True(t, runB.TookOver)
+	require.EqualValues(t, 60, runB.ItemsCompleted)
+	require.Equal(t, "c60", runB.Checkpoint)
+	err = a.Checkpoint(ctx, runA, 70, "c70")
+	require.ErrorIs(t, err, journal.ErrLeaseLost)
+	require.Equal(t, journal.CodeLeaseLost, outbox.CodeOf(err))
+	require.NoError(t, b.Checkpoint(ctx, runB, 70, "c70"))
+	require.NoError(t, b.Complete(ctx, runB))
+	require.ErrorIs(t, b.Checkpoint(ctx, runB, 80, "c80"), journal.ErrLeaseLost, "a completed operation takes no more checkpoints")
+}
+
+// A checkpoint that is not a seq cursor (written by another tool through
+// Checkpoint) cannot be resumed from; Redrive says so and marks the
+// operation FAILED with the reason, instead of leaving it STARTED until its
+// lease runs out with nothing in the journal to explain why.
+func TestUnreadableCheckpointFailsTheOperation(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	parked(t, s.DB, "x", 3, "FAILED", "orders", "", "REJECTED", t0)
+	clk := newClock(t0)
+	a := newJournal(t, s.DB, "a", clk, 3)
+	ctx := context.Background()
+	run, err := a.Begin(ctx, "T-C", journal.OpRedrive, journal.Filter{})
+	require.NoError(t, err)
+	require.NoError(t, a.Checkpoint(ctx, run, 1, "page-2"))
+
+	_, err = a.Redrive(ctx, "T-C", journal.Filter{}, journal.Options{})
+	require.ErrorContains(t, err, `checkpoint "page-2" is not a seq cursor`)
+	rec, err := a.Find(ctx, "T-C")
+	require.NoError(t, err)
+	require.Equal(t, journal.StateFailed, rec.State)
+	require.Equal(t, string(journal.CodeBatchFailed), rec.FailureCode)
+	require.Contains(t, rec.FailureDetail, "page-2")
+	require.Equal(t, 3, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_outbox WHERE status = 'FAILED'`), "nothing redriven")
+}
+
+// Checkpoint, Complete and Fail refuse a nil *Run with a code before any
+// statement (the zero *sql.DB here would panic if one were run).
+func TestNilRunIsRefused(t *testing.T) {
+	t.Parallel()
+	j, err := journal.New(&sql.DB{}, journal.Config{Owner: "a"})
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	err = j.Checkpoint(ctx, nil, 1, "1")
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+	require.Contains(t, err.Error(), "journal.Checkpoint")
+	err = j.Complete(ctx, nil)
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+	require.Contains(t, err.Error(), "journal.Complete")
+	err = j.Fail(ctx, nil, "X", "detail")
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+	require.Contains(t, err.Error(), "journal.Fail")
+}
 
 // The claim on the takeover UPDATE (and in the package doc): it re-checks the
 // row as it is now, so an owner that checkpointed (extending its lease)
