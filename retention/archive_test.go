@@ -13,6 +13,68 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/retention"
 )
 
+// Archive mode moves every column into the archive in the same statement.
+func TestArchiveMovesRowsWithAllColumns(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	old := now.Add(-80 * time.Hour)
+	aggVersion := int64(42)
+	testdb.InsertRow(t, s.DB, envelope.Row{
+		MessageID: "full", Destination: "orders", Payload: []byte{0xde, 0xad, 0xbe, 0xef}, Headers: map[string]string{"a": "b"},
+		Status: envelope.StatusPublished, CreatedAt: old, OccurredAt: old, PublishedAt: old, Attempts: 3, NextAttemptAt: old,
+		LeaseOwner: "relay-1", LeaseToken: 7, LeaseExpiresAt: old, LastFailureCode: "TIMEOUT", LastFailureDetail: "detail",
+		LastAttemptAt: old, Producer: "svc", CorrelationID: "corr", CausationID: "caus", Tenant: "acme", PartitionKey: "pk",
+		OrderingKey: "ok", Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", Tracestate: "k=v",
+		Baggage: "b=1", SchemaSubject: "subj", SchemaVersion: "2", ContentType: "application/json",
+		MessageType: "OrderPaid", AggregateType: "order", AggregateID: "o-1", AggregateVersion: &aggVersion,
+	})
+	insertPublished(t, s.DB, "old-", 20, old)
+	insertOtherStatuses(t, s.DB, old)
+
+	// Every stored outbox column has an archive column; only columns the
+	// database generates from others (created_at_utc) may be absent, since
+	// they carry no information of their own.
+	rows, err := s.DB.Query(`
+SELECT o.column_name, o.is_generated FROM information_schema.columns o
+ WHERE o.table_schema = current_schema() AND o.table_name = 'messaging_outbox'
+   AND NOT EXISTS (SELECT 1 FROM information_schema.columns a
+                    WHERE a.table_schema = o.table_schema AND a.table_name = 'messaging_outbox_archive'
+                      AND a.column_name = o.column_name)`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var col, generated string
+		require.NoError(t, rows.Scan(&col, &generated))
+		require.Equal(t, "ALWAYS", generated, "outbox column %s is stored but has no archive column", col)
+	}
+	require.NoError(t, rows.Err())
+	require.NoError(t, rows.Close())
+
+	var before string
+	require.NoError(t, s.DB.QueryRow(`
+SELECT jsonb_object_agg(e.key, e.value)::text
+  FROM messaging_outbox o, jsonb_each(to_jsonb(o)) e
+ WHERE o.message_id = 'full'
+   AND e.key IN (SELECT column_name FROM information_schema.columns
+                  WHERE table_schema = current_schema() AND table_name = 'messaging_outbox_archive')`).Scan(&before))
+
+	c, err := retention.New(s.DB, nil, retention.Config{Archive: true, BatchSize: 8, Now: clock})
+	require.NoError(t, err)
+	res, err := c.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 21, res.Archived)
+	require.Zero(t, res.Deleted)
+	require.Equal(t, 3, res.Batches)
+
+	require.Equal(t, 5, s.Count(t, ""), "only the non-PUBLISHED rows stay")
+	require.Equal(t, 21, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_outbox_archive`))
+	var after string
+	var archivedAt time.Time
+	require.NoError(t, s.DB.QueryRow(`
+SELECT (to_jsonb(a) - 'archived_at')::text, archived_at FROM messaging_outbox_archive a WHERE message_id = 'full'`).Scan(&after, &archivedAt))
+	require.JSONEq(t, before, after, "every column, routing_key and seq included, is archived unchanged")
+	require.True(t, archivedAt.Equal(now))
+}
+
 // Package doc: an id already in the archive is settled per row and the
 // batch goes on. The same message there (an earlier copy of this row) →
 // the outbox row is deleted as archived and the archive keeps its copy; a
