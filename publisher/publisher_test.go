@@ -3,7 +3,6 @@ package publisher_test
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -377,82 +376,6 @@ func TestDuplicateAcrossCallsIsRefusedByTheDatabase(t *testing.T) {
 	require.Equal(t, "first", string(payload), "the stored row is never overwritten")
 }
 
-func TestTransactionRefusals(t *testing.T) {
-	s := newSchema(t)
-
-	t.Run("nil tx", func(t *testing.T) {
-		pub, err := publisher.New(nil, publisher.Config{}, nil)
-		require.ErrorIs(t, err, outbox.ErrTransactionRequired)
-		require.Nil(t, pub)
-	})
-	t.Run("committed tx", func(t *testing.T) {
-		tx := begin(t, s.DB, nil)
-		pub, err := publisher.New(tx, publisher.Config{}, nil)
-		require.NoError(t, err)
-		require.NoError(t, tx.Commit())
-		require.ErrorIs(t, pub.Publish("t", newMsg(t, "x")), outbox.ErrTransactionRequired)
-		require.Zero(t, s.Count(t, ""))
-	})
-	t.Run("rolled back tx", func(t *testing.T) {
-		tx := begin(t, s.DB, nil)
-		pub, err := publisher.New(tx, publisher.Config{}, nil)
-		require.NoError(t, err)
-		require.NoError(t, tx.Rollback())
-		err = pub.Publish("t", newMsg(t, "x"))
-		require.ErrorIs(t, err, outbox.ErrTransactionRequired)
-		require.ErrorIs(t, err, sql.ErrTxDone)
-		require.Zero(t, s.Count(t, ""))
-	})
-	t.Run("read-only tx", func(t *testing.T) {
-		tx := begin(t, s.DB, &sql.TxOptions{ReadOnly: true})
-		pub, err := publisher.New(tx, publisher.Config{}, nil)
-		require.NoError(t, err)
-		err = pub.Publish("t", newMsg(t, "x"))
-		require.ErrorIs(t, err, outbox.ErrTransactionRequired)
-		require.Contains(t, err.Error(), "read-only")
-		require.Zero(t, s.Count(t, ""))
-	})
-	t.Run("aborted tx", func(t *testing.T) {
-		tx := begin(t, s.DB, nil)
-		_, err := tx.Exec(`SELECT 1/0`)
-		require.Error(t, err)
-		pub, err := publisher.New(tx, publisher.Config{}, nil)
-		require.NoError(t, err)
-		err = pub.Publish("t", newMsg(t, "x"))
-		require.ErrorIs(t, err, outbox.ErrTransactionRequired)
-		require.Contains(t, err.Error(), "aborted")
-		require.Zero(t, s.Count(t, ""))
-	})
-}
-
-func TestConfigValidation(t *testing.T) {
-	require.NoError(t, publisher.Config{}.Validate(), "the zero value is valid")
-	require.NoError(t, publisher.Config{Notify: true}.Validate(), "defaults satisfy their own rules")
-	require.LessOrEqual(t, len(publisher.DefaultNotifyChannel), 63)
-	bad := []publisher.Config{
-		{Producer: "a\x00b"},
-		{Producer: "\xff"},
-		{Producer: "svc\nforged"},
-		{Producer: "svc\x1b[31m"},
-		{Notify: true, NotifyChannel: strings.Repeat("c", 64)},
-		{NotifyChannel: "ch\x00"},
-	}
-	s := newSchema(t)
-	for _, cfg := range bad {
-		require.ErrorIs(t, cfg.Validate(), outbox.ErrInvalidConfig, "%+v", cfg)
-		tx := begin(t, s.DB, nil)
-		_, err := publisher.New(tx, cfg, nil)
-		require.ErrorIs(t, err, outbox.ErrInvalidConfig)
-		err = publisher.InTx(context.Background(), s.DB, cfg, func(context.Context, *sql.Tx, *publisher.Publisher) error {
-			t.Fatal("fn must not run with an invalid config")
-			return nil
-		})
-		require.ErrorIs(t, err, outbox.ErrInvalidConfig)
-	}
-	require.ErrorIs(t, publisher.InTx(context.Background(), nil, publisher.Config{}, func(context.Context, *sql.Tx, *publisher.Publisher) error { return nil }), outbox.ErrInvalidConfig)
-	require.ErrorIs(t, publisher.InTx(context.Background(), s.DB, publisher.Config{}, nil), outbox.ErrInvalidConfig)
-}
-
 func TestConcurrentPublishCloseTwiceAndPublishAfterClose(t *testing.T) {
 	s := newSchema(t)
 	tx := begin(t, s.DB, nil)
@@ -497,69 +420,6 @@ func TestConcurrentPublishCloseTwiceAndPublishAfterClose(t *testing.T) {
 	require.GreaterOrEqual(t, s.Count(t, ""), goroutines*each*2)
 }
 
-func TestInTx(t *testing.T) {
-	s := newSchema(t)
-	_, err := s.DB.Exec(`CREATE TABLE orders (id int PRIMARY KEY)`)
-	require.NoError(t, err)
-	ctx := context.Background()
-	countOrders := func() int {
-		var n int
-		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM orders`).Scan(&n))
-		return n
-	}
-
-	t.Run("commits when fn succeeds", func(t *testing.T) {
-		m := newMsg(t, "ok")
-		require.NoError(t, publisher.InTx(ctx, s.DB, publisher.Config{}, func(ctx context.Context, tx *sql.Tx, pub *publisher.Publisher) error {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO orders VALUES (1)`); err != nil {
-				return err
-			}
-			return pub.Publish("t", m)
-		}))
-		require.Equal(t, 1, countOrders())
-		require.Equal(t, 1, s.Count(t, "message_id = $1", m.UUID))
-	})
-	t.Run("rolls back and returns fn's error", func(t *testing.T) {
-		boom := errors.New("business rule violated")
-		err := publisher.InTx(ctx, s.DB, publisher.Config{}, func(ctx context.Context, tx *sql.Tx, pub *publisher.Publisher) error {
-			_, err := tx.ExecContext(ctx, `INSERT INTO orders VALUES (2)`)
-			require.NoError(t, err)
-			require.NoError(t, pub.Publish("t", newMsg(t, "no")))
-			return boom
-		})
-		require.ErrorIs(t, err, boom)
-		require.Equal(t, 1, countOrders())
-		require.Equal(t, 1, s.Count(t, ""))
-	})
-	t.Run("rolls back and re-panics", func(t *testing.T) {
-		var escaped *publisher.Publisher
-		require.PanicsWithValue(t, "handler bug", func() {
-			_ = publisher.InTx(ctx, s.DB, publisher.Config{}, func(ctx context.Context, tx *sql.Tx, pub *publisher.Publisher) error {
-				escaped = pub
-				_, err := tx.ExecContext(ctx, `INSERT INTO orders VALUES (3)`)
-				require.NoError(t, err)
-				require.NoError(t, pub.Publish("t", newMsg(t, "no")))
-				panic("handler bug")
-			})
-		})
-		require.Equal(t, 1, countOrders())
-		require.Equal(t, 1, s.Count(t, ""))
-		require.ErrorIs(t, escaped.Publish("t", newMsg(t, "x")), outbox.ErrPublisherClosed, "a publisher never outlives its transaction")
-	})
-	t.Run("a swallowed database refusal fails the commit", func(t *testing.T) {
-		var dup error
-		err := publisher.InTx(ctx, s.DB, publisher.Config{}, func(ctx context.Context, tx *sql.Tx, pub *publisher.Publisher) error {
-			_, err := tx.ExecContext(ctx, `INSERT INTO orders VALUES (4)`)
-			require.NoError(t, err)
-			dup = pub.Publish("t", message.NewMessage(firstID(t, s.DB), nil))
-			return nil // the handler ignores the error
-		})
-		require.ErrorIs(t, dup, outbox.ErrDuplicateMessageID)
-		require.Error(t, err, "InTx never reports success for an aborted transaction")
-		require.Equal(t, 1, countOrders())
-	})
-}
-
 func firstID(t *testing.T, db *sql.DB) string {
 	t.Helper()
 	var id string
@@ -582,37 +442,13 @@ func TestPublishUsesTheFirstMessageContext(t *testing.T) {
 	require.Zero(t, s.Count(t, ""))
 }
 
-// The limits are configurable: a lower limit refuses what the default takes,
-// a negative one lifts it, and header values stay free text (control
-// characters other than NUL round-trip there).
-func TestConfiguredInputLimits(t *testing.T) {
-	s := newSchema(t)
-	publish := func(cfg publisher.Config, topic string, m *message.Message) error {
-		tx := begin(t, s.DB, nil)
-		pub, err := publisher.New(tx, cfg, nil)
-		require.NoError(t, err)
-		err = pub.Publish(topic, m)
-		if err != nil {
-			require.NoError(t, tx.Rollback())
-			return err
-		}
-		return tx.Commit()
-	}
-	m := message.NewMessage(randomID(t), []byte("0123456789"))
-	err := publish(publisher.Config{MaxPayloadBytes: 9}, "t", m)
-	require.ErrorIs(t, err, publisher.ErrPayloadTooLarge)
-	require.Contains(t, err.Error(), "MaxPayloadBytes")
-	require.ErrorIs(t, publish(publisher.Config{MaxDestinationLength: 3}, "four", newMsg(t, "x")), publisher.ErrDestinationTooLong)
-	h := newMsg(t, "x")
-	h.Metadata.Set("k", "0123456789")
-	require.ErrorIs(t, publish(publisher.Config{MaxHeaderBytes: 10}, "t", h), publisher.ErrHeadersTooLarge)
-	require.Zero(t, s.Count(t, ""), "refusals write nothing")
-
-	long := strings.Repeat("t", publisher.DefaultMaxDestinationLength+1)
-	require.NoError(t, publish(publisher.Config{MaxDestinationLength: -1, MaxPayloadBytes: 10, MaxHeaderBytes: 11}, long, h))
-	free := newMsg(t, "x")
-	free.Metadata.Set("note", "line one\nline two\x1b[1m")
-	require.NoError(t, publish(publisher.Config{}, "t", free))
-	require.Equal(t, "line one\nline two\x1b[1m", readRow(t, s.DB, free.UUID).Headers["note"])
-	require.Equal(t, 2, s.Count(t, ""))
+// A Publisher not built by New, NewOnTx or InTx has no transaction: Publish
+// refuses it with a code instead of dereferencing a nil *sql.Tx.
+func TestZeroValuePublisherIsRefusedWithoutPanicking(t *testing.T) {
+	var zero publisher.Publisher
+	require.ErrorIs(t, zero.Publish("t", newMsg(t, "x")), outbox.ErrTransactionRequired)
+	require.ErrorIs(t, zero.Publish("t", newMsg(t, "a"), newMsg(t, "b")), outbox.ErrTransactionRequired)
+	require.ErrorIs(t, zero.Publish("t"), outbox.ErrTransactionRequired, "no messages: still no transaction")
+	require.NoError(t, zero.Close())
+	require.ErrorIs(t, zero.Publish("t", newMsg(t, "x")), outbox.ErrPublisherClosed)
 }

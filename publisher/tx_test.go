@@ -235,3 +235,131 @@ func TestInTxPanicsAndGoexitRollBack(t *testing.T) {
 	require.Zero(t, e.orders())
 	require.Zero(t, e.s.Count(t, ""))
 }
+
+// nilTx is a driver transaction whose methods have pointer receivers, so a
+// nil *nilTx is a non-nil publisher.Tx.
+type nilTx struct{}
+
+func (*nilTx) Exec(context.Context, string, ...any) error { return nil }
+
+func TestNewOnTxRefusesATypedNilTx(t *testing.T) {
+	var tx *nilTx
+	pub, err := publisher.NewOnTx(tx, publisher.Config{}, nil)
+	require.ErrorIs(t, err, outbox.ErrTransactionRequired)
+	require.Nil(t, pub)
+
+	pub, err = publisher.NewOnTx(nil, publisher.Config{}, nil)
+	require.ErrorIs(t, err, outbox.ErrTransactionRequired, "a plain nil too")
+	require.Nil(t, pub)
+}
+
+func TestTransactionRefusals(t *testing.T) {
+	s := newSchema(t)
+
+	t.Run("nil tx", func(t *testing.T) {
+		pub, err := publisher.New(nil, publisher.Config{}, nil)
+		require.ErrorIs(t, err, outbox.ErrTransactionRequired)
+		require.Nil(t, pub)
+	})
+	t.Run("committed tx", func(t *testing.T) {
+		tx := begin(t, s.DB, nil)
+		pub, err := publisher.New(tx, publisher.Config{}, nil)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+		require.ErrorIs(t, pub.Publish("t", newMsg(t, "x")), outbox.ErrTransactionRequired)
+		require.Zero(t, s.Count(t, ""))
+	})
+	t.Run("rolled back tx", func(t *testing.T) {
+		tx := begin(t, s.DB, nil)
+		pub, err := publisher.New(tx, publisher.Config{}, nil)
+		require.NoError(t, err)
+		require.NoError(t, tx.Rollback())
+		err = pub.Publish("t", newMsg(t, "x"))
+		require.ErrorIs(t, err, outbox.ErrTransactionRequired)
+		require.ErrorIs(t, err, sql.ErrTxDone)
+		require.Zero(t, s.Count(t, ""))
+	})
+	t.Run("read-only tx", func(t *testing.T) {
+		tx := begin(t, s.DB, &sql.TxOptions{ReadOnly: true})
+		pub, err := publisher.New(tx, publisher.Config{}, nil)
+		require.NoError(t, err)
+		err = pub.Publish("t", newMsg(t, "x"))
+		require.ErrorIs(t, err, outbox.ErrTransactionRequired)
+		require.Contains(t, err.Error(), "read-only")
+		require.Zero(t, s.Count(t, ""))
+	})
+	t.Run("aborted tx", func(t *testing.T) {
+		tx := begin(t, s.DB, nil)
+		_, err := tx.Exec(`SELECT 1/0`)
+		require.Error(t, err)
+		pub, err := publisher.New(tx, publisher.Config{}, nil)
+		require.NoError(t, err)
+		err = pub.Publish("t", newMsg(t, "x"))
+		require.ErrorIs(t, err, outbox.ErrTransactionRequired)
+		require.Contains(t, err.Error(), "aborted")
+		require.Zero(t, s.Count(t, ""))
+	})
+}
+
+func TestInTx(t *testing.T) {
+	s := newSchema(t)
+	_, err := s.DB.Exec(`CREATE TABLE orders (id int PRIMARY KEY)`)
+	require.NoError(t, err)
+	ctx := context.Background()
+	countOrders := func() int {
+		var n int
+		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM orders`).Scan(&n))
+		return n
+	}
+
+	t.Run("commits when fn succeeds", func(t *testing.T) {
+		m := newMsg(t, "ok")
+		require.NoError(t, publisher.InTx(ctx, s.DB, publisher.Config{}, func(ctx context.Context, tx *sql.Tx, pub *publisher.Publisher) error {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO orders VALUES (1)`); err != nil {
+				return err
+			}
+			return pub.Publish("t", m)
+		}))
+		require.Equal(t, 1, countOrders())
+		require.Equal(t, 1, s.Count(t, "message_id = $1", m.UUID))
+	})
+	t.Run("rolls back and returns fn's error", func(t *testing.T) {
+		boom := errors.New("business rule violated")
+		err := publisher.InTx(ctx, s.DB, publisher.Config{}, func(ctx context.Context, tx *sql.Tx, pub *publisher.Publisher) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO orders VALUES (2)`)
+			require.NoError(t, err)
+			require.NoError(t, pub.Publish("t", newMsg(t, "no")))
+			return boom
+		})
+		require.ErrorIs(t, err, boom)
+		require.Equal(t, 1, countOrders())
+		require.Equal(t, 1, s.Count(t, ""))
+	})
+	t.Run("rolls back and re-panics", func(t *testing.T) {
+		var escaped *publisher.Publisher
+		require.PanicsWithValue(t, "handler bug", func() {
+			_ = publisher.InTx(ctx, s.DB, publisher.Config{}, func(ctx context.Context, tx *sql.Tx, pub *publisher.Publisher) error {
+				escaped = pub
+				_, err := tx.ExecContext(ctx, `INSERT INTO orders VALUES (3)`)
+				require.NoError(t, err)
+				require.NoError(t, pub.Publish("t", newMsg(t, "no")))
+				panic("handler bug")
+			})
+		})
+		require.Equal(t, 1, countOrders())
+		require.Equal(t, 1, s.Count(t, ""))
+		require.ErrorIs(t, escaped.Publish("t", newMsg(t, "x")), outbox.ErrPublisherClosed, "a publisher never outlives its transaction")
+	})
+	t.Run("a swallowed database refusal fails the commit", func(t *testing.T) {
+		var dup error
+		err := publisher.InTx(ctx, s.DB, publisher.Config{}, func(ctx context.Context, tx *sql.Tx, pub *publisher.Publisher) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO orders VALUES (4)`)
+			require.NoError(t, err)
+			dup = pub.Publish("t", message.NewMessage(firstID(t, s.DB), nil))
+			return nil // the handler ignores the error
+		})
+		require.ErrorIs(t, dup, outbox.ErrDuplicateMessageID)
+		require.Error(t, err, "InTx never reports success for an aborted transaction")
+		require.Equal(t, 1, countOrders())
+	})
+}

@@ -47,3 +47,38 @@ func TestATopicIsCheckedWithNoMessages(t *testing.T) {
 	require.ErrorIs(t, pub.Publish("t\xff"), outbox.ErrInvalidHeader)
 	require.NoError(t, pub.Publish("orders"))
 }
+
+// The limits are configurable: a lower limit refuses what the default takes,
+// a negative one lifts it, and header values stay free text (control
+// characters other than NUL round-trip there).
+func TestConfiguredInputLimits(t *testing.T) {
+	s := newSchema(t)
+	publish := func(cfg publisher.Config, topic string, m *message.Message) error {
+		tx := begin(t, s.DB, nil)
+		pub, err := publisher.New(tx, cfg, nil)
+		require.NoError(t, err)
+		err = pub.Publish(topic, m)
+		if err != nil {
+			require.NoError(t, tx.Rollback())
+			return err
+		}
+		return tx.Commit()
+	}
+	m := message.NewMessage(randomID(t), []byte("0123456789"))
+	err := publish(publisher.Config{MaxPayloadBytes: 9}, "t", m)
+	require.ErrorIs(t, err, publisher.ErrPayloadTooLarge)
+	require.Contains(t, err.Error(), "MaxPayloadBytes")
+	require.ErrorIs(t, publish(publisher.Config{MaxDestinationLength: 3}, "four", newMsg(t, "x")), publisher.ErrDestinationTooLong)
+	h := newMsg(t, "x")
+	h.Metadata.Set("k", "0123456789")
+	require.ErrorIs(t, publish(publisher.Config{MaxHeaderBytes: 10}, "t", h), publisher.ErrHeadersTooLarge)
+	require.Zero(t, s.Count(t, ""), "refusals write nothing")
+
+	long := strings.Repeat("t", publisher.DefaultMaxDestinationLength+1)
+	require.NoError(t, publish(publisher.Config{MaxDestinationLength: -1, MaxPayloadBytes: 10, MaxHeaderBytes: 11}, long, h))
+	free := newMsg(t, "x")
+	free.Metadata.Set("note", "line one\nline two\x1b[1m")
+	require.NoError(t, publish(publisher.Config{}, "t", free))
+	require.Equal(t, "line one\nline two\x1b[1m", readRow(t, s.DB, free.UUID).Headers["note"])
+	require.Equal(t, 2, s.Count(t, ""))
+}

@@ -206,3 +206,21 @@ func TestBatchPayloadsComeBackExactly(t *testing.T) {
 		}
 	}
 }
+
+func TestBuildInsertIsOneFixedStatement(t *testing.T) {
+	one, err := publisher.BuildInsert("t", msgs(t, 1), publisher.Config{})
+	require.NoError(t, err)
+	two, err := publisher.BuildInsert("t", msgs(t, 2), publisher.Config{})
+	require.NoError(t, err)
+	many, err := publisher.BuildInsert("t", msgs(t, 500), publisher.Config{})
+	require.NoError(t, err)
+	require.Equal(t, two.SQL, many.SQL, "the batch statement text does not depend on the batch size")
+	require.Len(t, many.Args, len(two.Args))
+	require.Len(t, many.Args, len(one.Args)+2, "one message uses the VALUES form; a batch sends its payloads as one bytea plus their starts and lengths")
+	require.NotEqual(t, one.SQL, two.SQL)
+	require.Len(t, many.IDs, 500)
+	notify, err := publisher.BuildInsert("t", msgs(t, 1), publisher.Config{Notify: true})
+	require.NoError(t, err)
+	require.Contains(t, notify.SQL, "pg_notify")
+	require.Equal(t, publisher.DefaultNotifyChannel, notify.Args[len(notify.Args)-1])
+}
