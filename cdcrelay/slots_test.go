@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
@@ -163,55 +161,6 @@ func TestUndeliveredRowsBeforeAPreparedSlotAreRefused(t *testing.T) {
 	e.publish(t, "orders", msg("next", "n", nil))
 	require.Eventually(t, func() bool { return len(out.ids()) == 2 }, patience(t), 10*time.Millisecond)
 	require.Equal(t, []string{"backlog", "next"}, out.ids())
-	require.NoError(t, wait())
-}
-
-// TestFastShutdownIsNotBlockedByARefusingDownstream is issue 20 item 4. On the
-// old code the relay retried with its walsender open and never confirmed the
-// end of the WAL, so `pg_ctl stop -m fast` failed with "server does not shut
-// down" until the downstream recovered.
-func TestFastShutdownIsNotBlockedByARefusingDownstream(t *testing.T) {
-	c := controllable(t)
-	e := newEnv(t, c.URL)
-	e.enableCDC(t)
-	cfg := e.config()
-	cfg.RetryInitial, cfg.RetryMax = 50*time.Millisecond, 200*time.Millisecond
-	var down atomic.Bool
-	down.Store(true)
-	out := &recorder{refuse: func(_ string, _ *message.Message) error {
-		if down.Load() {
-			return errors.New("downstream outage")
-		}
-		return nil
-	}}
-	r, err := cdcrelay.New(cfg, out, nil)
-	require.NoError(t, err)
-	runErr := make(chan error, 1)
-	go func() { runErr <- r.Run(context.Background()) }()
-	t.Cleanup(func() { _ = r.Close() })
-	require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
-	e.publish(t, "orders", msg("held", "h", nil))
-	require.Eventually(t, func() bool { return out.attemptsOf("held") >= 3 }, patience(t), 10*time.Millisecond, "the relay is retrying")
-
-	start := time.Now()
-	require.NoError(t, c.Stop("fast", 30*time.Second), "a fast shutdown during the outage")
-	t.Logf("fast shutdown took %s", time.Since(start))
-	select {
-	case err := <-runErr:
-		require.Error(t, err, "the server is gone")
-		require.Empty(t, outbox.CodeOf(err), "a connection failure, not a refusal: %v", err)
-	case <-time.After(patience(t)):
-		t.Fatal("Run did not return after the server stopped")
-	}
-
-	// Server and downstream back: the message is delivered once.
-	require.NoError(t, c.Start())
-	down.Store(false)
-	r2, err := cdcrelay.New(cfg, out, nil)
-	require.NoError(t, err)
-	wait := running(t, r2)
-	require.Eventually(t, func() bool { return len(out.ids()) == 1 }, patience(t), 10*time.Millisecond)
-	require.Equal(t, []string{"held"}, out.ids())
 	require.NoError(t, wait())
 }
 
