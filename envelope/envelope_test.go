@@ -260,3 +260,12 @@ func TestAnOccurredAtRFC3339CannotCarryIsACorruptRow(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "9999-12-31T00:00:00Z", m.Metadata.Get(envelope.KeyOccurredAt))
 }
+
+// The package doc (issue 21): producer defaults to Options.Producer, which is
+// empty unless the caller sets it; it does not default to anything else.
+func TestProducerDefaultsToOptionsProducerOnly(t *testing.T) {
+	r := envelope.Row{MessageID: "id", Destination: "t", Status: envelope.StatusPending}
+	back, err := envelope.ToMessage(r, envelope.Options{})
+	require.NoError(t, err)
+	require.Empty(t, back.Metadata.Get(envelope.KeyProducer))
+}
