@@ -120,6 +120,11 @@ func (f *Forwarder) heartbeat(ctx context.Context, stopping <-chan struct{}, ttl
 			if err == nil {
 				f.lastBeat.Store(int64(sent))
 			}
+			if f.cfg.Fence == FenceLanes {
+				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
+				f.renewLanes(lctx)
+				cancel()
+			}
 			if errors.Is(err, relaymode.ErrRelayModeConflict) {
 				fatal <- err
 				return
