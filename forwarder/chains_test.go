@@ -15,7 +15,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
 // insertKeyed writes one row of key (no key: "") with id.
