@@ -214,18 +214,21 @@ type Config struct {
 	// order, leases, what a crash leaves and Close's release are the same
 	// either way.
 	DisablePrefetch bool
-	// Fence is the fence scheme: FenceLanes (the default) or FenceRows.
+	// Fence is the fence scheme: FenceRows (the default in this release)
+	// or FenceLanes.
 	//
 	// With lanes the relay owns a fair share of the table's lanes (a row's
 	// lane comes from its ordering key, or its message id), reads its
 	// lanes' rows without writing them and writes each row once, its
 	// outcome, fenced by the lane's owner and epoch: one row version per
 	// relayed message, and relays that never step over each other's rows
-	// (docs/FENCE.md). FenceRows is the per-row lease of earlier releases
-	// (the claim writes IN_FLIGHT, the outcome a second version); it is
-	// kept as the way back for a fleet that must roll back to a release
-	// without lanes. A database runs one scheme at a time: Run refuses with
-	// FENCE_SCHEME_CONFLICT while a live relay of the other runs.
+	// (docs/FENCE.md). FenceRows is the per-row lease (the claim writes
+	// IN_FLIGHT, the outcome a second version). Lanes become the default
+	// once the whole relay suite runs on them (docs/FENCE.md says what is
+	// still missing); FenceRows then stays as the way back for a fleet
+	// that must roll back. A database runs one scheme at a time: Run
+	// refuses with FENCE_SCHEME_CONFLICT while a live relay of the other
+	// runs.
 	Fence Fence
 	// DisablePreparedStatements runs the claim and the outcome writes as
 	// plain statements, parsed and planned on every call. Prepared (the
@@ -242,10 +245,10 @@ type Config struct {
 type Fence int
 
 const (
-	// FenceLanes: relays own lanes, not rows (the default).
-	FenceLanes Fence = iota
-	// FenceRows: a per-row lease written by every claim.
-	FenceRows
+	// FenceRows: a per-row lease written by every claim (the default).
+	FenceRows Fence = iota
+	// FenceLanes: relays own lanes, not rows.
+	FenceLanes
 )
 
 func (f Fence) String() string {

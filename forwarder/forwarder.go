@@ -296,7 +296,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 
 	ttl := 3 * f.cfg.HeartbeatInterval
 	sent := time.Since(f.beatEpoch)
-	if err := relaymode.BeatBudget(ctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts); err != nil {
+	if err := relaymode.BeatFence(ctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts, f.beatFence()); err != nil {
 		return err
 	}
 	f.lastBeat.Store(int64(sent))

@@ -184,3 +184,12 @@ func (f *Forwarder) enterFence(ctx context.Context) error {
 	f.renewLanesLocked(ctx)
 	return nil
 }
+
+// beatFence is the scheme the relay's heartbeat names ("" for per-row
+// leases, as relays built before lanes leave it).
+func (f *Forwarder) beatFence() string {
+	if f.cfg.Fence == FenceLanes {
+		return fencing.FenceLanes
+	}
+	return ""
+}

@@ -115,7 +115,7 @@ func (f *Forwarder) heartbeat(ctx context.Context, stopping <-chan struct{}, ttl
 		case <-t.C:
 			hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HeartbeatInterval)
 			sent := time.Since(f.beatEpoch)
-			err := relaymode.BeatBudget(hctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts)
+			err := relaymode.BeatFence(hctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts, f.beatFence())
 			cancel()
 			if err == nil {
 				f.lastBeat.Store(int64(sent))
