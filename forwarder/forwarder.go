@@ -129,13 +129,13 @@ type Forwarder struct {
 	// not yet written), with the local time of their claim: a failed claim
 	// releases every other row of this owner. abandoned counts publishes
 	// left running after their timeout.
-	claimMu   sync.Mutex
-	mem       chan *batchMem // finished batches' memory, for the next (keptBatches at most)
-	heldMu    sync.Mutex
-	held      map[string]time.Time
+	claimMu sync.Mutex
+	mem     chan *batchMem // finished batches' memory, for the next (keptBatches at most)
+	heldMu  sync.Mutex
+	held    map[string]time.Time
 	// lanes are the lanes this relay owns (FenceLanes), under lanesMu.
-	lanesMu sync.Mutex
-	lanes   laneKeeper
+	lanesMu   sync.Mutex
+	lanes     laneKeeper
 	abandoned atomic.Int64
 	// budgetShift halves the claims' byte budget once per failed claim and
 	// doubles it back once per successful one (guarded by claimMu): a link
