@@ -39,6 +39,14 @@ func Beat(ctx context.Context, db *sql.DB, owner string, ttl time.Duration) erro
 // show the live relays' budgets and warn when they differ: the budget is
 // each relay's configuration, not the row's.
 func BeatBudget(ctx context.Context, db *sql.DB, owner string, ttl time.Duration, maxAttempts int) error {
+	return BeatFence(ctx, db, owner, ttl, maxAttempts, "")
+}
+
+// BeatFence is [BeatBudget] for a relay that names its fence scheme in its
+// heartbeat from the first beat on ("LANES"; "" for the per-row scheme),
+// so that relays starting together see each other's scheme
+// (fencing.EnterFence).
+func BeatFence(ctx context.Context, db *sql.DB, owner string, ttl time.Duration, maxAttempts int, fence string) error {
 	const op = "relaymode.Beat"
 	switch {
 	case ttl <= 0:
@@ -48,7 +56,7 @@ func BeatBudget(ctx context.Context, db *sql.DB, owner string, ttl time.Duration
 	case maxAttempts < 0 || maxAttempts > math.MaxInt32:
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "maxAttempts must be between 0 (none recorded) and %d, got %d", math.MaxInt32, maxAttempts)
 	}
-	res, err := db.ExecContext(ctx, sqlBeat, owner, ttl.Seconds(), maxAttempts)
+	res, err := db.ExecContext(ctx, sqlBeat, owner, ttl.Seconds(), maxAttempts, fence)
 	if err != nil {
 		return fmt.Errorf("relaymode: relay heartbeat: %w", err)
 	}

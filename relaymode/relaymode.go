@@ -73,14 +73,14 @@ const (
 	// CDC consumer's heartbeat is live (a Debezium connector started in
 	// POLLING mode registers itself through its heartbeat action query).
 	sqlBeat = `
-INSERT INTO messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at, max_attempts)
-SELECT $1, now(), now(), now() + make_interval(secs => $2), nullif($3::integer, 0)
+INSERT INTO messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at, max_attempts, fence)
+SELECT $1, now(), now(), now() + make_interval(secs => $2), nullif($3::integer, 0), nullif($4::text, '')
 WHERE EXISTS (SELECT 1 FROM messaging_relay_mode WHERE id AND mode = 'POLLING' FOR SHARE)
   AND NOT EXISTS (SELECT 1 FROM messaging_relay_heartbeat
                    WHERE kind = 'CDC' AND expires_at > now() AND owner <> $1)
 ON CONFLICT (owner) DO UPDATE
    SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at, kind = 'POLLING', slot_name = NULL,
-       max_attempts = EXCLUDED.max_attempts`
+       max_attempts = EXCLUDED.max_attempts, fence = EXCLUDED.fence`
 
 	sqlLeave = `DELETE FROM messaging_relay_heartbeat WHERE owner = $1`
 
