@@ -56,9 +56,6 @@ func runLaneChild(url string) {
 // lease expired) charges the rows nobody wrote an outcome for (every row
 // of a batch that dies is charged, as an expired per-row lease is).
 func TestAMessageThatKillsItsRelayEndsExhausted(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts relay processes; not in -short")
-	}
 	s := newDB(t)
 	insertKeyed(t, s.DB, "poison", "order-7")
 	exe, err := os.Executable()
@@ -75,9 +72,6 @@ func TestAMessageThatKillsItsRelayEndsExhausted(t *testing.T) {
 		require.Equal(t, kill, state(t, s.DB, "poison").Attempts, "charged once per relay that died of it, by the next")
 	}
 
-	// The next relay takes the lanes, charges the third attempt (the budget:
-	// the poison is parked, never handed to it) and delivers the other key.
-	// BlockKey, the default, keeps the poison's key behind it.
 	// The next relay takes the lanes and charges the third attempt (the
 	// budget): the poison is parked, never handed to it. A row written
 	// after it is delivered.
