@@ -93,7 +93,9 @@ func laneClaimFinish(src string, lanes int) string {
 own AS MATERIALIZED (
     SELECT l.lane, l.epoch, l.lease_expires_at, l.held_ids, l.held_attempts
       FROM messaging_relay_lane l
-     WHERE l.lane = ANY ($18::int[]) AND l.owner = $2 AND l.lease_expires_at > coalesce($1::timestamptz, now())
+     -- The lanes' leases run on the server's clock (TakeLanes), not on the
+     -- claim's $1, which a caller may set to its own.
+     WHERE l.lane = ANY ($18::int[]) AND l.owner = $2 AND l.lease_expires_at > now()
        AND $3::float8 IS NOT NULL -- the per-row lease, unused here
        FOR NO KEY UPDATE
 ),
