@@ -43,7 +43,7 @@ const (
 	// CodeSlotLost: the slot was invalidated (wal_status "lost"), e.g. because
 	// it fell behind by more than max_slot_wal_keep_size. The detail carries
 	// PostgreSQL's message and DETAIL. The WAL it needed is gone: rows in it
-	// were never streamed. See "A lost slot" in the README.
+	// were never streamed. See "A lost slot" in docs/CDC.md.
 	CodeSlotLost outbox.Code = "CDC_SLOT_LOST"
 	// CodeUndeliveredRows: rows committed before the slot was created are
 	// still undelivered; they are not in the slot, so streaming would skip

@@ -84,7 +84,7 @@ func (r *Relay) slotLost(ctx context.Context, cause error) error {
 		}
 	}
 	return outbox.Wrap(CodeSlotLost, "cdcrelay.Run", cause, fmt.Sprintf(
-		"slot %s cannot be streamed (wal_status %q): %s; the WAL it needed is gone and the rows in it were never streamed: do not just drop and recreate the slot, follow \"A lost slot\" in the README",
+		"slot %s cannot be streamed (wal_status %q): %s; the WAL it needed is gone and the rows in it were never streamed: do not just drop and recreate the slot, follow \"A lost slot\" in docs/CDC.md",
 		r.cfg.SlotName, walStatus, detail))
 }
 
@@ -156,7 +156,7 @@ func (r *Relay) checkBoundary(ctx context.Context) error {
 		return nil
 	}
 	if n > 0 {
-		return outbox.Errorf(CodeUndeliveredRows, "cdcrelay.Run", "%d undelivered row(s) with seq <= %d were committed before slot %s was created: they are not in the slot and streaming would never deliver them; switch back to POLLING (`outboxctl debezium disable`), let the forwarders deliver them, then switch again (README: CDC mode: handover and slots)", n, before.Int64, r.cfg.SlotName)
+		return outbox.Errorf(CodeUndeliveredRows, "cdcrelay.Run", "%d undelivered row(s) with seq <= %d were committed before slot %s was created: they are not in the slot and streaming would never deliver them; switch back to POLLING (`outboxctl debezium disable`), let the forwarders deliver them, then switch again (docs/CDC.md: Handover and slots)", n, before.Int64, r.cfg.SlotName)
 	}
 	if _, err := r.cfg.DB.ExecContext(ctx, sqlCloseBoundary, r.cfg.SlotName, before.Int64); err != nil {
 		return fmt.Errorf("cdcrelay: close slot boundary of %s: %w", r.cfg.SlotName, err)
@@ -342,7 +342,7 @@ func (r *Relay) createSlot(ctx context.Context) error {
 		_, err = r.cfg.DB.ExecContext(ctx, sqlRecordSlot, r.cfg.SlotName, res.ConsistentPoint, before, string(mode))
 	}
 	if err == nil && mode == relaymode.ModeCDC && older > 0 {
-		err = outbox.Errorf(CodeUndeliveredRows, "cdcrelay.Run", "refusing to create slot %s: %d undelivered row(s) (seq <= %d) were committed before it and would never be streamed; switch back to POLLING (`outboxctl debezium disable`), let the forwarders deliver them, then prepare the slot while they run and switch again (README: CDC mode: handover and slots)", r.cfg.SlotName, older, before.Int64)
+		err = outbox.Errorf(CodeUndeliveredRows, "cdcrelay.Run", "refusing to create slot %s: %d undelivered row(s) (seq <= %d) were committed before it and would never be streamed; switch back to POLLING (`outboxctl debezium disable`), let the forwarders deliver them, then prepare the slot while they run and switch again (docs/CDC.md: Handover and slots)", r.cfg.SlotName, older, before.Int64)
 	}
 	if err != nil {
 		// Do not leave a slot whose boundary is unknown or whose older rows

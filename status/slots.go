@@ -17,7 +17,7 @@ import (
 // the server cannot recycle), ConfirmedLagBytes how far its consumer's
 // confirmed position is behind the server's WAL. WALStatus is "reserved" or
 // "extended" (fine), "unreserved" (the next checkpoint may remove WAL it
-// needs) or "lost" (it can no longer be streamed; see the README).
+// needs) or "lost" (it can no longer be streamed; see docs/CDC.md).
 // SafeWALSizeBytes is how much more WAL can be written before the slot is in
 // danger of "lost"; nil when max_slot_wal_keep_size is -1 (no limit: the slot
 // can fill the disk instead).

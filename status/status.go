@@ -265,7 +265,7 @@ func warnings(s Snapshot) []string {
 	for _, sl := range s.Slots {
 		switch sl.WALStatus {
 		case "lost":
-			w = append(w, fmt.Sprintf("slot %s is lost (invalidated): the rows in the WAL it lost were never streamed; see the README, \"A lost slot\"", sl.Name))
+			w = append(w, fmt.Sprintf("slot %s is lost (invalidated): the rows in the WAL it lost were never streamed; see docs/CDC.md, \"A lost slot\"", sl.Name))
 		case "unreserved":
 			w = append(w, fmt.Sprintf("slot %s is unreserved: the next checkpoint may invalidate it", sl.Name))
 		}

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -19,9 +20,14 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
-var updateREADME = flag.Bool("update-readme", false, "rewrite the README's generated transcripts from what the commands print")
+var updateDocs = flag.Bool("update-docs", false, "rewrite the generated transcripts of docs/OPERATIONS.md from what the commands print")
 
-const readmePath = "../../README.md"
+// operationsPath holds the runbook and the hand-redrive SQL; readmePath
+// and the docs/ directory hold the links TestDocLinksExist follows.
+const (
+	operationsPath = "../../docs/OPERATIONS.md"
+	readmePath     = "../../README.md"
+)
 
 // runbook writes a transcript: each command as "$ outboxctl ...", then what
 // it printed on stdout and stderr in the order it printed it, then
@@ -112,11 +118,11 @@ func quoteAll(args []string) []string {
 	return out
 }
 
-// Normalizations applied to both the README and a fresh transcript before
+// Normalizations applied to both the runbook and a fresh transcript before
 // they are compared: what changes from run to run (clocks, ages, the OS
 // user and host in a default journal owner, the schema and the port) and
 // nothing else.
-var readmeNormal = []struct {
+var transcriptNormal = []struct {
 	re   *regexp.Regexp
 	with string
 }{
@@ -126,23 +132,23 @@ var readmeNormal = []struct {
 }
 
 func normalizeTranscript(s string) string {
-	for _, n := range readmeNormal {
+	for _, n := range transcriptNormal {
 		s = n.re.ReplaceAllString(s, n.with)
 	}
 	return strings.TrimSpace(s)
 }
 
 const (
-	runbookBegin = "<!-- BEGIN generated runbook: TestREADMERunbook writes this block (go test ./cmd/outboxctl -run TestREADMERunbook -update-readme) and fails when the commands print anything else -->"
+	runbookBegin = "<!-- BEGIN generated runbook: TestRunbook writes this block (go test ./cmd/outboxctl -run TestRunbook -update-docs) and fails when the commands print anything else -->"
 	runbookEnd   = "<!-- END generated runbook -->"
 )
 
-// TestREADMERunbook runs the README's operator runbook end to end — an
+// TestRunbook runs the operator runbook of docs/OPERATIONS.md end to end — an
 // unmigrated schema, migrate, a relay with its health probes, status,
 // inspect, a dry run, an approved redrive, a purge cut mid-way and resumed,
-// retention — and requires the README's transcript to be what the commands
+// retention — and requires the runbook's transcript to be what the commands
 // print (up to clocks, ages and the operator's user and host).
-func TestREADMERunbook(t *testing.T) {
+func TestRunbook(t *testing.T) {
 	name, url := emptySchemaURL(t)
 	r := &runbook{t: t, url: url, schema: name}
 
@@ -233,22 +239,22 @@ func TestREADMERunbook(t *testing.T) {
 	r.run("", "", "cleanup", "--horizon", "72h", "--batch-size", "2")
 
 	got := strings.ReplaceAll(r.out.String(), name, "shop")
-	readme, err := os.ReadFile(readmePath)
+	readme, err := os.ReadFile(operationsPath)
 	require.NoError(t, err)
 	begin := bytes.Index(readme, []byte(runbookBegin))
 	end := bytes.Index(readme, []byte(runbookEnd))
-	require.True(t, begin >= 0 && end > begin, "README.md has no generated runbook block (%q ... %q)", runbookBegin, runbookEnd)
+	require.True(t, begin >= 0 && end > begin, "docs/OPERATIONS.md has no generated runbook block (%q ... %q)", runbookBegin, runbookEnd)
 	block := string(readme[begin+len(runbookBegin) : end])
 	block = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(block), "```console"), "```")
-	if *updateREADME && normalizeTranscript(got) != normalizeTranscript(block) {
+	if *updateDocs && normalizeTranscript(got) != normalizeTranscript(block) {
 		// Rewritten only when it differs beyond clocks and ages, so that
 		// an update run leaves an unchanged transcript alone.
 		fresh := string(readme[:begin+len(runbookBegin)]) + "\n```console\n" + got + "```\n" + string(readme[end:])
-		require.NoError(t, os.WriteFile(readmePath, []byte(fresh), 0o644))
+		require.NoError(t, os.WriteFile(operationsPath, []byte(fresh), 0o644))
 		return
 	}
 	require.Equal(t, normalizeTranscript(got), normalizeTranscript(block),
-		"README.md's runbook is not what the commands print; rerun with -update-readme and review the diff")
+		"docs/OPERATIONS.md's runbook is not what the commands print; rerun with -update-docs and review the diff")
 }
 
 // relay records a relay's start, its probes, the drain of the backlog and
@@ -311,15 +317,15 @@ func (r *runbook) relay() {
 	r.out.WriteString(fixPort(strings.TrimPrefix(stderr.String(), started)))
 }
 
-// The README's hand-redrive statement, run on a row EXHAUSTED at its
+// The hand-redrive statement of docs/OPERATIONS.md, run on a row EXHAUSTED at its
 // budget, makes a relay publish it (without the attempts reset the next
 // claim parks it again, BUDGET_SPENT).
-func TestREADMEHandRedriveSQL(t *testing.T) {
+func TestHandRedriveSQL(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile(readmePath)
+	readme, err := os.ReadFile(operationsPath)
 	require.NoError(t, err)
 	m := regexp.MustCompile("(?s)<!-- hand-redrive SQL:[^>]*-->\\s*```sql\\n(.*?)```").FindSubmatch(readme)
-	require.NotNil(t, m, "README.md has no hand-redrive SQL block")
+	require.NotNil(t, m, "docs/OPERATIONS.md has no hand-redrive SQL block")
 	stmt := string(m[1])
 	require.Contains(t, stmt, "'evt-7'")
 
@@ -338,20 +344,34 @@ func TestREADMEHandRedriveSQL(t *testing.T) {
 	stopRelay(t, cmd, stderr)
 }
 
-// Every relative link and file path the README names exists.
-func TestREADMELinksExist(t *testing.T) {
+// Every relative link and file path the README and the documents in docs/
+// name exists (a link relative to the file that holds it).
+func TestDocLinksExist(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile(readmePath)
+	docs, err := filepath.Glob("../../docs/*.md")
+	require.NoError(t, err)
+	require.NotEmpty(t, docs)
+	for _, path := range append([]string{readmePath}, docs...) {
+		checkDocLinks(t, path)
+	}
+}
+
+func checkDocLinks(t *testing.T, path string) {
+	t.Helper()
+	name := strings.TrimPrefix(path, "../../")
+	readme, err := os.ReadFile(path)
 	require.NoError(t, err)
 	links := regexp.MustCompile(`\]\(([^)#\s]+)(#[^)]*)?\)`).FindAllSubmatch(readme, -1)
-	require.NotEmpty(t, links)
+	if path == readmePath {
+		require.NotEmpty(t, links)
+	}
 	for _, l := range links {
 		target := string(l[1])
 		if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
 			continue
 		}
-		_, err := os.Stat("../../" + target)
-		require.NoError(t, err, "README.md links to %s, which does not exist", target)
+		_, err := os.Stat(filepath.Join(filepath.Dir(path), target))
+		require.NoError(t, err, "%s links to %s, which does not exist", name, target)
 	}
 	// Named documents too, linked or not.
 	for _, doc := range regexp.MustCompile(`\b[A-Z][A-Z_]+\.md\b`).FindAll(readme, -1) {
@@ -361,6 +381,6 @@ func TestREADMELinksExist(t *testing.T) {
 				found = true
 			}
 		}
-		require.True(t, found, "README.md names %s, which is not in the repository", doc)
+		require.True(t, found, "%s names %s, which is not in the repository", name, doc)
 	}
 }
