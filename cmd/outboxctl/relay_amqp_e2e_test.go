@@ -74,13 +74,13 @@ func TestRelayToAMQP(t *testing.T) {
 func TestRelayToAMQPBadURL(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
-	r := db(t, s, "relay", "--to", "amqp", "--amqp-url", "")
-	requireCode(t, r, 2)
-	require.Contains(t, r.stderr, "code: OUTBOX_INVALID_CONFIG")
-	require.Contains(t, r.stderr, "URI is required")
-
-	r = db(t, s, "relay", "--to", "amqp", "--amqp-url", "http://127.0.0.1:5672/")
-	requireCode(t, r, 2)
-	require.Contains(t, r.stderr, "code: OUTBOX_INVALID_CONFIG")
-	require.Contains(t, r.stderr, "--amqp-url is not an AMQP URI")
+	for url, why := range map[string]string{
+		"":                       "URI is required",
+		"http://127.0.0.1:5672/": "--amqp-url is not an AMQP URI",
+	} {
+		r := db(t, s, "relay", "--to", "amqp", "--amqp-url", url)
+		requireCode(t, r, 2)
+		require.Contains(t, r.stderr, "code: OUTBOX_INVALID_CONFIG", "--amqp-url %q", url)
+		require.Contains(t, r.stderr, why, "--amqp-url %q", url)
+	}
 }

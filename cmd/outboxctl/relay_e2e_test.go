@@ -124,29 +124,25 @@ func TestRelayToLogPublishesServesMetricsAndStopsCleanly(t *testing.T) {
 func TestRelayUsageErrors(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
-	r := db(t, s, "relay", "--to", "carrier-pigeon")
-	requireCode(t, r, 2)
-	require.Contains(t, r.stderr, "supports: log")
-	r = db(t, s, "relay", "--to", "log", "--lease", "1s", "--publish-timeout", "1s")
-	requireCode(t, r, 2)
-	require.Contains(t, r.stderr, "OUTBOX_LEASE_TOO_SHORT")
-	// The containment settings reach the forwarder's Config.Validate.
-	r = db(t, s, "relay", "--to", "log", "--db-timeout", "20s")
-	requireCode(t, r, 2)
-	require.Contains(t, r.stderr, "OUTBOX_INVALID_CONFIG")
-	require.Contains(t, r.stderr, "DBTimeout 20s exceeds half of LeaseDuration")
-	r = db(t, s, "relay", "--to", "log", "--max-batch-bytes", "-1")
-	requireCode(t, r, 2)
-	require.Contains(t, r.stderr, "MaxBatchBytes")
-	r = db(t, s, "relay", "--to", "log", "--max-abandoned", "-1")
-	requireCode(t, r, 2)
-	require.Contains(t, r.stderr, "MaxAbandoned")
-	r = db(t, s, "relay", "--to", "log", "--batch-size", "50", "--max-batch-size", "20")
-	requireCode(t, r, 2)
-	require.Contains(t, r.stderr, "MaxBatchSize 20 is below BatchSize 50")
-	r = db(t, s, "relay", "--to", "log", "--max-batch-size", "-1")
-	requireCode(t, r, 2)
-	require.Contains(t, r.stderr, "MaxBatchSize")
+	for _, c := range []struct {
+		args []string
+		want []string // each in stderr
+	}{
+		{[]string{"--to", "carrier-pigeon"}, []string{"supports: log"}},
+		{[]string{"--to", "log", "--lease", "1s", "--publish-timeout", "1s"}, []string{"OUTBOX_LEASE_TOO_SHORT"}},
+		// The containment settings reach the forwarder's Config.Validate.
+		{[]string{"--to", "log", "--db-timeout", "20s"}, []string{"OUTBOX_INVALID_CONFIG", "DBTimeout 20s exceeds half of LeaseDuration"}},
+		{[]string{"--to", "log", "--max-batch-bytes", "-1"}, []string{"MaxBatchBytes"}},
+		{[]string{"--to", "log", "--max-abandoned", "-1"}, []string{"MaxAbandoned"}},
+		{[]string{"--to", "log", "--batch-size", "50", "--max-batch-size", "20"}, []string{"MaxBatchSize 20 is below BatchSize 50"}},
+		{[]string{"--to", "log", "--max-batch-size", "-1"}, []string{"MaxBatchSize"}},
+	} {
+		r := db(t, s, append([]string{"relay"}, c.args...)...)
+		requireCode(t, r, 2)
+		for _, w := range c.want {
+			require.Contains(t, r.stderr, w, "relay %v", c.args)
+		}
+	}
 }
 
 // syncBuffer collects the relay's stderr while the test reads it.
