@@ -3,7 +3,6 @@ package relaymode_test
 import (
 	"context"
 	"database/sql"
-	"math"
 	"strings"
 	"testing"
 	"time"
@@ -80,77 +79,6 @@ func TestMissingModeRowIsRefusedEverywhere(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, relaymode.ModePolling, mode)
 	require.NoError(t, relaymode.Beat(ctx, s.DB, "fw", time.Minute))
-}
-
-// A heartbeat needs a positive lifetime: Beat, BeatBudget and BeatCDC refuse
-// a zero or negative ttl with OUTBOX_INVALID_CONFIG before touching the
-// database (a nil db would panic), as BeatCDC refuses a blank owner or a bad
-// slot name. They used to write a heartbeat that had already expired.
-func TestBeatsRefuseInvalidArgumentsBeforeTheDatabase(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	var db *sql.DB // nil: any use of it panics
-	cases := map[string]func() error{
-		"Beat zero":                    func() error { return relaymode.Beat(ctx, db, "fw", 0) },
-		"Beat negative":                func() error { return relaymode.Beat(ctx, db, "fw", -time.Second) },
-		"BeatBudget zero":              func() error { return relaymode.BeatBudget(ctx, db, "fw", 0, 3) },
-		"BeatBudget negative":          func() error { return relaymode.BeatBudget(ctx, db, "fw", -time.Nanosecond, 3) },
-		"Beat empty owner":             func() error { return relaymode.Beat(ctx, db, "", time.Minute) },
-		"Beat blank owner":             func() error { return relaymode.Beat(ctx, db, " \t", time.Minute) },
-		"BeatBudget negative attempts": func() error { return relaymode.BeatBudget(ctx, db, "fw", time.Minute, -1) },
-		"BeatBudget attempts beyond the column": func() error {
-			return relaymode.BeatBudget(ctx, db, "fw", time.Minute, math.MaxInt32+1)
-		},
-		"BeatCDC zero":        func() error { return relaymode.BeatCDC(ctx, db, "cdc", "slot_a", 0) },
-		"BeatCDC negative":    func() error { return relaymode.BeatCDC(ctx, db, "cdc", "slot_a", -time.Minute) },
-		"BeatCDC empty owner": func() error { return relaymode.BeatCDC(ctx, db, "", "slot_a", time.Minute) },
-		"BeatCDC blank owner": func() error { return relaymode.BeatCDC(ctx, db, "  ", "slot_a", time.Minute) },
-		"BeatCDC bad slot":    func() error { return relaymode.BeatCDC(ctx, db, "cdc", "Slot-A", time.Minute) },
-		"BeatCDC empty slot":  func() error { return relaymode.BeatCDC(ctx, db, "cdc", "", time.Minute) },
-	}
-	for name, call := range cases {
-		var err error
-		require.NotPanics(t, func() { err = call() }, name)
-		require.ErrorIs(t, err, outbox.ErrInvalidConfig, name)
-		require.Equal(t, outbox.CodeInvalidConfig, outbox.CodeOf(err), name)
-	}
-}
-
-// DisableTx switches back to POLLING inside the caller's transaction: the
-// transaction sees POLLING at once, others see CDC until it commits, and a
-// rollback leaves CDC.
-func TestDisableTxSwitchesInTheCallersTransaction(t *testing.T) {
-	t.Parallel()
-	s := relayDB(t)
-	ctx := context.Background()
-	require.NoError(t, relaymode.Enable(ctx, s.DB, "ops", time.Time{}))
-
-	tx, err := s.DB.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback() })
-	require.NoError(t, relaymode.DisableTx(ctx, tx, "handover", time.Time{}))
-	inside, err := relaymode.ReadMode(ctx, tx)
-	require.NoError(t, err)
-	require.Equal(t, relaymode.ModePolling, inside.Mode)
-	require.Equal(t, "handover", inside.ChangedBy)
-	outside, err := relaymode.CurrentMode(ctx, s.DB)
-	require.NoError(t, err)
-	require.Equal(t, relaymode.ModeCDC, outside, "not visible before commit")
-	require.NoError(t, tx.Rollback())
-
-	after, err := relaymode.ReadMode(ctx, s.DB)
-	require.NoError(t, err)
-	require.Equal(t, relaymode.ModeCDC, after.Mode, "a rollback leaves CDC")
-	require.Equal(t, "ops", after.ChangedBy)
-
-	tx, err = s.DB.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	require.NoError(t, relaymode.DisableTx(ctx, tx, "handover", time.Time{}))
-	require.NoError(t, tx.Commit())
-	after, err = relaymode.ReadMode(ctx, s.DB)
-	require.NoError(t, err)
-	require.Equal(t, relaymode.ModePolling, after.Mode)
-	require.Equal(t, "handover", after.ChangedBy)
 }
 
 func inRolledBackTx(t *testing.T, db *sql.DB, fn func(*sql.Tx) error) error {

@@ -88,22 +88,6 @@ func TestEnableAfterHeartbeatsExpireThenBeatRefusesUntilDisable(t *testing.T) {
 	require.NoError(t, relaymode.Beat(ctx, s.DB, "new-relay", time.Minute))
 }
 
-func TestModeSwitchRequiresAnOperator(t *testing.T) {
-	t.Parallel()
-	s := relayDB(t)
-	ctx := context.Background()
-	for _, by := range []string{"", "   "} {
-		err := relaymode.Enable(ctx, s.DB, by, time.Time{})
-		require.ErrorIs(t, err, relaymode.ErrOperatorRequired)
-		require.Equal(t, outbox.Code("RELAY_MODE_OPERATOR_REQUIRED"), outbox.CodeOf(err))
-		err = relaymode.Disable(ctx, s.DB, by)
-		require.ErrorIs(t, err, relaymode.ErrOperatorRequired)
-	}
-	mode, err := relaymode.CurrentMode(ctx, s.DB)
-	require.NoError(t, err)
-	require.Equal(t, relaymode.ModePolling, mode)
-}
-
 // waitForLockWait waits until the backend of pool (identified by its
 // application_name) is blocked on a lock.
 func waitForLockWait(t *testing.T, admin *sql.DB, appName string) {
@@ -196,53 +180,4 @@ func TestEnableConcurrentWithBeatSeesTheHeartbeat(t *testing.T) {
 	err = <-done
 	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
 	require.Contains(t, err.Error(), "slow-relay")
-}
-
-// Issue 20 item 2: the CDC side beats too, and the database enforces one
-// kind of relay and one CDC slot. On the old code Disable switched back to
-// POLLING under a live CDC relay and nothing refused a second slot.
-func TestCDCHeartbeatsExcludePollingAndASecondSlot(t *testing.T) {
-	t.Parallel()
-	s := relayDB(t)
-	ctx := context.Background()
-
-	err := relaymode.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute)
-	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict, "a CDC consumer must not publish in POLLING mode")
-	require.NoError(t, relaymode.Enable(ctx, s.DB, "ops", time.Time{}))
-	require.NoError(t, relaymode.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute))
-	require.NoError(t, relaymode.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute), "renewal")
-	require.NoError(t, relaymode.BeatCDC(ctx, s.DB, "cdc-a2", "slot_a", time.Minute), "the same slot: PostgreSQL itself lets one of them stream")
-
-	err = relaymode.BeatCDC(ctx, s.DB, "cdc-b", "slot_b", time.Minute)
-	require.ErrorIs(t, err, relaymode.ErrSecondCDCConsumer)
-	require.Equal(t, outbox.Code("CDC_SECOND_CONSUMER"), outbox.CodeOf(err))
-	require.Contains(t, err.Error(), "cdc-a on slot slot_a")
-
-	live, err := relaymode.LiveCDCConsumers(ctx, s.DB, time.Time{})
-	require.NoError(t, err)
-	require.Len(t, live, 2)
-	require.Equal(t, "cdc-a", live[0].Owner)
-	require.Equal(t, "slot_a", live[0].SlotName)
-
-	err = relaymode.Disable(ctx, s.DB, "ops")
-	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict, "Disable refuses while a CDC consumer is live")
-	require.Contains(t, err.Error(), "cdc-a on slot slot_a")
-	mode, err := relaymode.CurrentMode(ctx, s.DB)
-	require.NoError(t, err)
-	require.Equal(t, relaymode.ModeCDC, mode)
-
-	require.NoError(t, relaymode.Leave(ctx, s.DB, "cdc-a"))
-	require.NoError(t, relaymode.Leave(ctx, s.DB, "cdc-a2"))
-	require.NoError(t, relaymode.Disable(ctx, s.DB, "ops"))
-	err = relaymode.BeatCDC(ctx, s.DB, "cdc-a", "slot_a", time.Minute)
-	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict, "after Disable the CDC consumer's next beat refuses")
-
-	// A CDC consumer that beats in POLLING mode anyway (a Debezium
-	// connector's action query cannot refuse) keeps the forwarders out.
-	_, err = s.DB.Exec(`INSERT INTO messaging_relay_heartbeat (owner, expires_at, kind, slot_name) VALUES ('debezium:x', now() + interval '1 minute', 'CDC', 'slot_x')`)
-	require.NoError(t, err)
-	err = relaymode.Beat(ctx, s.DB, "fw", time.Minute)
-	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
-	require.NoError(t, relaymode.Leave(ctx, s.DB, "debezium:x"))
-	require.NoError(t, relaymode.Beat(ctx, s.DB, "fw", time.Minute))
 }
