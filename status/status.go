@@ -120,6 +120,9 @@ func CollectWith(ctx context.Context, db *sql.DB, opts Options) (Snapshot, error
 	if err := readRelays(ctx, tx, &s); err != nil {
 		return Snapshot{}, err
 	}
+	if err := readLanes(ctx, tx, &s); err != nil {
+		return Snapshot{}, err
+	}
 	if err := readSlots(ctx, tx, &s); err != nil {
 		return Snapshot{}, err
 	}
