@@ -2,14 +2,12 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/fencedoutbox/watermill-outbox/envelope"
-	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/stretchr/testify/require"
 )
 
@@ -76,23 +74,53 @@ VALUES ('big', E'orders\x1b[2J', convert_to($1, 'UTF8'), '{"k":"v\u001b[31m"}', 
 	require.Contains(t, r.stdout, `orders\x1b[2J`)
 }
 
-// A list status cuts says how many more there are.
-func TestStatusSaysHowManyMoreStuck(t *testing.T) {
+func TestInspect(t *testing.T) {
 	t.Parallel()
 	s := newSchema(t)
-	var rows []testdb.OutboxRow
-	for g := 1; g <= 25; g++ {
-		rows = append(rows, testdb.Row(envelope.Row{MessageID: "p-" + strconv.Itoa(g), Destination: "orders", Payload: []byte("x"),
-			Status: envelope.StatusFailed, LastFailureCode: "X", CorrelationID: "flow-" + strconv.Itoa(g)}))
+	seedStatus(t, s)
+	exec1(t, s.DB, `UPDATE messaging_outbox SET lease_owner = 'relay-a', lease_token = 4, attempts = 2,
+	    last_failure_detail = 'broker said no', partition_key = 'k-1' WHERE message_id = 'f1'`)
+
+	r := db(t, s, "inspect", "f1")
+	requireCode(t, r, 0)
+	for _, re := range []string{
+		`(?m)^message_id\s+f1$`, `(?m)^status\s+FAILED$`, `(?m)^lease_owner\s+relay-a$`, `(?m)^lease_token\s+4$`,
+		`(?m)^attempts\s+2$`, `(?m)^last_failure_code\s+REJECTED$`, `(?m)^last_failure_detail\s+broker said no$`,
+		`(?m)^routing_key\s+k-1$`, `(?m)^tenant\s+acme$`, `(?m)^occurred_at\s+-$`, `(?m)^parked_at\s+\d{4}-`,
+		`(?m)^payload\s+1 bytes, text: x$`,
+	} {
+		require.Regexp(t, re, r.stdout)
 	}
-	testdb.InsertRows(t, s.DB, rows...)
-	r := db(t, s, "status")
+
+	r = db(t, s, "--json", "inspect", "p1")
 	requireCode(t, r, 0)
-	require.Contains(t, r.stdout, "... and 5 more (--max-stuck shows more)\n")
-	r = db(t, s, "status", "--max-stuck", "25")
-	requireCode(t, r, 0)
-	require.NotContains(t, r.stdout, "more (--max-stuck")
-	r = db(t, s, "--json", "status", "--max-stuck", "3")
-	requireCode(t, r, 0)
-	require.Contains(t, r.stdout, `"stuck_total": 25`)
+	var row map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &row))
+	require.Equal(t, "p1", row["message_id"])
+	require.Equal(t, "hello", row["payload_text"])
+	require.Equal(t, map[string]any{"trace": "t-1"}, row["headers"])
+	require.Nil(t, row["lease_owner"])
+	require.Contains(t, row, "aggregate_version")
+	require.Len(t, row, 33+4) // 33 columns + headers + 3 payload renderings
+
+	r = db(t, s, "inspect", "missing")
+	requireCode(t, r, 1)
+	require.Contains(t, r.stderr, "code: STATUS_MESSAGE_NOT_FOUND")
+
+	r = db(t, s, "--json", "inspect", "missing")
+	requireCode(t, r, 1)
+	var e map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stderr), &e))
+	require.Equal(t, "STATUS_MESSAGE_NOT_FOUND", e["code"])
+	require.EqualValues(t, 1, e["exit_code"])
+
+	requireCode(t, db(t, s, "inspect"), 2)
+	requireCode(t, db(t, s, "inspect", "a", "b"), 2)
+	requireCode(t, db(t, s, "inspect", ""), 2) // OUTBOX_MESSAGE_ID_REQUIRED
+
+	// An id no row can have (invalid UTF-8) is not found, not an untyped
+	// database error.
+	r = db(t, s, "inspect", "\xff")
+	requireCode(t, r, 1)
+	require.Contains(t, r.stderr, "code: STATUS_MESSAGE_NOT_FOUND")
 }

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -84,27 +82,4 @@ func TestOpsListenerLimitsInFlight(t *testing.T) {
 	require.Positive(t, s.WriteTimeout)
 	require.Positive(t, s.IdleTimeout)
 	require.Positive(t, s.ReadHeaderTimeout)
-}
-
-// debezium config -o writes 0600 through a rename: a symlink at the path is
-// replaced, its target untouched.
-func TestDebeziumConfigOutputFileIsSafe(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	target := filepath.Join(dir, "elsewhere")
-	require.NoError(t, os.WriteFile(target, []byte("keep"), 0o644))
-	out := filepath.Join(dir, "connector.json")
-	require.NoError(t, os.Symlink(target, out))
-	r := cli(t, nil, "debezium", "config", "-o", out)
-	requireCode(t, r, 0)
-	fi, err := os.Lstat(out)
-	require.NoError(t, err)
-	require.True(t, fi.Mode().IsRegular())
-	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
-	kept, err := os.ReadFile(target)
-	require.NoError(t, err)
-	require.Equal(t, "keep", string(kept))
-	body, err := os.ReadFile(out)
-	require.NoError(t, err)
-	require.True(t, json.Valid(body))
 }
