@@ -4,6 +4,7 @@ package kafka_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/IBM/sarama"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest/kafkatest"
@@ -190,4 +192,16 @@ func TestAcksFromAllReplicasAndAutoCreateWhenAllowed(t *testing.T) {
 	require.NoError(t, pub.Publish("fresh", message.NewMessage("m1", []byte("x"))))
 	recs := kafkatest.Read(t, brokers, "fresh")
 	require.Len(t, recs, 1)
+}
+
+func TestConfigValidation(t *testing.T) {
+	for _, cfg := range []kafka.Config{
+		{},
+		{Brokers: []string{""}},
+		{Brokers: []string{"127.0.0.1:1"}, Sarama: sarama.NewConfig()}, // Return.Successes off
+	} {
+		_, err := kafka.NewPublisher(cfg, nil)
+		require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+		require.True(t, strings.Contains(err.Error(), "kafka.Config"))
+	}
 }
