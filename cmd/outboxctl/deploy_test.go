@@ -139,9 +139,26 @@ func TestDeployKubernetesMatchesFlags(t *testing.T) {
 	require.Equal(t, c.Ports[0].Name, c.ReadinessProbe.HTTPGet.Port)
 	require.True(t, strings.HasSuffix(env["OUTBOX_METRICS_ADDR"], ":"+strconv.Itoa(c.Ports[0].ContainerPort)), env["OUTBOX_METRICS_ADDR"])
 
-	// The grace period covers the drain and the outcome writes after it.
-	grace := time.Duration(d.Spec.Template.Spec.TerminationGracePeriodSeconds) * time.Second
-	require.GreaterOrEqual(t, grace, drain+10*time.Second, "terminationGracePeriodSeconds must be >= drain timeout + 10s")
+	// The grace period is what the relay says its stop may take with these
+	// settings (`outboxctl relay --print-grace`, run as the pod would).
+	require.Positive(t, drain)
+	require.Equal(t, shippedGrace(t, env, c.Args), d.Spec.Template.Spec.TerminationGracePeriodSeconds,
+		"terminationGracePeriodSeconds must be what `outboxctl relay --print-grace` prints with the manifest's settings")
+}
+
+// shippedGrace runs `outboxctl relay --print-grace` with env as its only
+// environment and args after it, and returns the seconds it prints.
+func shippedGrace(t *testing.T, env map[string]string, args []string) int {
+	t.Helper()
+	var list []string
+	for k, v := range env {
+		list = append(list, k+"="+v)
+	}
+	r := cli(t, list, append([]string{"relay", "--print-grace"}, args...)...)
+	requireCode(t, r, 0)
+	n, err := strconv.Atoi(strings.TrimSpace(r.stdout))
+	require.NoError(t, err, r.stdout)
+	return n
 }
 
 func TestDeploySystemdMatchesFlags(t *testing.T) {
@@ -161,9 +178,11 @@ func TestDeploySystemdMatchesFlags(t *testing.T) {
 	env := readEnvFile(t, filepath.Join(deployDir, "systemd", "relay.env"))
 	drain := checkRelaySettings(t, "outbox-relay.service", env, exec[2:])
 
-	stop, err := time.ParseDuration(svc["TimeoutStopSec"][0] + "s")
-	require.NoError(t, err)
-	require.GreaterOrEqual(t, stop, drain+10*time.Second, "TimeoutStopSec must be >= drain timeout + 10s")
+	stop, err := strconv.Atoi(svc["TimeoutStopSec"][0])
+	require.NoError(t, err, "TimeoutStopSec is a number of seconds")
+	require.Positive(t, drain)
+	require.Equal(t, shippedGrace(t, env, exec[2:]), stop,
+		"TimeoutStopSec must be what `outboxctl relay --print-grace` prints with the unit's settings")
 	// Examples bind the operations listener to loopback on a host.
 	require.True(t, strings.HasPrefix(env["OUTBOX_METRICS_ADDR"], "127.0.0.1:"), env["OUTBOX_METRICS_ADDR"])
 }
