@@ -22,11 +22,13 @@ import "time"
 //     meanwhile: DBTimeout is at most half of LeaseDuration, and
 //     DrainTimeout plus the writes above covers them;
 //   - a heartbeat sent just before the stop may take its own timeout,
-//     HeartbeatInterval, from before the stop: the stop waits for it;
-//   - removing the heartbeat and the breaker rows: one DBTimeout for both.
+//     HeartbeatInterval, from before the stop (under FenceLanes, then the
+//     renewal of the relay's lanes: DBTimeout more): the stop waits for it;
+//   - giving back the lanes, removing the heartbeat and the breaker rows:
+//     one DBTimeout for all.
 //
-// So StopBound = max(DrainTimeout + 4 x DBTimeout, HeartbeatInterval) +
-// DBTimeout. A stop that ends sooner is the rule (every term is a timeout);
+// So StopBound = max(DrainTimeout + 4 x DBTimeout, HeartbeatInterval (+
+// DBTimeout under FenceLanes)) + DBTimeout. A stop that ends sooner is the rule (every term is a timeout);
 // the bound is what a database answering at the edge of DBTimeout costs.
 //
 // The bound counts what Run waits for as documented, one timeout per
@@ -38,5 +40,9 @@ import "time"
 func (c Config) StopBound() time.Duration {
 	c = c.withDefaults()
 	db := c.DBTimeout
-	return max(c.DrainTimeout+4*db, c.HeartbeatInterval) + db
+	beat := c.HeartbeatInterval
+	if c.Fence == FenceLanes {
+		beat += db
+	}
+	return max(c.DrainTimeout+4*db, beat) + db
 }

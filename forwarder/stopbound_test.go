@@ -23,6 +23,8 @@ func TestStopBoundAddsUpTheStopsTimeouts(t *testing.T) {
 			DBTimeout: 2 * time.Second, HeartbeatInterval: time.Second}, time.Second + 4*2*time.Second + 2*time.Second},
 		{"a heartbeat longer than the drain", forwarder.Config{LeaseDuration: 8 * time.Second, PublishTimeout: time.Second,
 			DBTimeout: time.Second, HeartbeatInterval: time.Minute}, time.Minute + time.Second},
+		{"lanes renew after the heartbeat", forwarder.Config{LeaseDuration: 8 * time.Second, PublishTimeout: time.Second,
+			DBTimeout: time.Second, HeartbeatInterval: time.Minute, Fence: forwarder.FenceLanes}, time.Minute + 2*time.Second},
 		{"DBTimeout from a short lease", forwarder.Config{LeaseDuration: 4 * time.Second, PublishTimeout: time.Second,
 			HeartbeatInterval: time.Second}, time.Second + 4*2*time.Second + 2*time.Second},
 	} {

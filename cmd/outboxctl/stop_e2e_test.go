@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
 // slowProxy forwards TCP connections to target, holding every chunk for
