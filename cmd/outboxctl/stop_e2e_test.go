@@ -237,3 +237,27 @@ func TestRelayStopEndsWithinGraceWhenTheDatabaseStopsAnswering(t *testing.T) {
 	require.Contains(t, p.log.String(), string(CodeRelayStopTimeout))
 	require.NotContains(t, p.log.String(), "relay cut-test stopped")
 }
+
+// --print-grace opens nothing (no database URL is needed), follows the
+// settings from flags and the environment, and refuses a configuration the
+// relay would refuse, with the relay's own code.
+func TestPrintGraceFollowsTheSettingsAndRefusesBadOnes(t *testing.T) {
+	t.Parallel()
+	small := printGrace(t, "--lease", "8s", "--publish-timeout", "1s", "--drain-timeout", "1s", "--db-timeout", "2s", "--heartbeat-interval", "1s")
+	// drain 1s + 4 x 2s + 2s, the pool's close 5s, the margin 5s.
+	require.Equal(t, 21*time.Second, small)
+	withOps := printGrace(t, "--lease", "8s", "--publish-timeout", "1s", "--drain-timeout", "1s", "--db-timeout", "2s", "--heartbeat-interval", "1s",
+		"--metrics-addr", "127.0.0.1:9464")
+	require.Equal(t, small+opsShutdownTimeout, withOps, "the listener's shutdown comes before the pool's close")
+	r := cli(t, []string{"OUTBOX_HEARTBEAT_INTERVAL=1m"}, "relay", "--print-grace", "--lease", "8s", "--publish-timeout", "1s", "--db-timeout", "2s")
+	requireCode(t, r, 0)
+	require.Equal(t, strconv.Itoa(60+2+5+5), strings.TrimSpace(r.stdout), "a heartbeat longer than the drain bounds the stop")
+
+	r = cli(t, nil, "relay", "--print-grace", "--lease", "1s", "--publish-timeout", "1s")
+	requireCode(t, r, ExitUsage)
+	require.Contains(t, r.stderr, "OUTBOX_LEASE_TOO_SHORT")
+	require.Empty(t, r.stdout)
+	r = cli(t, nil, "relay", "--print-grace", "--db-timeout", "-1s")
+	requireCode(t, r, ExitUsage)
+	require.Contains(t, r.stderr, "OUTBOX_INVALID_CONFIG")
+}
