@@ -235,8 +235,8 @@ OUTBOX_* variables as the relay; nothing is opened) and the platform must
 give at least that (Kubernetes terminationGracePeriodSeconds, systemd
 TimeoutStopSec). It is the forwarder's bound (--drain-timeout + 4 x
 --db-timeout, or --heartbeat-interval when longer, + --db-timeout for the
-heartbeat's removal) + up to 10s to close the listener, the database pool
-and the downstream + 5s of margin. A stop the forwarder has not finished within its
+heartbeat's removal) + 5s each to close the metrics listener (with
+--metrics-addr), the downstream and the database pool + 5s of margin. A stop the forwarder has not finished within its
 bound (a database that stopped answering altogether) exits 1 with
 OUTBOXCTL_RELAY_STOP_TIMEOUT, its rows waiting for their leases, rather
 than being killed by the platform.`,
@@ -316,7 +316,7 @@ func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, lf
 	if err != nil {
 		return err
 	}
-	defer db.Close()
+	defer func() { _ = closeWithin(db, dbCloseTimeout) }()
 	if err := migrations.Check(ctx, db); err != nil {
 		return err
 	}
@@ -381,12 +381,11 @@ const (
 	// may finish (a scrape, a /readyz, each bounded by its own timeout)
 	// before it is closed.
 	opsShutdownTimeout = 5 * time.Second
-	// dbCloseTimeout: the pool waits for the statements still running (a
-	// /readyz or a backlog sample cut by the listener's close).
-	dbCloseTimeout = readyTimeout
-	// sinkCloseTimeout: the downstream's Close (it runs beside the two
-	// above).
+	// sinkCloseTimeout: the downstream's Close, after the listener's.
 	sinkCloseTimeout = 5 * time.Second
+	// dbCloseTimeout: the pool's close, last (its connections' goodbyes to
+	// a server that may have stopped answering).
+	dbCloseTimeout = 5 * time.Second
 	// stopMargin: the signal's delivery, the process's start of the stop
 	// and its exit on a busy node.
 	stopMargin = 5 * time.Second
@@ -409,19 +408,19 @@ func relayConfig(cfg forwarder.Config) forwarder.Config {
 
 // relayGrace is the longest a stop of `outboxctl relay` may take with these
 // settings, rounded up to whole seconds: the forwarder's StopBound, then
-// the operations listener and the pool (when --metrics-addr is set) beside
-// the downstream's Close, and a margin. It refuses a configuration the
+// one after the other the operations listener (when --metrics-addr is set),
+// the downstream and the pool, and a margin. It refuses a configuration the
 // relay would refuse.
 func relayGrace(cfg forwarder.Config, metricsAddr string) (time.Duration, error) {
 	cfg = relayConfig(cfg)
 	if err := cfg.Validate(); err != nil {
 		return 0, err
 	}
-	after := dbCloseTimeout
+	after := sinkCloseTimeout + dbCloseTimeout
 	if metricsAddr != "" {
 		after += opsShutdownTimeout
 	}
-	g := cfg.StopBound() + max(after, sinkCloseTimeout) + stopMargin
+	g := cfg.StopBound() + after + stopMargin
 	return (g + time.Second - 1).Truncate(time.Second), nil
 }
 

@@ -244,14 +244,15 @@ func TestRelayStopEndsWithinGraceWhenTheDatabaseStopsAnswering(t *testing.T) {
 func TestPrintGraceFollowsTheSettingsAndRefusesBadOnes(t *testing.T) {
 	t.Parallel()
 	small := printGrace(t, "--lease", "8s", "--publish-timeout", "1s", "--drain-timeout", "1s", "--db-timeout", "2s", "--heartbeat-interval", "1s")
-	// drain 1s + 4 x 2s + 2s, the pool's close 5s, the margin 5s.
-	require.Equal(t, 21*time.Second, small)
+	// drain 1s + 4 x 2s + 2s, the downstream's and the pool's closes 5s
+	// each, the margin 5s.
+	require.Equal(t, 26*time.Second, small)
 	withOps := printGrace(t, "--lease", "8s", "--publish-timeout", "1s", "--drain-timeout", "1s", "--db-timeout", "2s", "--heartbeat-interval", "1s",
 		"--metrics-addr", "127.0.0.1:9464")
-	require.Equal(t, small+opsShutdownTimeout, withOps, "the listener's shutdown comes before the pool's close")
+	require.Equal(t, small+opsShutdownTimeout, withOps, "the listener's shutdown comes first")
 	r := cli(t, []string{"OUTBOX_HEARTBEAT_INTERVAL=1m"}, "relay", "--print-grace", "--lease", "8s", "--publish-timeout", "1s", "--db-timeout", "2s")
 	requireCode(t, r, 0)
-	require.Equal(t, strconv.Itoa(60+2+5+5), strings.TrimSpace(r.stdout), "a heartbeat longer than the drain bounds the stop")
+	require.Equal(t, strconv.Itoa(60+2+5+5+5), strings.TrimSpace(r.stdout), "a heartbeat longer than the drain bounds the stop")
 
 	r = cli(t, nil, "relay", "--print-grace", "--lease", "1s", "--publish-timeout", "1s")
 	requireCode(t, r, ExitUsage)
