@@ -127,7 +127,8 @@ func printGrace(t *testing.T, args ...string) time.Duration {
 }
 
 // The stop issue 32 found: `outboxctl relay --to log` whose stdout nobody
-// reads, on a database that answers slowly, with the heartbeat row locked
+// reads, on a database that answers slowly (100 ms more each way for every
+// chunk), with the heartbeat row locked
 // by another session while it stops (so the heartbeat's removal runs into
 // its timeout), exits 0 within the grace --print-grace gives and leaves no
 // row IN_FLIGHT.
@@ -141,7 +142,7 @@ func TestRelayStopsWithinPrintedGraceOnSlowDatabaseAndStalledStdout(t *testing.T
 	}
 	testdb.InsertRows(t, s.DB, rows...)
 
-	proxy := startSlowProxy(t, "127.0.0.1:5432", 20*time.Millisecond)
+	proxy := startSlowProxy(t, "127.0.0.1:5432", 100*time.Millisecond)
 	if !strings.Contains(s.URL, "@127.0.0.1:5432/") {
 		t.Skipf("the test database URL %q is not on 127.0.0.1:5432, where the proxy forwards", s.URL)
 	}
