@@ -292,7 +292,6 @@ func TestReadOnlyConsoleRefusesEveryAction(t *testing.T) {
 	require.Equal(t, 5, s.Count(t, "status = 'EXHAUSTED'"))
 }
 
-
 var numberRE = regexp.MustCompile(`id="(n-[a-z]+)">([^<]*)<`)
 
 func TestOverviewNumbersAreTheTablesCounts(t *testing.T) {
