@@ -37,6 +37,7 @@ type session struct {
 	db      *sql.DB
 	created time.Time
 	seen    time.Time
+	ov      *overviewCache // this person's overview figures
 }
 
 // viewer is who a page is answered for: a signed-in session, or the
@@ -46,6 +47,7 @@ type viewer struct {
 	db       *sql.DB
 	csrf     string
 	readOnly bool
+	ov       *overviewCache
 }
 
 func randomToken() string {
@@ -222,7 +224,7 @@ func (s *Server) open(ctx context.Context, login, password string) (*session, er
 		return nil, errors.New(strings.ReplaceAll(s.redactErr(err).Error(), password, "xxxxx"))
 	}
 	now := s.cfg.Now()
-	return &session{id: randomToken(), csrf: randomToken(), login: who, db: db, created: now, seen: now}, nil
+	return &session{id: randomToken(), csrf: randomToken(), login: who, db: db, created: now, seen: now, ov: &overviewCache{}}, nil
 }
 
 func sameToken(a, b string) bool {
@@ -287,13 +289,13 @@ func (s *Server) Sessions() int {
 // viewerOf returns who r is answered for, or nil when r needs a sign-in.
 func (s *Server) viewerOf(r *http.Request) *viewer {
 	if s.ReadOnly() {
-		return &viewer{login: "read-only", db: s.cfg.ReadOnlyDB, readOnly: true}
+		return &viewer{login: "read-only", db: s.cfg.ReadOnlyDB, readOnly: true, ov: s.readOnlyOverview}
 	}
 	se := s.current(r)
 	if se == nil {
 		return nil
 	}
-	return &viewer{login: se.login, db: se.db, csrf: se.csrf}
+	return &viewer{login: se.login, db: se.db, csrf: se.csrf, ov: se.ov}
 }
 
 // page wraps a GET handler: a viewer is required (a redirect to the sign-in

@@ -304,6 +304,7 @@ SELECT 'done-' || g, 'dest-' || (g % 5), 'x', 'PUBLISHED', 't' || (g % 3), now()
 	require.Contains(t, p.text("#operations"), ticket)
 	require.Contains(t, p.text("#approvals"), e.approver)
 	p.screenshot("ops")
-	p.open("/")
+	p.open("/?fresh=1")
+	require.Equal(t, strconv.Itoa(e.s.Count(t, "status = 'FAILED'")), p.text("#n-failed"))
 	p.screenshot("overview-after")
 }

@@ -32,6 +32,8 @@ const (
 	// DefaultPoolSize is each signed-in person's pool: a page runs its
 	// queries one after another, an execution holds one more.
 	DefaultPoolSize = 3
+	// DefaultOverviewMaxAge: see Config.OverviewMaxAge.
+	DefaultOverviewMaxAge = 10 * time.Second
 )
 
 // Config configures a console. Zero values take the defaults above.
@@ -61,6 +63,11 @@ type Config struct {
 	PageSize int
 	// PoolSize is the most connections each session's pool opens.
 	PoolSize int
+	// OverviewMaxAge is how old the overview's figures may be before a
+	// request for the page refreshes them in the background (the page is
+	// answered from the figures it has, with their age; the first request
+	// of a session waits for them, and ?fresh=1 always does).
+	OverviewMaxAge time.Duration
 	// Logger receives sign-ins, sign-outs, refusals and actions (never a
 	// password or a connection string's secret). Nil discards.
 	Logger *slog.Logger
@@ -75,6 +82,7 @@ func (c Config) withDefaults() Config {
 	c.SignInWindow = cmp.Or(c.SignInWindow, DefaultSignInWindow)
 	c.PageSize = cmp.Or(c.PageSize, DefaultPageSize)
 	c.PoolSize = cmp.Or(c.PoolSize, DefaultPoolSize)
+	c.OverviewMaxAge = cmp.Or(c.OverviewMaxAge, DefaultOverviewMaxAge)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -100,7 +108,7 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"IdleTimeout", c.IdleTimeout}, {"MaxSession", c.MaxSession}, {"SignInWindow", c.SignInWindow}} {
+	}{{"IdleTimeout", c.IdleTimeout}, {"MaxSession", c.MaxSession}, {"SignInWindow", c.SignInWindow}, {"OverviewMaxAge", c.OverviewMaxAge}} {
 		if d.v < 0 {
 			return outbox.Errorf(CodeInvalidConfig, op, "%s is %s; use a positive duration (0 = default)", d.name, d.v)
 		}
@@ -125,6 +133,8 @@ type Server struct {
 	runs     map[string]*execution
 	closed   bool
 
+	readOnlyOverview *overviewCache // the read-only console's (one login for all)
+
 	stop chan struct{}
 	done chan struct{}
 	wg   sync.WaitGroup // executions in flight
@@ -143,6 +153,8 @@ func New(cfg Config) (*Server, error) {
 		limiter:  newLimiter(cfg.SignInFailures, cfg.SignInWindow),
 		plans:    map[string]*proposal{},
 		runs:     map[string]*execution{},
+
+		readOnlyOverview: &overviewCache{},
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}

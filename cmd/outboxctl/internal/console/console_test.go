@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -481,6 +482,7 @@ SELECT 'r-' || g, 'dest-' || (g % 50), 'x',
 		{"parkedPageQuery", parkedPageQuery, []any{"{FAILED,EXHAUSTED}", nil, nil, nil, nil, nil, 0, 50}},
 		{"parkedPageQuery filtered", parkedPageQuery, []any{"{FAILED}", "dest-3", "t4", "CODE_1", "2020-01-01T00:00:00Z", "2040-01-01T00:00:00Z", 100, 50}},
 		{"heldOffQuery", heldOffQuery, []any{"{dest-1,dest-2}"}},
+		{"oldestUndeliveredQuery", oldestUndeliveredQuery, nil},
 	} {
 		for _, generic := range []bool{false, true} {
 			plan := explain(t, s, q.query, generic, q.args...)
@@ -525,4 +527,34 @@ func flip(token string) string {
 		return "B" + token[1:]
 	}
 	return "A" + token[1:]
+}
+
+func TestOverviewFiguresAreRefreshedInTheBackgroundOnceStale(t *testing.T) {
+	e := newEnv(t, Config{OverviewMaxAge: 10 * time.Second})
+	e.park(3, "FAILED", "orders", "BROKER_DOWN")
+	c := e.client()
+	c.mustSignIn(e.operator, operatorPassword) // its first overview read the figures
+	failed := func() string { return numberRE.FindAllStringSubmatch(c.get("/").body, -1)[3][2] }
+	require.Equal(t, "3", failed())
+
+	e.park(4, "FAILED", "billing", "BROKER_DOWN")
+	require.Equal(t, "3", failed(), "younger than the maximum age: answered from the figures read")
+	require.Equal(t, "7", numberRE.FindAllStringSubmatch(c.get("/?fresh=1").body, -1)[3][2], "?fresh=1 reads them now")
+
+	e.park(5, "FAILED", "billing", "OTHER")
+	e.clock.Add(10 * time.Second)
+	require.Equal(t, "7", failed(), "stale: answered at once from the figures it has, with a refresh started")
+	var se *session
+	e.srv.mu.Lock()
+	for _, x := range e.srv.sessions {
+		se = x
+	}
+	e.srv.mu.Unlock()
+	se.ov.mu.Lock()
+	pending := se.ov.pending
+	se.ov.mu.Unlock()
+	require.NotNil(t, pending, "a refresh is in flight")
+	<-pending
+	require.Equal(t, "12", failed(), "the refreshed figures")
+	require.Contains(t, c.get("/").body, "0s ago")
 }

@@ -83,7 +83,7 @@ func (b *syncBuffer) String() string {
 }
 
 type env struct {
-	t        *testing.T
+	t        testing.TB
 	s        *testdb.Schema
 	srv      *Server
 	ts       *httptest.Server
@@ -96,14 +96,14 @@ type env struct {
 
 // newEnv starts a console on a fresh schema with an operator and an
 // approver login. cfg's DatabaseURL, Now and Logger are set here.
-func newEnv(t *testing.T, cfg Config) *env {
+func newEnv(t testing.TB, cfg Config) *env {
 	t.Helper()
 	return newEnvOn(t, testdb.New(t), cfg)
 }
 
 // newEnvOn is newEnv on an existing schema (read-only mode needs the
 // reader's pool before the console starts).
-func newEnvOn(t *testing.T, s *testdb.Schema, cfg Config) *env {
+func newEnvOn(t testing.TB, s *testdb.Schema, cfg Config) *env {
 	t.Helper()
 	e := &env{t: t, s: s, clock: &clock{now: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}, log: &syncBuffer{}, bodies: &syncBuffer{}}
 	e.operator, _ = s.Role(t, operatorGrants...)
@@ -223,7 +223,7 @@ func (e *env) wait(ticket string) {
 var ticketRE = regexp.MustCompile(`/ops/ticket\?t=(console-[0-9]{8}-[0-9a-f]{8})`)
 
 // ticketOf returns the ticket a plan's redirect names.
-func ticketOf(t *testing.T, a answer) string {
+func ticketOf(t testing.TB, a answer) string {
 	t.Helper()
 	m := ticketRE.FindStringSubmatch(a.header.Get("Location"))
 	require.NotNil(t, m, "plan redirect: %d %s", a.status, a.header.Get("Location"))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -22,6 +23,7 @@ import (
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/journal"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 	"github.com/fencedoutbox/watermill-outbox/status"
 )
 
@@ -144,56 +146,6 @@ func bytesText(n int64) string {
 		v, suffix = v/unit, s
 	}
 	return fmt.Sprintf("%.1f %s (%d)", v, suffix, n)
-}
-
-// snapshot reads the status package's snapshot in the viewer's name.
-func snapshot(ctx context.Context, db *sql.DB) (status.Snapshot, error) {
-	return status.CollectWith(ctx, db, status.Options{MaxGroups: 2000, MaxFailureCodes: 20, MaxStuck: 10})
-}
-
-type overviewData struct {
-	Snap            status.Snapshot
-	ParkedCodes     []status.FailureCode
-	Delivered       chart
-	Parked          chart
-	OldestPending   string
-	TopDestinations []status.Count
-	TopTenants      []status.Count
-}
-
-// chartMinutes is the span of the overview's charts.
-const chartMinutes = 60
-
-func (s *Server) overview(w http.ResponseWriter, r *http.Request, v *viewer) error {
-	ctx := r.Context()
-	snap, err := snapshot(ctx, v.db)
-	if err != nil {
-		return err
-	}
-	d := overviewData{Snap: snap, OldestPending: "-"}
-	if !snap.OldestPendingAt.IsZero() {
-		d.OldestPending = (time.Duration(snap.OldestPendingAgeSeconds * float64(time.Second))).Round(time.Second).String()
-	}
-	for _, f := range snap.FailureCodes {
-		if f.Status == envelope.StatusFailed || f.Status == envelope.StatusExhausted {
-			d.ParkedCodes = append(d.ParkedCodes, f)
-		}
-	}
-	since := snap.At.UTC().Truncate(time.Minute).Add(-(chartMinutes - 1) * time.Minute)
-	delivered, err := perMinute(ctx, v.db, deliveredPerMinuteQuery, since)
-	if err != nil {
-		return err
-	}
-	parked, err := perMinute(ctx, v.db, parkedPerMinuteQuery, since)
-	if err != nil {
-		return err
-	}
-	d.Delivered = minuteChart("Delivered per minute", snap.At, chartMinutes, delivered)
-	d.Parked = minuteChart("Parked per minute (still parked)", snap.At, chartMinutes, parked)
-	pd := v.data("Overview", "overview")
-	pd.Data = d
-	s.render(w, http.StatusOK, "overview", pd)
-	return nil
 }
 
 func perMinute(ctx context.Context, db *sql.DB, q string, since time.Time) (map[time.Time]int64, error) {
@@ -467,47 +419,92 @@ func columns(r envelope.Row) []field {
 	}
 }
 
-type breakerRow struct {
-	status.Breaker
-	HeldOff int64
-}
-
 type relayRow struct {
-	status.Relay
+	relaymode.Heartbeat
 	Live bool
 }
 
+type breakerRow struct {
+	Owner, Destination, LastError string
+	OpenedAt                      time.Time
+	HeldOff                       int64
+}
+
 type relaysData struct {
-	Snap          status.Snapshot
+	At            time.Time
+	Mode          relaymode.ModeRecord
 	Relays        []relayRow
 	CDC           []relayRow
 	Breakers      []breakerRow
+	Slots         []status.Slot
+	BudgetsDiffer bool
 	Ready         bool
 	ReadyWhy      string
 	LaneTable     bool
-	CDCLagSeconds string
+	CDCLag        string
 }
 
+// relays reads the fleet, not the backlog: the relay mode, the live
+// heartbeats (relaymode), the open breakers with the rows each holds off,
+// the replication slots (status.ReadSlots), in one read-only snapshot.
+// Every read is of a small table or an index probe, so the page stays fast
+// on any backlog.
 func (s *Server) relays(w http.ResponseWriter, r *http.Request, v *viewer) error {
 	ctx := r.Context()
-	snap, err := snapshot(ctx, v.db)
+	tx, err := v.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil {
+		return fmt.Errorf("console: relays: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	var d relaysData
+	if err := tx.QueryRowContext(ctx, `SELECT now()`).Scan(&d.At); err != nil {
+		return fmt.Errorf("console: relays: %w", err)
+	}
+	if d.Mode, err = relaymode.ReadMode(ctx, tx); err != nil {
+		return err
+	}
+	live, err := relaymode.LiveRelays(ctx, tx, d.At)
 	if err != nil {
 		return err
 	}
-	d := relaysData{Snap: snap}
-	for _, rl := range snap.Relays {
-		d.Relays = append(d.Relays, relayRow{rl, rl.ExpiresAt.After(snap.At)})
+	budget := 0
+	for _, h := range live {
+		d.Relays = append(d.Relays, relayRow{h, h.ExpiresAt.After(d.At)})
+		if h.MaxAttempts != 0 {
+			d.BudgetsDiffer = d.BudgetsDiffer || (budget != 0 && budget != h.MaxAttempts)
+			budget = h.MaxAttempts
+		}
 	}
-	for _, rl := range snap.CDCConsumers {
-		d.CDC = append(d.CDC, relayRow{rl, rl.ExpiresAt.After(snap.At)})
+	cdc, err := relaymode.LiveCDCConsumers(ctx, tx, d.At)
+	if err != nil {
+		return err
 	}
-	var dests []string
-	for _, b := range snap.Breakers {
-		dests = append(dests, b.Destination)
+	for _, h := range cdc {
+		d.CDC = append(d.CDC, relayRow{h, h.ExpiresAt.After(d.At)})
 	}
-	held := map[string]int64{}
-	if len(dests) > 0 {
-		rows, err := v.db.QueryContext(ctx, heldOffQuery, pq.Array(dests))
+	rows, err := tx.QueryContext(ctx, breakersQuery, d.At)
+	if err != nil {
+		return fmt.Errorf("console: breakers: %w", err)
+	}
+	for rows.Next() {
+		var b breakerRow
+		if err := rows.Scan(&b.Owner, &b.Destination, &b.OpenedAt, &b.LastError); err != nil {
+			rows.Close()
+			return err
+		}
+		d.Breakers = append(d.Breakers, b)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(d.Breakers) > 0 {
+		dests := make([]string, 0, len(d.Breakers))
+		for _, b := range d.Breakers {
+			dests = append(dests, b.Destination)
+		}
+		held := map[string]int64{}
+		rows, err := tx.QueryContext(ctx, heldOffQuery, pq.Array(dests))
 		if err != nil {
 			return fmt.Errorf("console: held-off rows: %w", err)
 		}
@@ -526,22 +523,33 @@ func (s *Server) relays(w http.ResponseWriter, r *http.Request, v *viewer) error
 		if err := rows.Err(); err != nil {
 			return err
 		}
+		for i := range d.Breakers {
+			d.Breakers[i].HeldOff = held[d.Breakers[i].Destination]
+		}
 	}
-	for _, b := range snap.Breakers {
-		d.Breakers = append(d.Breakers, breakerRow{b, held[b.Destination]})
+	if d.Slots, err = status.ReadSlots(ctx, tx); err != nil {
+		return err
 	}
 	// Readiness as the relays' /readyz sees the fleet: the mode's kind of
 	// relay has a live heartbeat.
 	switch {
-	case snap.Mode == "CDC" && len(snap.CDCConsumers) > 0, snap.Mode != "CDC" && len(snap.Relays) > 0:
-		d.Ready, d.ReadyWhy = true, fmt.Sprintf("relay mode %s with a live relay of that kind", snap.Mode)
+	case d.Mode.Mode == relaymode.ModeCDC && len(d.CDC) > 0, d.Mode.Mode != relaymode.ModeCDC && len(d.Relays) > 0:
+		d.Ready, d.ReadyWhy = true, fmt.Sprintf("relay mode %s with a live relay of that kind", d.Mode.Mode)
 	default:
-		d.ReadyWhy = fmt.Sprintf("relay mode %s and no live relay of that kind: nothing is being delivered", snap.Mode)
+		d.ReadyWhy = fmt.Sprintf("relay mode %s and no live relay of that kind: nothing is being delivered", d.Mode.Mode)
 	}
-	if snap.Mode == "CDC" && !snap.OldestPendingAt.IsZero() {
-		d.CDCLagSeconds = (time.Duration(snap.OldestPendingAgeSeconds * float64(time.Second))).Round(time.Second).String()
+	if d.Mode.Mode == relaymode.ModeCDC {
+		var oldest time.Time
+		switch err := tx.QueryRowContext(ctx, oldestUndeliveredQuery).Scan(&oldest); {
+		case errors.Is(err, sql.ErrNoRows):
+			d.CDCLag = "0s (nothing waiting)"
+		case err != nil:
+			return fmt.Errorf("console: CDC lag: %w", err)
+		default:
+			d.CDCLag = d.At.Sub(oldest).Round(time.Second).String()
+		}
 	}
-	if err := v.db.QueryRowContext(ctx, laneTableQuery).Scan(&d.LaneTable); err != nil {
+	if err := tx.QueryRowContext(ctx, laneTableQuery).Scan(&d.LaneTable); err != nil {
 		return fmt.Errorf("console: lanes: %w", err)
 	}
 	pd := v.data("Relays", "relays")

@@ -90,3 +90,22 @@ SELECT approval_ticket, operation, state, owner, items_completed, started_at, up
   FROM messaging_admin_operation
  ORDER BY started_at DESC
  LIMIT 100`
+
+// breakersQuery: the open breakers of live relays (a breaker row outlives
+// its relay until the relay's heartbeat is gone), as status reads them.
+const breakersQuery = `
+SELECT b.owner, b.destination, b.opened_at, coalesce(b.last_error, '')
+  FROM messaging_relay_breaker b
+  JOIN messaging_relay_heartbeat h ON h.owner = b.owner AND h.expires_at > $1
+ ORDER BY b.destination, b.owner
+ LIMIT 1000`
+
+// oldestUndeliveredQuery: when the first row still waiting for a relay
+// (lowest seq) was created: the CDC lag in time. The first entry of
+// messaging_outbox_claimable_idx, so it costs one index probe however long
+// the backlog is (min(created_at) would read all of it).
+const oldestUndeliveredQuery = `
+SELECT created_at FROM messaging_outbox
+ WHERE published_at IS NULL AND parked_at IS NULL
+ ORDER BY seq
+ LIMIT 1`
