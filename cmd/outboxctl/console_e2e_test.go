@@ -1,0 +1,106 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/cmd/outboxctl/internal/console"
+	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+)
+
+// lineWriter signals the first stdout line matching re.
+type lineWriter struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	re    *regexp.Regexp
+	found chan string
+	once  sync.Once
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if m := w.re.FindStringSubmatch(w.buf.String()); m != nil {
+		w.once.Do(func() { w.found <- m[1] })
+	}
+	return len(p), nil
+}
+
+// The console command serves the console on the address it prints, with
+// its security headers, until its context ends (SIGINT/SIGTERM); in
+// read-only mode it answers pages without a sign-in and refuses actions.
+func TestConsoleCommandServesUntilStopped(t *testing.T) {
+	s := testdb.New(t)
+	for _, readOnly := range []bool{false, true} {
+		ctx, cancel := context.WithCancel(context.Background())
+		out := &lineWriter{re: regexp.MustCompile(`on (http://127\.0\.0\.1:[0-9]+/)`), found: make(chan string, 1)}
+		var stderr bytes.Buffer
+		args := []string{"console", "--listen", "127.0.0.1:0", "--database-url", s.URL}
+		if readOnly {
+			args = append(args, "--read-only")
+		}
+		done := make(chan int, 1)
+		go func() { done <- run(ctx, args, out, &stderr, func(string) string { return "" }) }()
+		var base string
+		select {
+		case base = <-out.found:
+		case code := <-done:
+			t.Fatalf("console exited %d: %s", code, stderr.String())
+		case <-time.After(time.Minute):
+			t.Fatal("the console did not print its address")
+		}
+		resp, err := http.Get(base + "signin")
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(t, console.ContentSecurityPolicy, resp.Header.Get("Content-Security-Policy"))
+		if readOnly {
+			require.Equal(t, http.StatusOK, resp.StatusCode, "redirected to the overview, answered without a sign-in")
+			require.Equal(t, "/", resp.Request.URL.Path)
+			resp, err = http.Post(base+"plan", "application/x-www-form-urlencoded", strings.NewReader("op=purge"))
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, http.StatusForbidden, resp.StatusCode)
+		} else {
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			require.Equal(t, "/signin", resp.Request.URL.Path)
+		}
+		cancel()
+		select {
+		case code := <-done:
+			require.Equal(t, ExitOK, code, stderr.String())
+		case <-time.After(time.Minute):
+			t.Fatal("the console did not stop")
+		}
+	}
+}
+
+// Settings that would expose passwords or cannot work are refused before
+// anything listens (exit 2).
+func TestConsoleCommandRefusals(t *testing.T) {
+	s := testdb.New(t)
+	for name, args := range map[string][]string{
+		"non-loopback without TLS": {"console", "--listen", "0.0.0.0:0", "--database-url", s.URL},
+		"half TLS":                 {"console", "--tls-cert", "c.pem", "--database-url", s.URL},
+		"no database URL":          {"console"},
+		"key=value URL":            {"console", "--database-url", "host=127.0.0.1 password=Sekr3t-kv"},
+		"bad listen":               {"console", "--listen", "nope", "--database-url", s.URL},
+		"zero idle timeout":        {"console", "--idle-timeout", "0s", "--database-url", s.URL},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), args, &stdout, &stderr, func(string) string { return "" })
+		require.Equal(t, ExitUsage, code, "%s: %s", name, stderr.String())
+		require.Contains(t, stderr.String(), "code: ", name)
+		require.NotContains(t, stderr.String(), "Sekr3t", name)
+	}
+}
