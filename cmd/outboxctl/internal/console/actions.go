@@ -246,6 +246,17 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, v *viewer) erro
 	}
 	s.mu.Lock()
 	s.runs[ticket] = ex
+	if len(s.runs) > 1000 {
+		// Keep the running ones; the journal keeps every finished one.
+		for t, x := range s.runs {
+			x.mu.Lock()
+			finished := !x.running
+			x.mu.Unlock()
+			if finished && t != ticket {
+				delete(s.runs, t)
+			}
+		}
+	}
 	s.mu.Unlock()
 	http.Redirect(w, r, ticketLink(ticket), http.StatusSeeOther)
 	return nil

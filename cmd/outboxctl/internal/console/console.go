@@ -181,8 +181,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Secure {
 		h.Set("Strict-Transport-Security", "max-age=31536000")
 	}
+	// Every form of the console is a few short fields.
+	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 	s.mux.ServeHTTP(w, r)
 }
+
+// maxFormBytes bounds a request body.
+const maxFormBytes = 64 << 10
 
 // ContentSecurityPolicy is sent with every response: nothing but the
 // console's own embedded files, no inline script or style, no framing.

@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
-	"github.com/fencedoutbox/watermill-outbox/internal/leakcheck"
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/leakcheck"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
