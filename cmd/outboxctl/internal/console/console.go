@@ -155,8 +155,8 @@ func New(cfg Config) (*Server, error) {
 		runs:     map[string]*execution{},
 
 		readOnlyOverview: &overviewCache{},
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		stop:             make(chan struct{}),
+		done:             make(chan struct{}),
 	}
 	var err error
 	if s.pages, err = parsePages(); err != nil {

@@ -32,6 +32,7 @@ type overviewCache struct {
 	figs    *overviewFigures
 	at      time.Time     // console clock when figs were read
 	pending chan struct{} // closed when the refresh in flight ends; nil when none
+	last    chan struct{} // the latest refresh's (closed once it ended; tests wait on it)
 }
 
 func readOverview(ctx context.Context, db *sql.DB) (*overviewFigures, error) {
@@ -67,6 +68,7 @@ func (s *Server) figures(ctx context.Context, v *viewer, fresh bool) (*overviewF
 			s.mu.Unlock()
 			if !closed {
 				c.pending = make(chan struct{})
+				c.last = c.pending
 				go s.refresh(c, v.db)
 			}
 		}
