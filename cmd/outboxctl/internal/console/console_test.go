@@ -14,8 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/leakcheck"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
@@ -557,4 +559,29 @@ func TestOverviewFiguresAreRefreshedInTheBackgroundOnceStale(t *testing.T) {
 	<-refresh
 	require.Equal(t, "12", failed(), "the refreshed figures")
 	require.Contains(t, c.get("/").body, "0s ago")
+}
+
+// The relays page shows which lanes each live relay holds, and tells a login
+// without SELECT on messaging_relay_lane that it cannot see them.
+func TestRelaysPageShowsTheLanesEachRelayHolds(t *testing.T) {
+	e := newEnv(t, Config{})
+	ctx := context.Background()
+	require.NoError(t, relaymode.BeatBudget(ctx, e.s.DB, "lane-relay-a", time.Minute, 5))
+	st, err := fencing.TakeLanes(ctx, e.s.DB, fencing.LaneParams{Owner: "lane-relay-a", TTL: time.Minute, MaxAttempts: 5})
+	require.NoError(t, err)
+	require.NotEmpty(t, st.Owned)
+
+	c := e.client()
+	c.mustSignIn(e.operator, operatorPassword)
+	a := c.get("/relays")
+	require.Equal(t, http.StatusOK, a.status)
+	require.Contains(t, a.body, "lane-relay-a")
+	require.Contains(t, a.body, "holds no SELECT", "the operator's grants do not cover the lanes table")
+
+	_, err = e.s.DB.Exec("GRANT SELECT ON messaging_relay_lane TO " + e.operator)
+	require.NoError(t, err)
+	a = c.get("/relays")
+	require.Contains(t, a.body, `id="lane-owners"`)
+	require.Regexp(t, `<td>lane-relay-a</td><td class="r">`+strconv.Itoa(len(st.Owned))+`</td>`, a.body)
+	require.Contains(t, a.body, strconv.Itoa(st.Total)+" lanes, "+strconv.Itoa(st.Total-len(st.Owned))+" without a live owner")
 }

@@ -421,7 +421,16 @@ func columns(r envelope.Row) []field {
 
 type relayRow struct {
 	relaymode.Heartbeat
-	Live bool
+	Live  bool
+	Lanes int // lanes this relay owns under a live lease
+}
+
+// laneOwner is one relay's share of the lanes.
+type laneOwner struct {
+	Owner   string
+	Lanes   []int
+	Held    int64 // rows in flight, listed in its lanes
+	Expires time.Time
 }
 
 type breakerRow struct {
@@ -441,6 +450,11 @@ type relaysData struct {
 	Ready         bool
 	ReadyWhy      string
 	LaneTable     bool
+	Fence         string
+	LaneCount     int
+	LaneOwners    []laneOwner
+	FreeLanes     []int // no live owner
+	LanesErr      string
 	CDCLag        string
 }
 
@@ -469,7 +483,7 @@ func (s *Server) relays(w http.ResponseWriter, r *http.Request, v *viewer) error
 	}
 	budget := 0
 	for _, h := range live {
-		d.Relays = append(d.Relays, relayRow{h, h.ExpiresAt.After(d.At)})
+		d.Relays = append(d.Relays, relayRow{Heartbeat: h, Live: h.ExpiresAt.After(d.At)})
 		if h.MaxAttempts != 0 {
 			d.BudgetsDiffer = d.BudgetsDiffer || (budget != 0 && budget != h.MaxAttempts)
 			budget = h.MaxAttempts
@@ -480,7 +494,7 @@ func (s *Server) relays(w http.ResponseWriter, r *http.Request, v *viewer) error
 		return err
 	}
 	for _, h := range cdc {
-		d.CDC = append(d.CDC, relayRow{h, h.ExpiresAt.After(d.At)})
+		d.CDC = append(d.CDC, relayRow{Heartbeat: h, Live: h.ExpiresAt.After(d.At)})
 	}
 	rows, err := tx.QueryContext(ctx, breakersQuery, d.At)
 	if err != nil {
@@ -549,11 +563,67 @@ func (s *Server) relays(w http.ResponseWriter, r *http.Request, v *viewer) error
 			d.CDCLag = d.At.Sub(oldest).Round(time.Second).String()
 		}
 	}
-	if err := tx.QueryRowContext(ctx, laneTableQuery).Scan(&d.LaneTable); err != nil {
+	if err := tx.QueryRowContext(ctx, laneTableQuery).Scan(&d.LaneTable, &d.Fence); err != nil {
 		return fmt.Errorf("console: lanes: %w", err)
+	}
+	if d.LaneTable {
+		// Last in the transaction: a login without SELECT on the lanes
+		// table is told so, and nothing after it needs the transaction.
+		if err := s.readLanes(ctx, tx, &d); err != nil {
+			d.LanesErr = s.grantText(err)
+		}
 	}
 	pd := v.data("Relays", "relays")
 	pd.Data = d
 	s.render(w, http.StatusOK, "relays", pd)
+	return nil
+}
+
+func (s *Server) readLanes(ctx context.Context, tx *sql.Tx, d *relaysData) error {
+	rows, err := tx.QueryContext(ctx, lanesQuery)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	owners := map[string]*laneOwner{}
+	for rows.Next() {
+		var (
+			lane    int
+			owner   string
+			epoch   int64
+			expires sql.NullTime
+			held    int64
+		)
+		if err := rows.Scan(&lane, &owner, &epoch, &expires, &held); err != nil {
+			return err
+		}
+		d.LaneCount++
+		if owner == "" || !expires.Valid || !expires.Time.After(d.At) {
+			d.FreeLanes = append(d.FreeLanes, lane)
+			continue
+		}
+		o := owners[owner]
+		if o == nil {
+			o = &laneOwner{Owner: owner, Expires: expires.Time}
+			owners[owner] = o
+		}
+		o.Lanes = append(o.Lanes, lane)
+		o.Held += held
+		if expires.Time.Before(o.Expires) {
+			o.Expires = expires.Time
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, o := range owners {
+		d.LaneOwners = append(d.LaneOwners, *o)
+	}
+	slices.SortFunc(d.LaneOwners, func(a, b laneOwner) int { return strings.Compare(a.Owner, b.Owner) })
+	for i := range d.Relays {
+		if o := owners[d.Relays[i].Owner]; o != nil {
+			d.Relays[i].Lanes = len(o.Lanes)
+		}
+	}
 	return nil
 }

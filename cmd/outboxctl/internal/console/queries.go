@@ -69,9 +69,18 @@ SELECT destination, count(*)
  WHERE published_at IS NULL AND parked_at IS NULL AND destination = ANY($1::text[])
  GROUP BY destination`
 
-// laneTableQuery: whether this schema has the relay lanes table (a later
-// migration adds it; the relays page keeps its place).
-const laneTableQuery = `SELECT to_regclass('messaging_relay_lane') IS NOT NULL`
+// laneTableQuery: whether this schema has the relay lanes (migration
+// 00050), and which fence the fleet runs (ROWS or LANES).
+const laneTableQuery = `
+SELECT to_regclass('messaging_relay_lane') IS NOT NULL,
+       coalesce((SELECT to_jsonb(m) ->> 'fence' FROM messaging_relay_mode m WHERE id), '')`
+
+// lanesQuery: every lane (a few dozen rows) with its owner, epoch, lease
+// and how many rows its owner holds in flight.
+const lanesQuery = `
+SELECT lane, coalesce(owner, ''), epoch, lease_expires_at, cardinality(held_ids)
+  FROM messaging_relay_lane
+ ORDER BY lane`
 
 // approvalsQuery: the most recent approvals (messaging_admin_approval, one
 // row per ticket: a small table).
