@@ -322,11 +322,11 @@ func readOperations(ctx context.Context, db *sql.DB) ([]operationRow, error) {
 }
 
 // grantText says what a permission error means on a page that shows what
-// the login may read.
-func (s *Server) grantText(err error) string {
+// the login may read; who names the roles that hold the grant.
+func (s *Server) grantText(err error, table, who string) string {
 	var pe *pq.Error
 	if errors.As(err, &pe) && pe.Code == "42501" {
-		return "your login holds no SELECT on this table (docs/SECURITY.md: the approver and operator roles do)"
+		return "your login holds no SELECT on " + table + " (docs/SECURITY.md: " + who + ")"
 	}
 	return s.errText(err)
 }
@@ -342,11 +342,17 @@ func (s *Server) ops(w http.ResponseWriter, r *http.Request, v *viewer) error {
 	slices.SortFunc(d.Plans, func(a, b *proposal) int { return b.PlannedAt.Compare(a.PlannedAt) })
 	var err error
 	if d.Approvals, err = readApprovals(ctx, v.db, approvalsQuery); err != nil {
-		d.ApprovalsErr = s.grantText(err)
+		d.ApprovalsErr = s.grantText(err, "messaging_admin_approval", "the approver and operator roles hold it")
 	}
 	if d.Operations, err = readOperations(ctx, v.db); err != nil {
-		d.OperationsErr = s.grantText(err)
+		d.OperationsErr = s.grantText(err, "messaging_admin_operation", "the operator role holds it")
 	}
+	// A plan approved (by this console or otherwise) waits no more.
+	approved := map[string]bool{}
+	for _, a := range d.Approvals {
+		approved[a.Ticket] = true
+	}
+	d.Plans = slices.DeleteFunc(d.Plans, func(p *proposal) bool { return approved[p.Ticket] })
 	pd := v.data("Admin operations", "ops")
 	pd.Data = d
 	s.render(w, http.StatusOK, "ops", pd)
@@ -385,12 +391,12 @@ func (s *Server) ticket(w http.ResponseWriter, r *http.Request, v *viewer) error
 		d.Approval = &approvalRow{Ticket: a.Ticket, Operation: a.Operation, Digest: a.Digest, Filter: string(filter), By: a.ApprovedBy,
 			MaxSeq: a.MaxSeq, Count: a.Count, ParkedBefore: a.ParkedBefore, At: a.ApprovedAt}
 	} else if outbox.CodeOf(err) != journal.CodeNotApproved {
-		d.ApprovalErr = s.grantText(err)
+		d.ApprovalErr = s.grantText(err, "messaging_admin_approval", "the approver and operator roles hold it")
 	}
 	if rec, err := j.Find(ctx, t); err == nil {
 		d.Record = &rec
 	} else if outbox.CodeOf(err) != journal.CodeNotFound {
-		d.RecordErr = s.grantText(err)
+		d.RecordErr = s.grantText(err, "messaging_admin_operation", "the operator role holds it")
 	}
 	s.mu.Lock()
 	ex := s.runs[t]

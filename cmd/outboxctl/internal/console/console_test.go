@@ -442,6 +442,7 @@ func TestPlanApproveExecuteThroughTheJournal(t *testing.T) {
 	ops := op.get("/ops")
 	require.Contains(t, ops.body, ticket)
 	require.Contains(t, ops.body, e.operator)
+	require.NotContains(t, ops.body[:strings.Index(ops.body, "<h2>Approvals</h2>")], ticket, "an approved plan waits no more")
 
 	// Executed once: a second execution is refused, as in the CLI.
 	a = op.post("/execute", neturl.Values{"ticket": {ticket}, "digest": {digest}})

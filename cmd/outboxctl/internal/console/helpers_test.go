@@ -105,7 +105,7 @@ func newEnv(t testing.TB, cfg Config) *env {
 // reader's pool before the console starts).
 func newEnvOn(t testing.TB, s *testdb.Schema, cfg Config) *env {
 	t.Helper()
-	e := &env{t: t, s: s, clock: &clock{now: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}, log: &syncBuffer{}, bodies: &syncBuffer{}}
+	e := &env{t: t, s: s, clock: &clock{now: time.Now().UTC()}, log: &syncBuffer{}, bodies: &syncBuffer{}}
 	e.operator, _ = s.Role(t, operatorGrants...)
 	e.approver, _ = s.Role(t, approverGrants...)
 	for role, pw := range map[string]string{e.operator: operatorPassword, e.approver: approverPassword} {

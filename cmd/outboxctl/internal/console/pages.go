@@ -570,7 +570,7 @@ func (s *Server) relays(w http.ResponseWriter, r *http.Request, v *viewer) error
 		// Last in the transaction: a login without SELECT on the lanes
 		// table is told so, and nothing after it needs the transaction.
 		if err := s.readLanes(ctx, tx, &d); err != nil {
-			d.LanesErr = s.grantText(err)
+			d.LanesErr = s.grantText(err, "messaging_relay_lane", "no role's block grants it yet; grant it to see the lanes")
 		}
 	}
 	pd := v.data("Relays", "relays")
