@@ -3,8 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -103,4 +114,70 @@ func TestConsoleCommandRefusals(t *testing.T) {
 		require.Contains(t, stderr.String(), "code: ", name)
 		require.NotContains(t, stderr.String(), "Sekr3t", name)
 	}
+}
+
+// With --tls-cert and --tls-key the console serves HTTPS, may listen beyond
+// loopback, and its cookies are Secure.
+func TestConsoleCommandServesTLS(t *testing.T) {
+	s := testdb.New(t)
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "console-test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
+	require.NoError(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &lineWriter{re: regexp.MustCompile(`on https://\S*:([0-9]+)/`), found: make(chan string, 1)}
+	var stderr bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"console", "--listen", "0.0.0.0:0", "--tls-cert", certFile, "--tls-key", keyFile, "--database-url", s.URL},
+			out, &stderr, func(string) string { return "" })
+	}()
+	var port string
+	select {
+	case port = <-out.found:
+	case code := <-done:
+		t.Fatalf("console exited %d: %s", code, stderr.String())
+	case <-time.After(time.Minute):
+		t.Fatal("the console did not print its address")
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(must(x509.ParseCertificate(der)))
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	resp, err := client.Get("https://127.0.0.1:" + port + "/signin")
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NotEmpty(t, resp.Header.Get("Strict-Transport-Security"))
+	cookies := resp.Cookies()
+	require.NotEmpty(t, cookies)
+	for _, c := range cookies {
+		require.True(t, c.Secure, c.Name)
+		require.True(t, c.HttpOnly, c.Name)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		require.Equal(t, ExitOK, code, stderr.String())
+	case <-time.After(time.Minute):
+		t.Fatal("the console did not stop")
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
