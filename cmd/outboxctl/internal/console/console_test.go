@@ -586,3 +586,42 @@ func TestRelaysPageShowsTheLanesEachRelayHolds(t *testing.T) {
 	require.Regexp(t, `<td>lane-relay-a</td><td class="r">`+strconv.Itoa(len(st.Owned))+`</td>`, a.body)
 	require.Contains(t, a.body, strconv.Itoa(st.Total)+" lanes, "+strconv.Itoa(st.Total-len(st.Owned))+" without a live owner")
 }
+
+// An execution that runs longer than a request goes on in the background;
+// its ticket page shows it running, with its progress, and reloads itself
+// until it ends.
+func TestTicketPageShowsARunningExecutionsProgress(t *testing.T) {
+	e := newEnv(t, Config{})
+	e.park(1200, "FAILED", "orders", "BROKER_DOWN") // three batches of 500
+	op, ap := e.client(), e.client()
+	op.mustSignIn(e.operator, operatorPassword)
+	ap.mustSignIn(e.approver, approverPassword)
+	ticket := ticketOf(t, op.post("/plan", neturl.Values{"op": {"redrive"}}))
+	e.srv.mu.Lock()
+	digest := e.srv.plans[ticket].Digest
+	e.srv.mu.Unlock()
+	require.Equal(t, http.StatusSeeOther, ap.post("/approve", neturl.Values{"ticket": {ticket}, "digest": {digest}}).status)
+
+	// Another session holds the last row: the third batch waits for it.
+	ctx := context.Background()
+	lock, err := e.s.DB.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback() }()
+	_, err = lock.ExecContext(ctx, `SELECT 1 FROM messaging_outbox WHERE message_id = 'orders-BROKER_DOWN-1200' FOR UPDATE`)
+	require.NoError(t, err)
+
+	a := op.post("/execute", neturl.Values{"ticket": {ticket}, "digest": {digest}})
+	require.Equal(t, http.StatusSeeOther, a.status, "answered once the first batch is committed")
+	page := op.get("/ops/ticket?t=" + ticket)
+	require.Contains(t, page.body, `<meta http-equiv="refresh" content="2">`)
+	require.Regexp(t, `id="running">Running: (500|1000) of 1200 rows`, page.body)
+	require.Regexp(t, `id="state">STARTED<`, page.body)
+	require.NotContains(t, page.body, `id="execute"`, "no second start while it runs")
+
+	require.NoError(t, lock.Rollback())
+	e.wait(ticket)
+	page = op.get("/ops/ticket?t=" + ticket)
+	require.NotContains(t, page.body, `http-equiv="refresh"`)
+	require.Contains(t, page.body, `id="items">1200<`)
+	require.Equal(t, 1200, e.s.Count(t, "status = 'PENDING'"))
+}
