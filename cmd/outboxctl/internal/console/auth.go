@@ -185,7 +185,16 @@ func (s *Server) signIn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.sessions[se.id] = se
+	// A sign-in in a browser that had a session ends that one.
+	var old *session
+	if c, err := r.Cookie(sessionCookie); err == nil && c.Value != "" {
+		old = s.sessions[c.Value]
+		delete(s.sessions, c.Value)
+	}
 	s.mu.Unlock()
+	if old != nil {
+		_ = old.db.Close()
+	}
 	s.cfg.Logger.Info("console: signed in", "login", se.login, "addr", addr)
 	http.SetCookie(w, s.cookie(preCookie, "", -1))
 	http.SetCookie(w, s.cookie(sessionCookie, se.id, 0))

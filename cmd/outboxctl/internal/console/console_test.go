@@ -88,6 +88,10 @@ func TestSignInCookiesAndTheSessionsLogin(t *testing.T) {
 	require.Contains(t, a.body, `<b id="login">`+e.operator+`</b>`, "the login is the database's session_user")
 	require.Equal(t, 1, e.srv.Sessions())
 
+	c.mustSignIn(e.approver, approverPassword)
+	require.Equal(t, 1, e.srv.Sessions(), "a sign-in ends the browser's previous session")
+	require.Contains(t, c.get("/").body, `<b id="login">`+e.approver+`</b>`)
+
 	c.post("/signout", nil)
 	require.Equal(t, 0, e.srv.Sessions(), "sign-out ends the session and closes its pool")
 	require.Equal(t, http.StatusSeeOther, c.get("/").status)
