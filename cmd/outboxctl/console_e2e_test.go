@@ -57,11 +57,14 @@ func TestConsoleCommandServesUntilStopped(t *testing.T) {
 		out := &lineWriter{re: regexp.MustCompile(`on (http://127\.0\.0\.1:[0-9]+/)`), found: make(chan string, 1)}
 		var stderr bytes.Buffer
 		args := []string{"console", "--listen", "127.0.0.1:0", "--database-url", s.URL}
+		env := map[string]string{}
 		if readOnly {
-			args = append(args, "--read-only")
+			// The same settings from the environment, as every command takes them.
+			args = []string{"console"}
+			env = map[string]string{"OUTBOX_LISTEN": "127.0.0.1:0", "OUTBOX_READ_ONLY": "true", "OUTBOX_DATABASE_URL": s.URL}
 		}
 		done := make(chan int, 1)
-		go func() { done <- run(ctx, args, out, &stderr, func(string) string { return "" }) }()
+		go func() { done <- run(ctx, args, out, &stderr, func(k string) string { return env[k] }) }()
 		var base string
 		select {
 		case base = <-out.found:

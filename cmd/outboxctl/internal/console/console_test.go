@@ -161,9 +161,9 @@ func TestStateChangingRequestsWithoutTheCSRFTokenAreRefused(t *testing.T) {
 }
 
 func TestBadSignInsAreRateLimited(t *testing.T) {
-	e := newEnv(t, Config{SignInFailures: 3})
+	e := newEnv(t, Config{}) // the defaults: 5 failures within a minute
 	c := e.client()
-	for i := range 3 {
+	for i := range DefaultSignInFailures {
 		a := c.signIn("no_such_login_"+strconv.Itoa(i), "whatever")
 		require.Equal(t, http.StatusUnauthorized, a.status)
 		require.Contains(t, a.body, string(CodeSignInFailed))
