@@ -613,6 +613,10 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 		if err := checkLaneParams(op, p); err != nil {
 			return "", nil, err
 		}
+		if p.NoKeyWalk && n == 0 && !p.NoUnkeyed {
+			return laneUnkeyedClaimSQL(p.LaneCount), append([]any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
+				excluded, p.OnlyDestination, maxBytes}, laneArgs(p)...), nil
+		}
 		return laneClaimSQL(p.Policy, p.LaneCount), append([]any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
 			p.KeyCursor, maxChain, pq.Array(keys), pq.Array(afters), pq.Array(ids), unkeyed, walk,
 			excluded, p.OnlyDestination, maxBytes, maxContinued}, laneArgs(p)...), nil

@@ -93,21 +93,27 @@ func laneClaimFinish(src string, lanes int) string {
 own AS MATERIALIZED (
     SELECT l.lane, l.epoch, l.lease_expires_at, l.held_ids, l.held_attempts
       FROM messaging_relay_lane l
-     WHERE l.lane = ANY ($18::int[]) AND l.owner = $2 AND l.lease_expires_at > coalesce($1::timestamptz, now())
+     -- The lanes' leases run on the server's clock (TakeLanes), not on the
+     -- claim's $1, which a caller may set to its own.
+     WHERE l.lane = ANY ($18::int[]) AND l.owner = $2 AND l.lease_expires_at > now()
        AND $3::float8 IS NOT NULL -- the per-row lease, unused here
        FOR NO KEY UPDATE
 ),
-got AS MATERIALIZED (
-    SELECT o.ctid AS row_ctid, p.park, p.expired, w.lane, w.epoch, w.lease_expires_at AS lane_expires,
+picked_rows AS MATERIALIZED (
+    SELECT o.ctid AS row_ctid, {lane} AS lane,
            o.message_id, o.destination, o.payload, o.headers, o.status, o.seq, o.created_at, o.occurred_at,
            o.attempts, o.lease_owner, o.lease_token, o.last_failure_code, o.last_failure_detail,
            o.producer, o.correlation_id, o.causation_id, o.tenant, o.partition_key, o.ordering_key,
            o.traceparent, o.tracestate, o.baggage, o.schema_subject, o.schema_version, o.content_type,
            o.message_type, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.routing_key
       FROM messaging_outbox o
-      JOIN fits p ON o.ctid = p.picked_ctid
-      JOIN own w ON w.lane = {lane}
      WHERE o.ctid = ANY (ARRAY(SELECT picked_ctid FROM fits))
+),
+got AS MATERIALIZED (
+    SELECT r.*, p.park, p.expired, w.epoch, w.lease_expires_at AS lane_expires
+      FROM picked_rows r
+      JOIN fits p ON p.picked_ctid = r.row_ctid
+      JOIN own w ON w.lane = r.lane
 ),
 parked AS (
     UPDATE messaging_outbox o
@@ -183,6 +189,22 @@ func laneStatement(k laneKey, build func() string) string {
 	laneStatements.Store(q, true)
 	laneClaims.Store(k, q)
 	return q
+}
+
+// laneUnkeyedClaimSQL is the lane claim without the walk over keys and
+// without continuations (as claimUnkeyedSQL is for the per-row scheme):
+// planning the full statement costs more than running it. Its parameters
+// are renumbered: $1 now, $2 owner, $3 lease, $4 budget, $5 limit, $6 from
+// seq, $7 excluded destinations, $8 only destination, $9 byte budget, $10
+// lanes, $11 held.
+func laneUnkeyedClaimSQL(lanes int) string {
+	return laneStatement(laneKey{lanes, "claim-unkeyed"}, func() string {
+		q := `
+WITH unkeyed AS (` + unkeyedHalf(lanes) + `
+)
+` + laneClaimFinish("unkeyed", lanes)
+		return strings.NewReplacer("$12", "$5", "$14", "$7", "$15", "$8", "$16", "$9", "$18", "$10", "$19", "$11").Replace(q)
+	})
 }
 
 func laneClaimSQL(policy OrderingPolicy, lanes int) string {
