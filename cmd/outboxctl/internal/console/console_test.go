@@ -488,7 +488,7 @@ SELECT 'r-' || g, 'dest-' || (g % 50), 'x',
 		{"parkedPerMinuteQuery", parkedPerMinuteQuery, []any{"2030-01-01T00:00:00Z"}},
 		{"parkedPageQuery", parkedPageQuery, []any{"{FAILED,EXHAUSTED}", nil, nil, nil, nil, nil, 0, 50}},
 		{"parkedPageQuery filtered", parkedPageQuery, []any{"{FAILED}", "dest-3", "t4", "CODE_1", "2020-01-01T00:00:00Z", "2040-01-01T00:00:00Z", 100, 50}},
-		{"heldOffQuery", heldOffQuery, []any{"{dest-1,dest-2}"}},
+		{"heldOffQuery", heldOffQuery, []any{"{dest-1,dest-2}", heldOffLimit}},
 		{"oldestUndeliveredQuery", oldestUndeliveredQuery, nil},
 	} {
 		for _, generic := range []bool{false, true} {
@@ -633,4 +633,30 @@ func TestTicketPageShowsARunningExecutionsProgress(t *testing.T) {
 	require.NotContains(t, page.body, `http-equiv="refresh"`)
 	require.Contains(t, page.body, `id="items">1200<`)
 	require.Equal(t, 1200, e.s.Count(t, "status = 'PENDING'"))
+}
+
+// The relays page lists each open breaker of a live relay with the rows it
+// holds off, and the live relays with their budgets; readiness follows the
+// relay mode's kind of relay.
+func TestRelaysPageShowsBreakersAndReadiness(t *testing.T) {
+	e := newEnv(t, Config{})
+	c := e.client()
+	c.mustSignIn(e.operator, operatorPassword)
+	a := c.get("/relays")
+	require.Contains(t, a.body, `id="readiness" class="warn">Not ready`)
+
+	ctx := context.Background()
+	require.NoError(t, relaymode.BeatBudget(ctx, e.s.DB, "relay-b", time.Minute, 7))
+	_, err := e.s.DB.Exec(`INSERT INTO messaging_relay_breaker (owner, destination, last_error) VALUES ('relay-b', 'payments', $1)`, "broker down \x1b[31m<b>")
+	require.NoError(t, err)
+	_, err = e.s.DB.Exec(`
+INSERT INTO messaging_outbox (message_id, destination, payload)
+SELECT 'w-' || g, CASE WHEN g <= 12 THEN 'payments' ELSE 'orders' END, 'x' FROM generate_series(1, 20) g`)
+	require.NoError(t, err)
+	a = c.get("/relays")
+	require.Equal(t, http.StatusOK, a.status)
+	require.Contains(t, a.body, `id="readiness" class="ok">Ready`)
+	require.Regexp(t, `<td>relay-b</td>.*<td>7</td>`, a.body)
+	require.Contains(t, a.body, `<td>payments</td><td>relay-b</td>`)
+	require.Contains(t, a.body, `<td class="r">12</td><td><code>broker down \x1b[31m&lt;b&gt;</code></td>`)
 }

@@ -447,6 +447,7 @@ type relaysData struct {
 	Breakers      []breakerRow
 	Slots         []status.Slot
 	BudgetsDiffer bool
+	HeldOffCapped bool // the held-off counts stopped at heldOffLimit rows
 	Ready         bool
 	ReadyWhy      string
 	LaneTable     bool
@@ -518,7 +519,7 @@ func (s *Server) relays(w http.ResponseWriter, r *http.Request, v *viewer) error
 			dests = append(dests, b.Destination)
 		}
 		held := map[string]int64{}
-		rows, err := tx.QueryContext(ctx, heldOffQuery, pq.Array(dests))
+		rows, err := tx.QueryContext(ctx, heldOffQuery, pq.Array(dests), heldOffLimit)
 		if err != nil {
 			return fmt.Errorf("console: held-off rows: %w", err)
 		}
@@ -537,6 +538,11 @@ func (s *Server) relays(w http.ResponseWriter, r *http.Request, v *viewer) error
 		if err := rows.Err(); err != nil {
 			return err
 		}
+		var total int64
+		for _, n := range held {
+			total += n
+		}
+		d.HeldOffCapped = total >= heldOffLimit
 		for i := range d.Breakers {
 			d.Breakers[i].HeldOff = held[d.Breakers[i].Destination]
 		}

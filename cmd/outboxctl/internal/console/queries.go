@@ -62,12 +62,20 @@ SELECT message_id, seq, status, destination, coalesce(tenant, ''), coalesce(last
 
 // heldOffQuery: rows waiting (PENDING, AMBIGUOUS, IN_FLIGHT) per destination
 // among the destinations $1 with an open breaker: what each breaker holds
-// off. Served by messaging_outbox_claimable_idx (its predicate).
+// off, counted up to $2 rows in all (a destination whose relay is down can
+// hold most of a large backlog; the page then says "at least"). Served by
+// messaging_outbox_claimable_idx (its predicate); no index has destination
+// as a key, so with a breaker open it walks the waiting rows until it has
+// found $2 of the destinations' rows.
 const heldOffQuery = `
 SELECT destination, count(*)
-  FROM messaging_outbox
- WHERE published_at IS NULL AND parked_at IS NULL AND destination = ANY($1::text[])
+  FROM (SELECT destination FROM messaging_outbox
+         WHERE published_at IS NULL AND parked_at IS NULL AND destination = ANY($1::text[])
+         LIMIT $2) w
  GROUP BY destination`
+
+// heldOffLimit bounds the rows heldOffQuery counts.
+const heldOffLimit = 10000
 
 // laneTableQuery: whether this schema has the relay lanes (migration
 // 00050), and which fence the fleet runs (ROWS or LANES).
