@@ -27,7 +27,7 @@ import (
 var (
 	readerGrants = append(append([]string{}, readerGrantsWithoutLanes...),
 		// status.CollectWith reads the lanes since migration 00050.
-		`GRANT SELECT ON messaging_relay_lane TO %[1]s`)
+		`GRANT SELECT ON messaging_relay_lane, messaging_relay_lane_held TO %[1]s`)
 	readerGrantsWithoutLanes = []string{
 		`GRANT SELECT ON messaging_schema_version, messaging_outbox, messaging_relay_mode,
     messaging_relay_heartbeat, messaging_relay_breaker, messaging_cdc_slot TO %[1]s`,

@@ -86,9 +86,10 @@ SELECT to_regclass('messaging_relay_lane') IS NOT NULL,
 // lanesQuery: every lane (a few dozen rows) with its owner, epoch, lease
 // and how many rows its owner holds in flight.
 const lanesQuery = `
-SELECT lane, coalesce(owner, ''), epoch, lease_expires_at, cardinality(held_ids)
-  FROM messaging_relay_lane
- ORDER BY lane`
+SELECT l.lane, coalesce(l.owner, ''), l.epoch, l.lease_expires_at, coalesce(cardinality(d.held_ids), 0)
+  FROM messaging_relay_lane l
+  LEFT JOIN messaging_relay_lane_held d ON d.lane = l.lane AND d.epoch = l.epoch
+ ORDER BY l.lane`
 
 // approvalsQuery: the most recent approvals (messaging_admin_approval, one
 // row per ticket: a small table).
