@@ -292,6 +292,7 @@ than being killed by the platform.`,
 	f.DurationVar(&cfg.MaxPollInterval, "max-poll-interval", forwarder.DefaultMaxPollInterval, "cap of the idle backoff")
 	f.StringVar(&cfg.Owner, "owner", "", "relay owner id in leases and heartbeats (default host-pid-random)")
 	f.StringVar(&cfg.Producer, "producer", "", "msg.producer restored on rows that carry none")
+	f.Var(&fenceFlag{&cfg.Fence}, "fence", "fence scheme: rows (per-row leases, the default) or lanes (relays own lanes: one row version per message; docs/FENCE.md)")
 	f.BoolVar(&printGrace, "print-grace", false, "print the seconds a stop may take with these settings (the grace period to give the relay) and exit")
 	envFlags(cmd)
 	return cmd
@@ -550,3 +551,27 @@ func (p *logPublisher) Close() error {
 		return errors.New("a line to stdout was still being written (stdout is not read); its message was recorded AMBIGUOUS and is published again")
 	}
 }
+
+// fenceFlag is --fence: rows or lanes.
+type fenceFlag struct{ f *forwarder.Fence }
+
+func (v *fenceFlag) String() string {
+	if v.f == nil || *v.f == forwarder.FenceRows {
+		return "rows"
+	}
+	return "lanes"
+}
+
+func (v *fenceFlag) Set(s string) error {
+	switch s {
+	case "rows":
+		*v.f = forwarder.FenceRows
+	case "lanes":
+		*v.f = forwarder.FenceLanes
+	default:
+		return fmt.Errorf("%q is not a fence scheme (rows or lanes)", s)
+	}
+	return nil
+}
+
+func (v *fenceFlag) Type() string { return "rows|lanes" }
