@@ -78,7 +78,7 @@ UNIT_JOB = unit $(1)=cd $(1) && $(if $(filter ./internal/testkit/chaos,$(1)),,GO
 FLOORS_JOB = unit-floors=GOWORK=off GOGC=$(TEST_GOGC) $(GO) test -count=1 -timeout 15m ./...
 PGX_JOB = unit-pgx=GOGC=$(TEST_GOGC) OUTBOX_TEST_DRIVER=pgx $(GO) test -overlay "$$(scripts/pgx-overlay.sh)" -race -count=1 -timeout 15m -skip "$(PGX_SKIP)" $(PGX_PACKAGES)
 
-.PHONY: all db test units unit unit-pgx deps fuzz lint demo bench soak services
+.PHONY: all db test units unit unit-pgx deps fuzz lint demo bench bench-console soak services
 
 all: lint test
 
@@ -92,6 +92,7 @@ test: units deps fuzz
 ## units: unit and unit-pgx together, JOBS jobs at a time; each job's output is printed whole when it ends, and any failure fails the target (after every job ended)
 units:
 	@export OUTBOX_TEST_DATABASE_URL="$$(scripts/ensure-db.sh)"; \
+	export OUTBOX_CHROMIUM="$$(scripts/ensure-chromium.sh || true)"; \
 	echo "tests against $$OUTBOX_TEST_DATABASE_URL, $(JOBS) jobs at a time"; \
 	JOBS=$(JOBS) scripts/run-jobs.sh '$(call UNIT_JOB,.)' '$(PGX_JOB)' '$(FLOORS_JOB)' \
 	  $(foreach m,$(filter-out .,$(ORDERED_MODULES)),'$(call UNIT_JOB,$(m))')
@@ -99,6 +100,7 @@ units:
 ## unit: every module's suite with the race detector, JOBS modules at a time
 unit:
 	@export OUTBOX_TEST_DATABASE_URL="$$(scripts/ensure-db.sh)"; \
+	export OUTBOX_CHROMIUM="$$(scripts/ensure-chromium.sh || true)"; \
 	echo "tests against $$OUTBOX_TEST_DATABASE_URL, $(JOBS) jobs at a time"; \
 	JOBS=$(JOBS) scripts/run-jobs.sh $(foreach m,$(ORDERED_MODULES),'$(call UNIT_JOB,$(m))')
 
@@ -143,6 +145,11 @@ demo:
 bench:
 	@url="$$(scripts/ensure-db.sh)"; \
 	cd cmd/outbox-bench && OUTBOX_TEST_DATABASE_URL="$$url" $(GO) run . -out ../../.bench/results.json
+
+## bench-console: every console page's p95 on a 1,000,000-row outbox while a relay drains beside it (docs/CONSOLE.md)
+bench-console:
+	@url="$$(scripts/ensure-db.sh)"; \
+	cd cmd/outboxctl && OUTBOX_TEST_DATABASE_URL="$$url" OUTBOX_CONSOLE_BENCH=1 $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkConsolePages -benchtime 1x -v ./internal/console/
 
 ## soak: the long chaos soak
 soak:

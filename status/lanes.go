@@ -26,9 +26,10 @@ func readLanes(ctx context.Context, tx *sql.Tx, s *Snapshot) error {
 	if err := tx.QueryRowContext(ctx, `SELECT fence FROM messaging_relay_mode WHERE id`).Scan(&s.Fence); err != nil && err != sql.ErrNoRows {
 		return fmt.Errorf("status: fence: %w", err)
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT lane, coalesce(owner, ''), epoch, lease_expires_at,
-       coalesce(lease_expires_at > $1::timestamptz, false), cardinality(held_ids)
-  FROM messaging_relay_lane ORDER BY lane`, s.At)
+	rows, err := tx.QueryContext(ctx, `SELECT l.lane, coalesce(l.owner, ''), l.epoch, l.lease_expires_at,
+       coalesce(l.lease_expires_at > $1::timestamptz, false), coalesce(cardinality(d.held_ids), 0)
+  FROM messaging_relay_lane l LEFT JOIN messaging_relay_lane_held d ON d.lane = l.lane AND d.epoch = l.epoch
+ ORDER BY l.lane`, s.At)
 	if err != nil {
 		return fmt.Errorf("status: lanes: %w", err)
 	}

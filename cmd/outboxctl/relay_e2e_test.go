@@ -136,6 +136,7 @@ func TestRelayUsageErrors(t *testing.T) {
 		{[]string{"--to", "log", "--max-abandoned", "-1"}, []string{"MaxAbandoned"}},
 		{[]string{"--to", "log", "--batch-size", "50", "--max-batch-size", "20"}, []string{"MaxBatchSize 20 is below BatchSize 50"}},
 		{[]string{"--to", "log", "--max-batch-size", "-1"}, []string{"MaxBatchSize"}},
+		{[]string{"--to", "log", "--fence", "cells"}, []string{`"cells" is not a fence scheme (rows or lanes)`}},
 	} {
 		r := db(t, s, append([]string{"relay"}, c.args...)...)
 		requireCode(t, r, 2)
@@ -143,6 +144,29 @@ func TestRelayUsageErrors(t *testing.T) {
 			require.Contains(t, r.stderr, w, "relay %v", c.args)
 		}
 	}
+}
+
+// --fence lanes: the relay takes the lanes, delivers, shows them in
+// outboxctl status, and gives them back when it stops.
+func TestRelayOnLanesDeliversAndGivesItsLanesBack(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "m1", Destination: "orders", Payload: []byte("one"), OrderingKey: "order-1"})
+	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "m2", Destination: "orders", Payload: []byte("two")})
+	cmd, stderr := startRelay(t, s, nil, "--to", "log", "--owner", "lane-relay", "--fence", "lanes")
+	waitStatus(t, s, stderr, "m1", "PUBLISHED")
+	waitStatus(t, s, stderr, "m2", "PUBLISHED")
+	var owner string
+	require.NoError(t, s.DB.QueryRow(`SELECT lease_owner FROM messaging_outbox WHERE message_id = 'm1'`).Scan(&owner))
+	require.Equal(t, "lane-relay", owner, "the outcome records the relay that wrote it")
+	r := db(t, s, "status")
+	requireCode(t, r, 0)
+	require.Contains(t, r.stdout, "LANES (fence LANES)")
+	require.Contains(t, r.stdout, "lane-relay")
+	stopRelay(t, cmd, stderr)
+	var owned int
+	require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_relay_lane WHERE owner IS NOT NULL`).Scan(&owned))
+	require.Zero(t, owned, "every lane given back at the stop")
 }
 
 // syncBuffer collects the relay's stderr while the test reads it.

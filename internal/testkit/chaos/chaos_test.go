@@ -162,12 +162,32 @@ func TestChaosSoak(t *testing.T) {
 	default:
 		t.Fatalf("OUTBOX_SOAK_ORDERING must be block or skip")
 	}
+	lanes := soakOnLanes(t, form, seed)
+	fmt.Printf("chaos soak: relays on %s\n", map[bool]string{false: "per-row leases", true: "lanes"}[lanes])
 	for _, p := range policies {
-		t.Run(p.String(), func(t *testing.T) { runSoak(t, cfg, form, seed, p) })
+		t.Run(p.String(), func(t *testing.T) { runSoak(t, cfg, form, seed, p, lanes) })
 	}
 }
 
-func runSoak(t *testing.T, cfg soakConfig, form string, seed uint64, policy fencing.OrderingPolicy) {
+// soakOnLanes reports whether the soak's relays run on lanes
+// (OUTBOX_SOAK_FENCE=lanes) or on per-row leases (rows). Unset, the short
+// form picks one from the seed, as it picks the ordering policy, and the
+// long form runs per-row leases (the default scheme).
+func soakOnLanes(t *testing.T, form string, seed uint64) bool {
+	switch v := os.Getenv("OUTBOX_SOAK_FENCE"); v {
+	case "":
+		return form == "short" && (seed>>1)%2 == 1
+	case "rows":
+		return false
+	case "lanes":
+		return true
+	default:
+		t.Fatalf("OUTBOX_SOAK_FENCE must be rows or lanes, got %q", v)
+		return false
+	}
+}
+
+func runSoak(t *testing.T, cfg soakConfig, form string, seed uint64, policy fencing.OrderingPolicy, lanes bool) {
 	ev := testdb.New(t)
 	ev.DB.SetMaxOpenConns(12)
 	_, err := ev.DB.Exec(createEvidence)
@@ -196,7 +216,7 @@ func runSoak(t *testing.T, cfg soakConfig, form string, seed uint64, policy fenc
 	proxy := startProxy(t, ob.URL)
 	runID := randomHex(4)
 	appName := "chaosrelay_" + runID
-	fl := &fleet{t: t, bin: bin, seed: seed, dir: t.TempDir(), killed: map[string]bool{}, policy: policy,
+	fl := &fleet{t: t, bin: bin, seed: seed, dir: t.TempDir(), killed: map[string]bool{}, policy: policy, lanes: lanes,
 		relayDSN: withParams(t, ob.URL, map[string]string{"host": proxy.Listen, "application_name": appName}),
 		sinkDSN:  withParams(t, ev.URL, map[string]string{"application_name": "chaossink_" + runID})}
 	t.Cleanup(fl.killAll)

@@ -39,6 +39,7 @@ type fleet struct {
 	relayDSN, sinkDSN string
 	seed              uint64
 	policy            fencing.OrderingPolicy
+	lanes             bool // the relays run on lanes (OUTBOX_SOAK_FENCE=lanes)
 
 	// ops serialises what stops a relay (SIGKILL by the injector, SIGTERM
 	// in the hang window) so two faults never hit one slot at once.
@@ -96,6 +97,9 @@ func (f *fleet) start(i int) {
 		"-ordering", ordering, "-max-abandoned", strconv.Itoa(maxAbandonedFlag())}
 	if i == 1 {
 		args = append(args, "-no-prefetch") // one relay of the fleet claims without pipelining
+	}
+	if f.lanes {
+		args = append(args, "-lanes")
 	}
 	cmd := exec.Command(f.bin, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile

@@ -93,6 +93,7 @@ func main() {
 	pAmbig := flag.Float64("p-ambiguous", 0.05, "probability of a timeout after accepting")
 	pHang := flag.Float64("p-hang", 0.02, "probability of a hang past the publish timeout")
 	noPrefetch := flag.Bool("no-prefetch", false, "DisablePrefetch: claim without pipelining")
+	lanes := flag.Bool("lanes", false, "Fence: FenceLanes (relays own lanes, not rows)")
 	ordering := flag.String("ordering", "block", "OrderingPolicy: block (BlockKey) or skip (SkipParked)")
 	maxAbandoned := flag.Int("max-abandoned", 8, "Config.MaxAbandoned")
 	flag.Parse()
@@ -105,14 +106,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "relayproc: -ordering must be block or skip")
 		os.Exit(2)
 	}
-	if err := run(ctx, *dsn, *sinkDSN, *owner, *seed, *pErr, *pAmbig, *pHang, *noPrefetch, policy, *maxAbandoned); err != nil {
+	if err := run(ctx, *dsn, *sinkDSN, *owner, *seed, *pErr, *pAmbig, *pHang, *noPrefetch, *lanes, policy, *maxAbandoned); err != nil {
 		fmt.Fprintln(os.Stderr, "relayproc:", err)
 		stop()
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAmbig, pHang float64, noPrefetch bool,
+func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAmbig, pHang float64, noPrefetch, lanes bool,
 	policy fencing.OrderingPolicy, maxAbandoned int) error {
 	db, err := sql.Open("postgres", dsn)
 	if err != nil {
@@ -149,6 +150,7 @@ func run(ctx context.Context, dsn, sinkDSN, owner string, seed uint64, pErr, pAm
 		HeartbeatInterval: time.Second,
 		BreakerProbeMax:   2 * time.Second,
 		DisablePrefetch:   noPrefetch,
+		Fence:             map[bool]forwarder.Fence{false: forwarder.FenceRows, true: forwarder.FenceLanes}[lanes],
 		OrderingPolicy:    policy,
 		MaxAbandoned:      maxAbandoned,
 		TracerProvider:    sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(attempts)),
