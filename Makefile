@@ -47,7 +47,7 @@ MODULES := $(shell sed -n 's/^[[:space:]]*\(\.[^[:space:]]*\)$$/\1/p' go.work)
 # out and refused); what these six check is computed in Go, from the
 # Reports and the publish timings.
 PGX_SKIP := ^(TestRelayClaimsNothingWhileItsHeartbeatHasLapsed|TestHeartbeatRenewsAndACDCSwitchStopsTheRelay|TestChainsKeepEveryKeysOrderUnderFaults|TestHostileFlappingDestinationInMixedChains|TestBrokerOutageSpendsNoBudget|TestRunClaimsAheadDoNotGrowBeforeAnyPublishWasTimed|TestClaimsDoNotGrowPastWhatTheStartByDeadlineLetsStart|TestClaimsDoNotOutgrowWhatTheLeaseCanPublish|TestAHotKeyOnASlowDestinationIsNotClaimedAtTheMeanPace|TestPausedClaimsResumeSoonAfterTheHangEnds|TestHostileUnavailableKeyedRowSpinsWithoutPollInterval)$$
-PGX_PACKAGES := ./internal/testdb/... ./publisher/... ./fencing/... ./forwarder/... ./inbox/...
+PGX_PACKAGES := ./internal/testkit/testdb/... ./publisher/... ./fencing/... ./forwarder/... ./inbox/...
 
 # Concurrent test jobs of `make test` (scripts/run-jobs.sh): each module's
 # suite and the pgx pass are jobs, and go test still runs up to GOMAXPROCS
@@ -57,7 +57,7 @@ PGX_PACKAGES := ./internal/testdb/... ./publisher/... ./fencing/... ./forwarder/
 JOBS ?= 2
 # The modules whose suites take longest, started first so that the short
 # ones fill in around them; then every other module of go.work.
-SLOW_MODULES := . ./cmd/outboxctl ./examples ./cdcrelay ./internal/chaos ./cmd/outbox-bench ./transport/kafka
+SLOW_MODULES := . ./cmd/outboxctl ./examples ./cdcrelay ./internal/testkit/chaos ./cmd/outbox-bench ./transport/kafka
 ORDERED_MODULES := $(filter $(MODULES),$(SLOW_MODULES)) $(filter-out $(SLOW_MODULES),$(MODULES))
 GO_TEST_RACE = $(GO) test -race -count=1 -timeout 15m
 # The garbage collector's target of the test jobs (GOGC; Go's default is
@@ -65,12 +65,12 @@ GO_TEST_RACE = $(GO) test -race -count=1 -timeout 15m
 # collector is a large part of it: goose parses the migrations of every test
 # schema with 4 MiB buffers from a sync.Pool that each collection empties.
 # With 400 the fencing suite's test binary took 8.5 s of CPU instead of 13 to
-# 14 s (and 450 MB of memory at most instead of 270). Not for internal/chaos,
+# 14 s (and 450 MB of memory at most instead of 270). Not for internal/testkit/chaos,
 # whose relay processes check their heap in use at exit against a bound.
 TEST_GOGC ?= 400
 # One job each (a NAME=COMMAND of scripts/run-jobs.sh, single-quoted in the
 # recipe; OUTBOX_TEST_DATABASE_URL comes from the recipe's environment).
-UNIT_JOB = unit $(1)=cd $(1) && $(if $(filter ./internal/chaos,$(1)),,GOGC=$(TEST_GOGC) )$(GO_TEST_RACE) ./...
+UNIT_JOB = unit $(1)=cd $(1) && $(if $(filter ./internal/testkit/chaos,$(1)),,GOGC=$(TEST_GOGC) )$(GO_TEST_RACE) ./...
 # The core's suite once more outside the workspace (GOWORK=off): on the
 # dependency versions its own go.mod pins (the floors the README states),
 # which the workspace raises to what the other modules need. Without -race:
@@ -169,7 +169,7 @@ bench:
 ## soak: the long chaos soak
 soak:
 	@url="$$(scripts/ensure-db.sh)"; \
-	cd internal/chaos && OUTBOX_TEST_DATABASE_URL="$$url" OUTBOX_SOAK=long $(GO) test -race -count=1 -timeout 60m -run TestChaosSoak -v ./...
+	cd internal/testkit/chaos && OUTBOX_TEST_DATABASE_URL="$$url" OUTBOX_SOAK=long $(GO) test -race -count=1 -timeout 60m -run TestChaosSoak -v ./...
 
 ## services: start the local brokers the transport tests use, when installed but stopped
 services:

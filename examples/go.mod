@@ -10,7 +10,7 @@ replace github.com/fencedoutbox/watermill-outbox/transport/kafka => ../transport
 
 replace github.com/fencedoutbox/watermill-outbox/publisher/sqlv4 => ../publisher/sqlv4
 
-replace github.com/fencedoutbox/watermill-outbox/internal/brokertest => ../internal/brokertest
+replace github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest => ../internal/testkit/brokertest
 
 replace github.com/fencedoutbox/watermill-outbox/pgxadapter => ../pgxadapter
 

@@ -51,11 +51,21 @@ type DBTX interface {
 
 // Lease is a relay's right to write the outcome of one row: valid while the
 // row is IN_FLIGHT with this owner and token.
+//
+// A lease held through a lane (Lanes > 0, from a claim with
+// [ClaimParams].Lanes) is valid while the row's lane is still Owner's at
+// epoch Token and the row still has Attempts: nothing of it is written on the
+// row, and ExpiresAt is the lane's lease.
 type Lease struct {
 	MessageID string
 	Owner     string
 	Token     int64
 	ExpiresAt time.Time
+	// Lanes is the lane count of the table the lease was taken from, for a
+	// lease held through a lane; 0 for a per-row lease.
+	Lanes int
+	// Attempts is the row's attempts when a lane lease was taken.
+	Attempts int
 }
 
 // OrderingPolicy says whether a parked row holds back later rows of its
@@ -139,6 +149,18 @@ type ClaimParams struct {
 	// larger than the budget still goes out, alone. A chain cut by it is
 	// still a prefix of its key's run. 0: no bound; >= 0.
 	MaxBytes int64
+	// Lanes, when set, claims in the lane scheme (see lanes.go): only rows
+	// of these lanes, which Owner must own under a live lease (rows of the
+	// others are not returned), read without writing them; the claim
+	// records on each lane what Owner holds there. List them in the order
+	// their unkeyed rows should be served (rotate it between claims).
+	// LaneCount is then the table's lane count ([LaneCount]), and Held the
+	// message ids Owner still holds from earlier claims (they are not
+	// claimed again, and a continuation may follow one of them). Lease is
+	// ignored: the lanes' leases bound the claim.
+	Lanes     []int
+	LaneCount int
+	Held      []string
 	// StrictBytes makes the first row fit MaxBytes too: for a statement
 	// that completes a batch whose earlier statements spent part of the
 	// budget, so that the batch as a whole stays within it (a row larger
@@ -289,7 +311,7 @@ func parks(a string) string {
 
 // walkCols are the columns the walks carry: enough to judge a row.
 const walkCols = `x.ctid AS row_ctid, x.ordering_key AS k, x.seq, x.status, x.attempts, x.destination,
-                x.next_attempt_at, x.lease_expires_at, x.published_at, x.parked_at`
+                x.next_attempt_at, x.lease_expires_at, x.published_at, x.parked_at, x.message_id, x.ordering_key`
 
 // rowAfter is the next row of key k after seq s: one index descent on
 // messaging_outbox_ordering_head_idx (ORDER BY ... LIMIT 1 is read from the
@@ -314,17 +336,32 @@ func headAfter(k, notParked string) string {
 }
 
 // walkStep is the columns a walk row carries, from candidate row alias a.
-func walkStep(a, pos, wrapped string) string {
+func walkStep(a, pos, wrapped string, lanes int) string {
 	return a + `.row_ctid, ` + a + `.k, ` + a + `.seq, ` + pos + ` AS pos, ` + wrapped + ` AS wrapped, ` +
-		claimable(a) + ` AS take, ` + parks(a) + ` AS park`
+		claimableIn(a, lanes) + ` AS take, ` + parks(a) + ` AS park`
 }
 
-func claimSQL(notParked string) string {
+// claimSQL is the claim statement under the walk's notParked condition:
+// with lanes = 0 the per-row scheme (rows locked, then leased IN_FLIGHT),
+// with lanes > 0 the lane scheme of a table with that many lanes (rows read
+// without locks from the owner's lanes $18, except the rows it holds $19;
+// see lanes.go).
+func claimSQL(notParked string, lanes int) string {
+	lockRows := `
+       FOR UPDATE OF o SKIP LOCKED`
+	heldAfter := `(p.status = 'IN_FLIGHT' AND p.lease_owner = $2
+                                                                  AND p.lease_expires_at > coalesce($1::timestamptz, now()))`
+	unkeyed := unkeyedHalf(lanes)
+	finish := claimUpdate("picked")
+	if lanes > 0 {
+		lockRows, heldAfter = "", `p.message_id = ANY ($19::text[])`
+		finish = laneClaimFinish("picked", lanes)
+	}
 	return `
 WITH RECURSIVE walk(row_ctid, k, seq, pos, wrapped, take, park) AS (
     -- The head of the first key after the cursor ($7), or, wrapping, of the
     -- first key.
-    SELECT ` + walkStep("f", "1", "f.wrapped") + ` FROM (
+    SELECT ` + walkStep("f", "1", "f.wrapped", lanes) + ` FROM (
         (SELECT y.*, false AS wrapped FROM (` + headAfter("$7", notParked) + `) y)
         UNION ALL
         (SELECT y.*, true FROM (` + headAfter("", notParked) + `) y)
@@ -334,12 +371,12 @@ WITH RECURSIVE walk(row_ctid, k, seq, pos, wrapped, take, park) AS (
     -- After a taken row that ends no chain: the next row of its key, if it
     -- can be taken; otherwise the head of the next key (wrapping once).
     SELECT n.* FROM walk c CROSS JOIN LATERAL (
-        (SELECT ` + walkStep("y", "c.pos + 1", "c.wrapped") + ` FROM (` + rowAfter("c.k", "c.seq", notParked) + `) y
-          WHERE c.take AND NOT c.park AND c.pos < $8 AND ` + claimable("y") + `)
+        (SELECT ` + walkStep("y", "c.pos + 1", "c.wrapped", lanes) + ` FROM (` + rowAfter("c.k", "c.seq", notParked) + `) y
+          WHERE c.take AND NOT c.park AND c.pos < $8 AND ` + claimableIn("y", lanes) + `)
         UNION ALL
-        (SELECT ` + walkStep("y", "1", "c.wrapped") + ` FROM (` + headAfter("c.k", notParked) + `) y)
+        (SELECT ` + walkStep("y", "1", "c.wrapped", lanes) + ` FROM (` + headAfter("c.k", notParked) + `) y)
         UNION ALL
-        (SELECT ` + walkStep("y", "1", "true") + ` FROM (` + headAfter("", notParked) + `) y WHERE NOT c.wrapped)
+        (SELECT ` + walkStep("y", "1", "true", lanes) + ` FROM (` + headAfter("", notParked) + `) y WHERE NOT c.wrapped)
         LIMIT 1) n
      WHERE NOT (n.wrapped AND n.k > $7)
 ),
@@ -350,18 +387,17 @@ chains AS (
 ),
 continued AS (
     WITH RECURSIVE run(row_ctid, k, seq, pos, wrapped, take, park) AS (
-        SELECT ` + walkStep("y", "1", "false") + `
+        SELECT ` + walkStep("y", "1", "false", lanes) + `
           FROM unnest($9::text[], $10::int8[], $11::text[]) AS ck(k, after_seq, after_id)
           CROSS JOIN LATERAL (` + rowAfter("ck.k", "ck.after_seq", notParked) + `) y
-         WHERE ` + claimable("y") + `
+         WHERE ` + claimableIn("y", lanes) + `
            AND EXISTS (SELECT 1 FROM messaging_outbox p
                         WHERE p.message_id = ck.after_id AND p.ordering_key = ck.k AND p.seq = ck.after_seq
-                          AND (p.published_at IS NOT NULL OR (p.status = 'IN_FLIGHT' AND p.lease_owner = $2
-                                                                  AND p.lease_expires_at > coalesce($1::timestamptz, now()))))
+                          AND (p.published_at IS NOT NULL OR ` + heldAfter + `))
       UNION ALL
-        SELECT ` + walkStep("y", "c.pos + 1", "false") + `
+        SELECT ` + walkStep("y", "c.pos + 1", "false", lanes) + `
           FROM run c CROSS JOIN LATERAL (` + rowAfter("c.k", "c.seq", notParked) + `) y
-         WHERE NOT c.park AND c.pos < $17 AND ` + claimable("y") + `
+         WHERE NOT c.park AND c.pos < $17 AND ` + claimableIn("y", lanes) + `
     )
     SELECT row_ctid, k, seq, pos FROM run LIMIT $5
 ),
@@ -371,18 +407,11 @@ candidates AS (
 locked AS (
     SELECT o.ctid AS picked_ctid, o.seq, o.ordering_key AS k, ` + rowBytes + ` AS bytes,
            o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park,
-           ` + claimable("o") + ` AS ok
+           ` + claimableIn("o", lanes) + ` AS ok
       FROM messaging_outbox o
-     WHERE o.ctid = ANY (ARRAY(SELECT row_ctid FROM candidates))
-       FOR UPDATE OF o SKIP LOCKED
+     WHERE o.ctid = ANY (ARRAY(SELECT row_ctid FROM candidates))` + lockRows + `
 ),
-unkeyed AS (
-    SELECT o.ctid AS picked_ctid, o.seq, ` + rowBytes + ` AS bytes, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
-      FROM messaging_outbox o
-     WHERE o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.seq >= $6
-     ORDER BY o.seq
-     LIMIT $12
-       FOR UPDATE OF o SKIP LOCKED
+unkeyed AS (` + unkeyed + `
 ),
 picked AS (
     SELECT u.picked_ctid, u.seq, u.bytes, u.expired, u.park FROM (
@@ -397,7 +426,34 @@ picked AS (
     ORDER BY u.seq
     LIMIT $5
 )
-` + claimUpdate("picked")
+` + finish
+}
+
+// unkeyedHalf is the claim's unkeyed rows ($12 at most, from seq $6): one
+// index range scan with SKIP LOCKED in the per-row scheme; in the lane
+// scheme a range scan of messaging_outbox_lane_idx per lane of $18, in the
+// array's order, stopping once $12 rows are found (the lanes are not merged
+// in seq order: unkeyed rows have no order to keep, and a merge would read
+// every lane's rows to return the first $12).
+func unkeyedHalf(lanes int) string {
+	if lanes == 0 {
+		return `
+    SELECT o.ctid AS picked_ctid, o.seq, ` + rowBytes + ` AS bytes, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
+      FROM messaging_outbox o
+     WHERE o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.seq >= $6
+     ORDER BY o.seq
+     LIMIT $12
+       FOR UPDATE OF o SKIP LOCKED`
+	}
+	return `
+    SELECT u.* FROM unnest($18::int[]) AS ln(lane) CROSS JOIN LATERAL (
+        SELECT o.ctid AS picked_ctid, o.seq, ` + rowBytes + ` AS bytes, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
+          FROM messaging_outbox o
+         WHERE ` + unkeyedLaneExpr("o", lanes) + ` = ln.lane
+           AND o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.message_id <> ALL ($19::text[]) AND o.seq >= $6
+         ORDER BY o.seq
+         LIMIT $12) u
+     LIMIT $12`
 }
 
 // rowBytes is what a row weighs against ClaimParams.MaxBytes, on alias o:
@@ -475,16 +531,19 @@ correlation_id, causation_id, tenant, partition_key, ordering_key, traceparent,
 tracestate, baggage, schema_subject, schema_version, content_type, message_type,
 aggregate_type, aggregate_id, aggregate_version, NULL::timestamptz, routing_key`
 
+// skipParked is the walks' condition under [SkipParked].
+const skipParked = " AND x.status NOT IN ('FAILED', 'EXHAUSTED')"
+
 var (
 	// claimBlockKeySQL is the claim under [BlockKey].
-	claimBlockKeySQL = claimSQL("")
+	claimBlockKeySQL = claimSQL("", 0)
 	// claimSkipParkedSQL is the claim under [SkipParked]: its walks step
 	// over parked rows. Written on status, not as "parked_at IS NULL" (the
 	// same rows, by the table's CHECK): with parked_at the walk's steps would
 	// also match messaging_outbox_claimable_idx's predicate, and the planner
 	// may then read a key's next row from that index instead of the ordering
 	// index.
-	claimSkipParkedSQL = claimSQL(" AND x.status NOT IN ('FAILED', 'EXHAUSTED')")
+	claimSkipParkedSQL = claimSQL(skipParked, 0)
 	// claimUnkeyedSQL is the claim of unkeyed rows only (NoKeyWalk without
 	// continuations), under either policy.
 	claimUnkeyedSQL = unkeyedClaimSQL()
@@ -507,7 +566,7 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "owner must not be empty")
 	case p.Limit <= 0:
 		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "limit must be > 0, got %d", p.Limit)
-	case p.Lease <= 0:
+	case p.Lease <= 0 && p.Lanes == nil:
 		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "lease must be > 0, got %s", p.Lease)
 	case p.MaxAttempts <= 0 || p.MaxAttempts > math.MaxInt32:
 		return "", nil, outbox.Errorf(CodeInvalidArgument, op, "max attempts must be between 1 and %d (the attempts column is an integer), got %d", math.MaxInt32, p.MaxAttempts)
@@ -549,6 +608,14 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 	maxBytes := p.MaxBytes
 	if p.StrictBytes {
 		maxBytes = -maxBytes
+	}
+	if p.Lanes != nil || p.LaneCount != 0 {
+		if err := checkLaneParams(op, p); err != nil {
+			return "", nil, err
+		}
+		return laneClaimSQL(p.Policy, p.LaneCount), append([]any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
+			p.KeyCursor, maxChain, pq.Array(keys), pq.Array(afters), pq.Array(ids), unkeyed, walk,
+			excluded, p.OnlyDestination, maxBytes, maxContinued}, laneArgs(p)...), nil
 	}
 	if p.NoKeyWalk && n == 0 && !p.NoUnkeyed {
 		return claimUnkeyedSQL, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
@@ -609,6 +676,9 @@ func ClaimAppend(ctx context.Context, db DBTX, dst []Claimed, p ClaimParams) ([]
 		c := Claimed{Row: r, Err: scanErr}
 		if r.Status == envelope.StatusInFlight {
 			c.Lease = Lease{MessageID: r.MessageID, Owner: r.LeaseOwner, Token: r.LeaseToken, ExpiresAt: r.LeaseExpiresAt}
+			if p.Lanes != nil {
+				c.Lease.Lanes, c.Lease.Attempts = p.LaneCount, r.Attempts
+			}
 		}
 		out = append(out, c)
 	}
@@ -806,16 +876,43 @@ func Apply(ctx context.Context, db DBTX, outcomes []Outcome) ([]Result, error) {
 		}
 		seen[o.Lease.MessageID] = i
 	}
-	query, args := applyStatement(outcomes, !allPublished(outcomes))
+	results := make([]Result, n)
+	for i := range results {
+		results[i] = Stale
+	}
+	var query string
+	var args []any
+	if lanes := outcomes[0].Lease.Lanes; lanes > 0 {
+		// A lane lease's plain release writes nothing: the row is as it was
+		// read. The rest are written under the lane fence.
+		written := make([]Outcome, 0, n)
+		for i, o := range outcomes {
+			if o.Lease.Lanes != lanes || o.Lease.Owner != outcomes[0].Lease.Owner {
+				return nil, outbox.Errorf(CodeInvalidArgument, op, "outcome %d: lane leases of one batch must come from one owner and one lane count", i)
+			}
+			if plainRelease(o) {
+				results[i] = Applied
+				continue
+			}
+			written = append(written, o)
+		}
+		if len(written) == 0 {
+			return results, nil
+		}
+		query, args = laneApplyStatement(written, !allPublished(written))
+	} else {
+		for i, o := range outcomes {
+			if o.Lease.Lanes != 0 {
+				return nil, outbox.Errorf(CodeInvalidArgument, op, "outcome %d: a lane lease and a per-row lease in one batch", i)
+			}
+		}
+		query, args = applyStatement(outcomes, !allPublished(outcomes))
+	}
 	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	defer rows.Close()
-	results := make([]Result, n)
-	for i := range results {
-		results[i] = Stale
-	}
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
@@ -857,6 +954,16 @@ func applyStatement(outcomes []Outcome, general bool) (string, []any) {
 	}
 	var b jsonObject
 	for _, o := range outcomes {
+		appendOutcome(&b, o)
+	}
+	return applySQL, []any{nowArg(outcomes[0].Now), pq.Array(ids), b.close()}
+}
+
+// appendOutcome adds o to the outcome object b as a member keyed by its
+// message id: {"owner", "token", "to_status", "next_at", "code", "detail",
+// "retry_us"}.
+func appendOutcome(b *jsonObject, o Outcome) {
+	{
 		var next string
 		var retry int64
 		switch o.To {
@@ -885,7 +992,6 @@ func applyStatement(outcomes []Outcome, general bool) (string, []any) {
 		b.buf = strconv.AppendInt(b.buf, retry, 10)
 		b.buf = append(b.buf, '}')
 	}
-	return applySQL, []any{nowArg(outcomes[0].Now), pq.Array(ids), b.close()}
 }
 
 // jsonObject writes a JSON object one member at a time.

@@ -54,7 +54,7 @@ func NewPrepared(db *sql.DB) *Prepared {
 // when query is not one Prepared prepares (or Prepared is closed). A failed
 // prepare is returned and not remembered: the next call tries again.
 func (p *Prepared) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
-	if !preparable[query] {
+	if _, lane := laneStatements.Load(query); !preparable[query] && !lane {
 		return nil, nil
 	}
 	st, _, err := p.stmts.GetOrPrepare(query, func() (*sql.Stmt, error) { return p.db.PrepareContext(ctx, query) })

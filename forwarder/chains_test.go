@@ -15,7 +15,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
 // insertKeyed writes one row of key (no key: "") with id.
@@ -81,6 +81,18 @@ func TestChainCutReleasesItsTailWithoutSpendingAttempts(t *testing.T) {
 // the middle of chains and replaced, every key's first deliveries are in seq
 // order and every committed row ends PUBLISHED (delivered) or parked.
 func TestChainsKeepEveryKeysOrderUnderFaults(t *testing.T) {
+	chainsUnderFaults(t, forwarder.FenceRows)
+}
+
+// The same on lanes: every round, half the lanes of the relays expire (the
+// relay holding them is treated as stalled, and another takes them over,
+// charging what it held), and one relay leaves and another joins, so the
+// lanes are rebalanced again and again while the keys drain.
+func TestLanesKeepEveryKeysOrderUnderFaults(t *testing.T) {
+	chainsUnderFaults(t, forwarder.FenceLanes)
+}
+
+func chainsUnderFaults(t *testing.T, fence forwarder.Fence) {
 	s := newDB(t)
 	s.DB.SetMaxOpenConns(20)
 	s.DB.SetMaxIdleConns(20) // idle as many as open: no reconnect per statement (testdb.IdleConns)
@@ -148,6 +160,7 @@ func TestChainsKeepEveryKeysOrderUnderFaults(t *testing.T) {
 		LeaseDuration: 2 * time.Second, PublishTimeout: time.Second, DrainTimeout: 500 * time.Millisecond,
 		PollInterval: time.Millisecond, MaxPollInterval: 20 * time.Millisecond,
 		BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond, MaxAttempts: 1000,
+		Fence: fence, HeartbeatInterval: 100 * time.Millisecond,
 	}
 	type running struct {
 		f    *forwarder.Forwarder
@@ -182,9 +195,15 @@ func TestChainsKeepEveryKeysOrderUnderFaults(t *testing.T) {
 	// PostgreSQL broke the deadlock by failing the relay's write (seen once:
 	// "fencing.Apply: pq: deadlock detected", the other party this UPDATE).
 	for round := 0; terminal() < total*3/4 && round < 10000; round++ {
-		_, err := s.DB.Exec(`UPDATE messaging_outbox SET lease_expires_at = now() - interval '1 second'
+		expire := `UPDATE messaging_outbox SET lease_expires_at = now() - interval '1 second'
 			WHERE message_id IN (SELECT message_id FROM messaging_outbox
-				WHERE status = 'IN_FLIGHT' AND random() < 0.5 FOR UPDATE SKIP LOCKED)`)
+				WHERE status = 'IN_FLIGHT' AND random() < 0.5 FOR UPDATE SKIP LOCKED)`
+		if fence == forwarder.FenceLanes {
+			expire = `UPDATE messaging_relay_lane SET lease_expires_at = now() - interval '1 second'
+			WHERE lane IN (SELECT lane FROM messaging_relay_lane
+				WHERE owner IS NOT NULL AND random() < 0.5 FOR NO KEY UPDATE SKIP LOCKED)`
+		}
+		_, err := s.DB.Exec(expire)
 		require.NoError(t, err)
 		i := round % len(relays)
 		// The relay's Run result is taken before it is checked: the deferred

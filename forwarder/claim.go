@@ -92,10 +92,29 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	// batch run only while budget is left, strict once the batch holds rows:
 	// a row larger than what is left waits for a claim of its own, where it
 	// goes out alone).
+	var lanes []int
+	var laneCount int
+	if f.cfg.Fence == FenceLanes {
+		var err error
+		if lanes, laneCount, err = f.claimLanes(dbctx); err != nil || len(lanes) == 0 {
+			f.giveMem(mem)
+			return claimedBatch{claimedAt: at, err: err}
+		}
+	}
 	claimFn := func(p fencing.ClaimParams) ([]fencing.Claimed, error) {
 		n := len(buf)
 		var err error
+		if lanes != nil {
+			// What the earlier statements of this claim took is held now:
+			// not claimed again, and recorded on the lanes with the rest.
+			p.Lanes, p.LaneCount, p.Held = lanes, laneCount, f.heldIDs()
+		}
 		if buf, err = fencing.ClaimAppend(dbctx, f.q, buf, p); err != nil {
+			if lanes != nil {
+				// A lane claim writes no row: nothing to release.
+				failures++
+				return nil, err
+			}
 			if !errors.Is(err, fencing.ErrInvalidArgument) {
 				failures++
 				released += f.releaseUnheld(ctx, err)

@@ -214,6 +214,22 @@ type Config struct {
 	// order, leases, what a crash leaves and Close's release are the same
 	// either way.
 	DisablePrefetch bool
+	// Fence is the fence scheme: FenceRows (the default in this release)
+	// or FenceLanes.
+	//
+	// With lanes the relay owns a fair share of the table's lanes (a row's
+	// lane comes from its ordering key, or its message id), reads its
+	// lanes' rows without writing them and writes each row once, its
+	// outcome, fenced by the lane's owner and epoch: one row version per
+	// relayed message, and relays that never step over each other's rows
+	// (docs/FENCE.md). FenceRows is the per-row lease (the claim writes
+	// IN_FLIGHT, the outcome a second version). Lanes become the default
+	// once the whole relay suite runs on them (docs/FENCE.md says what is
+	// still missing); FenceRows then stays as the way back for a fleet
+	// that must roll back. A database runs one scheme at a time: Run
+	// refuses with FENCE_SCHEME_CONFLICT while a live relay of the other
+	// runs.
+	Fence Fence
 	// DisablePreparedStatements runs the claim and the outcome writes as
 	// plain statements, parsed and planned on every call. Prepared (the
 	// default) saves the claim's planning on every pass (it costs more than
@@ -223,6 +239,26 @@ type Config struct {
 	DisablePreparedStatements bool
 
 	defaultClassifier bool // Classifier was left to the default: the pass-wide evidence rule applies
+}
+
+// Fence is a fence scheme (Config.Fence).
+type Fence int
+
+const (
+	// FenceRows: a per-row lease written by every claim (the default).
+	FenceRows Fence = iota
+	// FenceLanes: relays own lanes, not rows.
+	FenceLanes
+)
+
+func (f Fence) String() string {
+	switch f {
+	case FenceLanes:
+		return fencing.FenceLanes
+	case FenceRows:
+		return fencing.FenceRows
+	}
+	return fmt.Sprintf("Fence(%d)", int(f))
 }
 
 // withDefaults fills every unset field. The one place defaults live.
@@ -271,6 +307,9 @@ func (c Config) validated() (Config, error) {
 	c = c.withDefaults()
 	bad := func(format string, args ...any) (Config, error) {
 		return Config{}, outbox.Errorf(outbox.CodeInvalidConfig, op, format, args...)
+	}
+	if c.Fence != FenceLanes && c.Fence != FenceRows {
+		return bad("unknown fence scheme %d (FenceLanes or FenceRows)", int(c.Fence))
 	}
 	for _, f := range []struct {
 		name string

@@ -129,10 +129,13 @@ type Forwarder struct {
 	// not yet written), with the local time of their claim: a failed claim
 	// releases every other row of this owner. abandoned counts publishes
 	// left running after their timeout.
-	claimMu   sync.Mutex
-	mem       chan *batchMem // finished batches' memory, for the next (keptBatches at most)
-	heldMu    sync.Mutex
-	held      map[string]time.Time
+	claimMu sync.Mutex
+	mem     chan *batchMem // finished batches' memory, for the next (keptBatches at most)
+	heldMu  sync.Mutex
+	held    map[string]time.Time
+	// lanes are the lanes this relay owns (FenceLanes), under lanesMu.
+	lanesMu   sync.Mutex
+	lanes     laneKeeper
 	abandoned atomic.Int64
 	// budgetShift halves the claims' byte budget once per failed claim and
 	// doubles it back once per successful one (guarded by claimMu): a link
@@ -244,6 +247,12 @@ func (f *Forwarder) Close() error {
 	if started {
 		<-f.done
 		err = f.drainErr
+	} else {
+		// Lanes taken by RunOnce calls go back now rather than when their
+		// lease expires.
+		ctx, cancel := context.WithTimeout(context.Background(), f.dbTimeout)
+		f.giveBackLanes(ctx)
+		cancel()
 	}
 	if p, ok := f.q.(*fencing.Prepared); ok {
 		// Releases the statements on the pool's connections; a RunOnce
@@ -287,12 +296,18 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 
 	ttl := 3 * f.cfg.HeartbeatInterval
 	sent := time.Since(f.beatEpoch)
-	if err := relaymode.BeatBudget(ctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts); err != nil {
+	if err := relaymode.BeatFence(ctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts, f.beatFence()); err != nil {
 		return err
 	}
 	f.lastBeat.Store(int64(sent))
 	f.beatTTL.Store(int64(ttl))
 	defer f.beatTTL.Store(0)
+	if err := f.enterFence(ctx); err != nil {
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
+		defer cancel()
+		_ = relaymode.Leave(lctx, f.db, f.cfg.Owner)
+		return err
+	}
 	// A predecessor with the same owner that died left its breakers behind;
 	// this relay's own start with every breaker closed.
 	if _, err := f.db.ExecContext(ctx, `DELETE FROM messaging_relay_breaker WHERE owner = $1`, f.cfg.Owner); err != nil {
@@ -301,6 +316,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	defer func() {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 		defer cancel()
+		f.giveBackLanes(lctx)
 		if err := relaymode.Leave(lctx, f.db, f.cfg.Owner); err != nil {
 			f.logger.Error("Relay heartbeat not removed", err, nil)
 		}

@@ -115,10 +115,15 @@ func (f *Forwarder) heartbeat(ctx context.Context, stopping <-chan struct{}, ttl
 		case <-t.C:
 			hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HeartbeatInterval)
 			sent := time.Since(f.beatEpoch)
-			err := relaymode.BeatBudget(hctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts)
+			err := relaymode.BeatFence(hctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts, f.beatFence())
 			cancel()
 			if err == nil {
 				f.lastBeat.Store(int64(sent))
+			}
+			if f.cfg.Fence == FenceLanes {
+				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
+				f.renewLanes(lctx)
+				cancel()
 			}
 			if errors.Is(err, relaymode.ErrRelayModeConflict) {
 				fatal <- err

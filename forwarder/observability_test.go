@@ -15,7 +15,7 @@ import (
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
-	"github.com/fencedoutbox/watermill-outbox/internal/spanrec"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/spanrec"
 )
 
 func TestMetricsCountOutcomesByDestination(t *testing.T) {

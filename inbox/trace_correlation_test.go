@@ -8,7 +8,7 @@ import (
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/inbox"
-	"github.com/fencedoutbox/watermill-outbox/internal/spanrec"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/spanrec"
 )
 
 // messaging.message.conversation_id is msg.correlation_id, else watermill's

@@ -17,7 +17,7 @@ import (
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/inbox"
-	"github.com/fencedoutbox/watermill-outbox/internal/spanrec"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/spanrec"
 )
 
 const (

@@ -11,12 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencedoutbox/watermill-outbox/internal/leakcheck"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/leakcheck"
 	"github.com/stretchr/testify/require"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/journal"
 )
 

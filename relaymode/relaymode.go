@@ -76,14 +76,14 @@ const (
 	// CDC consumer's heartbeat is live (a Debezium connector started in
 	// POLLING mode registers itself through its heartbeat action query).
 	sqlBeat = `
-INSERT INTO messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at, max_attempts)
-SELECT $1, now(), now(), now() + make_interval(secs => $2), nullif($3::integer, 0)
+INSERT INTO messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at, max_attempts, fence)
+SELECT $1, now(), now(), now() + make_interval(secs => $2), nullif($3::integer, 0), nullif($4::text, '')
 WHERE EXISTS (SELECT 1 FROM messaging_relay_mode WHERE id AND mode = 'POLLING' FOR SHARE)
   AND NOT EXISTS (SELECT 1 FROM messaging_relay_heartbeat
                    WHERE kind = 'CDC' AND expires_at > now() AND owner <> $1)
 ON CONFLICT (owner) DO UPDATE
    SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at, kind = 'POLLING', slot_name = NULL,
-       max_attempts = EXCLUDED.max_attempts`
+       max_attempts = EXCLUDED.max_attempts, fence = EXCLUDED.fence`
 
 	sqlLeave = `DELETE FROM messaging_relay_heartbeat WHERE owner = $1`
 
@@ -190,6 +190,14 @@ func Beat(ctx context.Context, db *sql.DB, owner string, ttl time.Duration) erro
 // show the live relays' budgets and warn when they differ: the budget is
 // each relay's configuration, not the row's.
 func BeatBudget(ctx context.Context, db *sql.DB, owner string, ttl time.Duration, maxAttempts int) error {
+	return BeatFence(ctx, db, owner, ttl, maxAttempts, "")
+}
+
+// BeatFence is [BeatBudget] for a relay that names its fence scheme in its
+// heartbeat from the first beat on ("LANES"; "" for the per-row scheme),
+// so that relays starting together see each other's scheme
+// (fencing.EnterFence).
+func BeatFence(ctx context.Context, db *sql.DB, owner string, ttl time.Duration, maxAttempts int, fence string) error {
 	const op = "relaymode.Beat"
 	switch {
 	case ttl <= 0:
@@ -199,7 +207,7 @@ func BeatBudget(ctx context.Context, db *sql.DB, owner string, ttl time.Duration
 	case maxAttempts < 0 || maxAttempts > math.MaxInt32:
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "maxAttempts must be between 0 (none recorded) and %d, got %d", math.MaxInt32, maxAttempts)
 	}
-	res, err := db.ExecContext(ctx, sqlBeat, owner, ttl.Seconds(), maxAttempts)
+	res, err := db.ExecContext(ctx, sqlBeat, owner, ttl.Seconds(), maxAttempts, fence)
 	if err != nil {
 		return fmt.Errorf("relaymode: relay heartbeat: %w", err)
 	}

@@ -11,14 +11,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencedoutbox/watermill-outbox/internal/leakcheck"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/leakcheck"
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
 	"github.com/fencedoutbox/watermill-outbox/retention"
 )

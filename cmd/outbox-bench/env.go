@@ -14,7 +14,7 @@ import (
 
 	_ "github.com/lib/pq" // database/sql driver "postgres"
 
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/migrations"
 )
 

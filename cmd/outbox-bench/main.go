@@ -31,7 +31,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
 // Config is one run's shape; the flags fill it.

@@ -12,7 +12,7 @@ replace github.com/fencedoutbox/watermill-outbox/transport/kafka => ../../transp
 
 replace github.com/fencedoutbox/watermill-outbox/transport/nats => ../../transport/nats
 
-replace github.com/fencedoutbox/watermill-outbox/internal/brokertest => ../../internal/brokertest
+replace github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest => ../../internal/testkit/brokertest
 
 replace github.com/fencedoutbox/watermill-outbox/cdcrelay => ../../cdcrelay
 
@@ -23,7 +23,7 @@ require (
 	github.com/ThreeDotsLabs/watermill-nats/v2 v2.1.3
 	github.com/fencedoutbox/watermill-outbox v0.0.0-00010101000000-000000000000
 	github.com/fencedoutbox/watermill-outbox/cdcrelay v0.0.0-00010101000000-000000000000
-	github.com/fencedoutbox/watermill-outbox/internal/brokertest v0.0.0-00010101000000-000000000000
+	github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest v0.0.0-00010101000000-000000000000
 	github.com/fencedoutbox/watermill-outbox/transport/amqp v0.0.0-00010101000000-000000000000
 	github.com/fencedoutbox/watermill-outbox/transport/googlecloud v0.0.0-00010101000000-000000000000
 	github.com/fencedoutbox/watermill-outbox/transport/kafka v0.0.0-00010101000000-000000000000

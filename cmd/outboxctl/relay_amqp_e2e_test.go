@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
-	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
 // TestRelayToAMQP runs the built relay against a local RabbitMQ. The test

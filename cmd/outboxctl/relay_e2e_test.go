@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/stretchr/testify/require"
 )
 

@@ -8,8 +8,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
-	"github.com/fencedoutbox/watermill-outbox/internal/brokertest/kafkatest"
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest/kafkatest"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
 // TestRelayToKafka runs the built relay against kfake, an in-process Kafka

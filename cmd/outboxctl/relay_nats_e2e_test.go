@@ -10,9 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
-	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
-	"github.com/fencedoutbox/watermill-outbox/internal/brokertest/natstest"
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest/natstest"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/transport/nats"
 )
 

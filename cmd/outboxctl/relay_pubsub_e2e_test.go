@@ -6,7 +6,7 @@ import (
 
 	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/stretchr/testify/require"
 )
 

@@ -14,9 +14,9 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
-	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest"
 	"github.com/fencedoutbox/watermill-outbox/transport/amqp"
-	"github.com/fencedoutbox/watermill-outbox/transport/internal/e2e"
+	"github.com/fencedoutbox/watermill-outbox/transport/internal/testkit/e2e"
 )
 
 func newPublisher(t *testing.T, cfg amqp.Config) *wa.Publisher {

@@ -8,7 +8,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/fencedoutbox/watermill-outbox/transport/amqp"
-	"github.com/fencedoutbox/watermill-outbox/transport/internal/classifytest"
+	"github.com/fencedoutbox/watermill-outbox/transport/internal/testkit/classifytest"
 )
 
 // Every code docs/ERRORS.md promises for AMQP, checked on the error values

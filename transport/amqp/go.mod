@@ -4,13 +4,13 @@ go 1.26.0
 
 replace github.com/fencedoutbox/watermill-outbox => ../..
 
-replace github.com/fencedoutbox/watermill-outbox/internal/brokertest => ../../internal/brokertest
+replace github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest => ../../internal/testkit/brokertest
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
 	github.com/ThreeDotsLabs/watermill-amqp/v3 v3.0.2
 	github.com/fencedoutbox/watermill-outbox v0.0.0-00010101000000-000000000000
-	github.com/fencedoutbox/watermill-outbox/internal/brokertest v0.0.0-00010101000000-000000000000
+	github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest v0.0.0-00010101000000-000000000000
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/stretchr/testify v1.12.1
 )

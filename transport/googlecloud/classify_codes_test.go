@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fencedoutbox/watermill-outbox/transport/googlecloud"
-	"github.com/fencedoutbox/watermill-outbox/transport/internal/classifytest"
+	"github.com/fencedoutbox/watermill-outbox/transport/internal/testkit/classifytest"
 )
 
 // Every code docs/ERRORS.md promises for Pub/Sub, checked on the error

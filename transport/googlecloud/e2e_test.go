@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/transport/googlecloud"
-	"github.com/fencedoutbox/watermill-outbox/transport/internal/e2e"
+	"github.com/fencedoutbox/watermill-outbox/transport/internal/testkit/e2e"
 )
 
 func TestEndToEnd(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/fencedoutbox/watermill-outbox/transport/internal/classifytest"
+	"github.com/fencedoutbox/watermill-outbox/transport/internal/testkit/classifytest"
 	"github.com/fencedoutbox/watermill-outbox/transport/kafka"
 )
 

@@ -4,14 +4,14 @@ go 1.26.0
 
 replace github.com/fencedoutbox/watermill-outbox => ../..
 
-replace github.com/fencedoutbox/watermill-outbox/internal/brokertest => ../../internal/brokertest
+replace github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest => ../../internal/testkit/brokertest
 
 require (
 	github.com/IBM/sarama v1.61.1
 	github.com/ThreeDotsLabs/watermill v1.5.1
 	github.com/ThreeDotsLabs/watermill-kafka/v3 v3.0.6
 	github.com/fencedoutbox/watermill-outbox v0.0.0-00010101000000-000000000000
-	github.com/fencedoutbox/watermill-outbox/internal/brokertest v0.0.0-00010101000000-000000000000
+	github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest v0.0.0-00010101000000-000000000000
 	github.com/stretchr/testify v1.12.1
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 )

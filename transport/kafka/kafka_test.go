@@ -14,8 +14,8 @@ import (
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
-	"github.com/fencedoutbox/watermill-outbox/internal/brokertest/kafkatest"
-	"github.com/fencedoutbox/watermill-outbox/transport/internal/e2e"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest/kafkatest"
+	"github.com/fencedoutbox/watermill-outbox/transport/internal/testkit/e2e"
 	"github.com/fencedoutbox/watermill-outbox/transport/kafka"
 )
 

@@ -7,7 +7,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fencedoutbox/watermill-outbox/transport/internal/classifytest"
+	"github.com/fencedoutbox/watermill-outbox/transport/internal/testkit/classifytest"
 	"github.com/fencedoutbox/watermill-outbox/transport/nats"
 )
 

@@ -15,7 +15,7 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
 )
 
@@ -45,7 +45,7 @@ import (
 //     broker), so messages published through one pair are received through
 //     another, as TestConcurrentClose requires.
 //   - RestartServiceCommand: none (TestReconnect skips); restarts of the
-//     database and the relay are the chaos soak's job (internal/chaos).
+//     database and the relay are the chaos soak's job (internal/testkit/chaos).
 //   - ForceShort: true, to keep the suite within about a minute on a shared
 //     machine.
 var features = tests.Features{

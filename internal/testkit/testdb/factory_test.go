@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
 func readRow(t *testing.T, s *testdb.Schema, id string) envelope.Row {

@@ -1,5 +1,5 @@
 // Command relayproc is the relay process the chaos soak (package
-// internal/chaos) starts, kills, pauses and restarts. It runs one forwarder
+// internal/testkit/chaos) starts, kills, pauses and restarts. It runs one forwarder
 // against the outbox (through the soak's fault proxy) and publishes to a
 // downstream that records every delivery durably in the soak's tables over
 // its own direct connection, and that injects downstream faults: errors

@@ -18,8 +18,8 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/inbox"
-	"github.com/fencedoutbox/watermill-outbox/internal/leakcheck"
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/leakcheck"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/journal"
 	"github.com/fencedoutbox/watermill-outbox/migrations"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
@@ -35,7 +35,7 @@ var blockRe = regexp.MustCompile("(?s)<!-- grants: ([a-z]+) -->\\s*```sql\\n(.*?
 // grants reads the SQL blocks of docs/SECURITY.md by component.
 func grants(t *testing.T) map[string]string {
 	t.Helper()
-	doc, err := os.ReadFile("../../docs/SECURITY.md")
+	doc, err := os.ReadFile("../../../docs/SECURITY.md")
 	require.NoError(t, err)
 	out := map[string]string{}
 	for _, m := range blockRe.FindAllStringSubmatch(string(doc), -1) {

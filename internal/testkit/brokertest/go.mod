@@ -1,4 +1,4 @@
-module github.com/fencedoutbox/watermill-outbox/internal/brokertest
+module github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest
 
 go 1.26.0
 

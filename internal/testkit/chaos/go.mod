@@ -1,8 +1,8 @@
-module github.com/fencedoutbox/watermill-outbox/internal/chaos
+module github.com/fencedoutbox/watermill-outbox/internal/testkit/chaos
 
 go 1.26.0
 
-replace github.com/fencedoutbox/watermill-outbox => ../..
+replace github.com/fencedoutbox/watermill-outbox => ../../..
 
 require (
 	github.com/Shopify/toxiproxy/v2 v2.5.0

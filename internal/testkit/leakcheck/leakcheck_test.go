@@ -19,7 +19,7 @@ func TestFindReportsARunningGoroutineUntilItExits(t *testing.T) {
 	if !strings.Contains(got, "leakcheck.blockedOn") {
 		t.Fatalf("the blocked goroutine is not reported:\n%s", got)
 	}
-	if got := Find(IgnoreTopFunction("github.com/fencedoutbox/watermill-outbox/internal/leakcheck.blockedOn")); strings.Contains(got, "blockedOn") {
+	if got := Find(IgnoreTopFunction("github.com/fencedoutbox/watermill-outbox/internal/testkit/leakcheck.blockedOn")); strings.Contains(got, "blockedOn") {
 		t.Fatalf("an ignored top function is reported:\n%s", got)
 	}
 	close(release)

@@ -19,9 +19,9 @@ import (
 
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/inbox"
-	"github.com/fencedoutbox/watermill-outbox/internal/brokertest"
-	"github.com/fencedoutbox/watermill-outbox/internal/brokertest/natstest"
-	"github.com/fencedoutbox/watermill-outbox/internal/testdb"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest/natstest"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
 	"github.com/fencedoutbox/watermill-outbox/transport/nats"
 )

@@ -1,12 +1,12 @@
-module github.com/fencedoutbox/watermill-outbox/internal/badinput
+module github.com/fencedoutbox/watermill-outbox/internal/testkit/badinput
 
 go 1.26.0
 
-replace github.com/fencedoutbox/watermill-outbox => ../..
+replace github.com/fencedoutbox/watermill-outbox => ../../..
 
-replace github.com/fencedoutbox/watermill-outbox/transport/googlecloud => ../../transport/googlecloud
+replace github.com/fencedoutbox/watermill-outbox/transport/googlecloud => ../../../transport/googlecloud
 
-replace github.com/fencedoutbox/watermill-outbox/internal/brokertest => ../brokertest
+replace github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest => ../brokertest
 
 require (
 	cloud.google.com/go/pubsub/v2 v2.6.0

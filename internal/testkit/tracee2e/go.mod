@@ -1,12 +1,12 @@
-module github.com/fencedoutbox/watermill-outbox/internal/tracee2e
+module github.com/fencedoutbox/watermill-outbox/internal/testkit/tracee2e
 
 go 1.26.0
 
-replace github.com/fencedoutbox/watermill-outbox => ../..
+replace github.com/fencedoutbox/watermill-outbox => ../../..
 
-replace github.com/fencedoutbox/watermill-outbox/transport/nats => ../../transport/nats
+replace github.com/fencedoutbox/watermill-outbox/transport/nats => ../../../transport/nats
 
-replace github.com/fencedoutbox/watermill-outbox/internal/brokertest => ../brokertest
+replace github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest => ../brokertest
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
@@ -18,7 +18,7 @@ require (
 
 require (
 	github.com/ThreeDotsLabs/watermill-nats/v2 v2.1.3
-	github.com/fencedoutbox/watermill-outbox/internal/brokertest v0.0.0-00010101000000-000000000000
+	github.com/fencedoutbox/watermill-outbox/internal/testkit/brokertest v0.0.0-00010101000000-000000000000
 	github.com/fencedoutbox/watermill-outbox/transport/nats v0.0.0-00010101000000-000000000000
 	github.com/nats-io/nats.go v1.55.0
 )

@@ -1,0 +1,361 @@
+package fencing_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+)
+
+// laneRelay is one relay of the lane scheme in a test: its owner, the
+// lanes it took and the rows it holds.
+type laneRelay struct {
+	owner string
+	state fencing.LaneState
+	held  []string
+}
+
+func takeLanes(t *testing.T, db fencing.DBTX, owner string, ttl time.Duration, budget int) *laneRelay {
+	t.Helper()
+	st, err := fencing.TakeLanes(context.Background(), db, fencing.LaneParams{Owner: owner, TTL: ttl, MaxAttempts: budget})
+	require.NoError(t, err)
+	return &laneRelay{owner: owner, state: st}
+}
+
+func (r *laneRelay) lanes() []int {
+	ls := make([]int, len(r.state.Owned))
+	for i, l := range r.state.Owned {
+		ls[i] = l.Lane
+	}
+	return ls
+}
+
+func (r *laneRelay) claim(t *testing.T, db fencing.DBTX, budget int) []fencing.Claimed {
+	t.Helper()
+	p := fencing.ClaimParams{Owner: r.owner, Limit: 1000, MaxAttempts: budget,
+		Lanes: r.lanes(), LaneCount: r.state.Total, Held: r.held}
+	got, err := fencing.Claim(context.Background(), db, p)
+	require.NoError(t, err)
+	for _, c := range got {
+		if c.Held() {
+			r.held = append(r.held, c.Row.MessageID)
+		}
+	}
+	return got
+}
+
+func published(cs []fencing.Claimed) []fencing.Outcome {
+	out := make([]fencing.Outcome, 0, len(cs))
+	for _, c := range cs {
+		if c.Held() {
+			out = append(out, fencing.Outcome{Lease: c.Lease, To: envelope.StatusPublished})
+		}
+	}
+	return out
+}
+
+func xmin(t *testing.T, db *sql.DB, id string) string {
+	t.Helper()
+	var x string
+	require.NoError(t, db.QueryRow(`SELECT xmin::text || ctid::text FROM messaging_outbox WHERE message_id = $1`, id).Scan(&x))
+	return x
+}
+
+// A lane claim reads rows without writing them; the outcome is the row's
+// one new version, and records the relay and the lane's epoch.
+func TestLaneClaimWritesNothingAndTheOutcomeIsTheOnlyWrite(t *testing.T) {
+	s := newDB(t)
+	for i := range 20 {
+		insert(t, s.DB, fmt.Sprintf("u%02d", i), "")
+		insert(t, s.DB, fmt.Sprintf("k%02d", i), fmt.Sprintf("key-%d", i%4))
+	}
+	require.NoError(t, fencing.EnterFence(context.Background(), s.DB, "a", fencing.FenceLanes))
+	a := takeLanes(t, s.DB, "a", time.Minute, 5)
+	require.Len(t, a.state.Owned, 32, "one live relay takes every lane")
+	before := xmin(t, s.DB, "u00")
+
+	got := a.claim(t, s.DB, 5)
+	require.Len(t, got, 40)
+	require.Equal(t, before, xmin(t, s.DB, "u00"), "the claim wrote no new row version")
+	require.Equal(t, 40, s.Count(t, "status = 'PENDING'"))
+	var held int
+	require.NoError(t, s.DB.QueryRow(`SELECT sum(cardinality(held_ids)) FROM messaging_relay_lane WHERE owner = 'a'`).Scan(&held))
+	require.Equal(t, 40, held, "the lanes record what their owner holds")
+
+	again := a.claim(t, s.DB, 5)
+	require.Empty(t, again, "held rows are not claimed again")
+
+	res, err := fencing.Apply(context.Background(), s.DB, published(got))
+	require.NoError(t, err)
+	for _, r := range res {
+		require.Equal(t, fencing.Applied, r)
+	}
+	st := state(t, s.DB, "k05")
+	require.Equal(t, "PUBLISHED", st.Status)
+	require.Equal(t, 1, st.Attempts)
+	require.Equal(t, "a", st.Owner)
+	require.Positive(t, st.Token)
+}
+
+// A key's rows come out in seq order, one chain at a time: the next row of
+// a key is not claimed while an earlier one is held, unless it continues it.
+func TestLaneClaimKeepsAKeysOrder(t *testing.T) {
+	s := newDB(t)
+	for i := range 6 {
+		insert(t, s.DB, fmt.Sprintf("k%d", i), "hot")
+	}
+	a := takeLanes(t, s.DB, "a", time.Minute, 5)
+	p := fencing.ClaimParams{Owner: "a", Limit: 3, MaxChain: 3, MaxAttempts: 5, Lanes: a.lanes(), LaneCount: a.state.Total}
+	first, err := fencing.Claim(context.Background(), s.DB, p)
+	require.NoError(t, err)
+	require.Equal(t, []string{"k0", "k1", "k2"}, ids(first))
+	p.Held = ids(first)
+	blocked, err := fencing.Claim(context.Background(), s.DB, p)
+	require.NoError(t, err)
+	require.Empty(t, blocked, "the key's head is held: its later rows wait")
+	p.Continue = []fencing.Continuation{{Key: "hot", AfterSeq: first[2].Row.Seq, AfterID: "k2"}}
+	next, err := fencing.Claim(context.Background(), s.DB, p)
+	require.NoError(t, err)
+	require.Equal(t, []string{"k3", "k4", "k5"}, ids(next), "a continuation follows a held row")
+}
+
+// A relay whose lane was taken while it published writes nothing and is
+// told stale; the new owner charges the attempt and delivers the row under
+// the same message id.
+func TestTakenLaneFencesItsFormerOwner(t *testing.T) {
+	s := newDB(t)
+	insert(t, s.DB, "m1", "order-1")
+	a := takeLanes(t, s.DB, "a", time.Minute, 5)
+	got := a.claim(t, s.DB, 5)
+	require.Len(t, got, 1)
+	expireLanes(t, s.DB, "a")
+
+	b := takeLanes(t, s.DB, "b", time.Minute, 5)
+	require.Len(t, b.state.Owned, 32)
+	require.Equal(t, 1, b.state.Charged, "the row a held without an outcome is charged")
+
+	res, err := fencing.Apply(context.Background(), s.DB, published(got))
+	require.NoError(t, err)
+	require.Equal(t, []fencing.Result{fencing.Stale}, res)
+	st := state(t, s.DB, "m1")
+	require.Equal(t, "AMBIGUOUS", st.Status)
+	require.Equal(t, 1, st.Attempts)
+	require.Equal(t, fencing.CodeLeaseExpired, st.Code)
+
+	again := b.claim(t, s.DB, 5)
+	require.Equal(t, []string{"m1"}, ids(again))
+	res, err = fencing.Apply(context.Background(), s.DB, published(again))
+	require.NoError(t, err)
+	require.Equal(t, []fencing.Result{fencing.Applied}, res)
+	st = state(t, s.DB, "m1")
+	require.Equal(t, "PUBLISHED", st.Status)
+	require.Equal(t, 2, st.Attempts)
+	require.Equal(t, "b", st.Owner)
+}
+
+// expireLanes ends owner's lane leases as if it had died: no renewal came
+// before they ran out.
+func expireLanes(t *testing.T, db *sql.DB, owner string) {
+	t.Helper()
+	res, err := db.Exec(`UPDATE messaging_relay_lane SET lease_expires_at = now() - interval '1 second' WHERE owner = $1`, owner)
+	require.NoError(t, err)
+	n, err := res.RowsAffected()
+	require.NoError(t, err)
+	require.Positive(t, n)
+}
+
+// A takeover racing an outcome write ends with exactly one of them
+// applied. The outcome holds its lanes FOR SHARE until it commits: a
+// takeover meanwhile skips the lane (and takes it after, charging nothing,
+// since the row has its outcome). A takeover that holds the lane first
+// makes the outcome wait, and the outcome then finds the lane changed.
+func TestTakeoverRacingAnOutcomeAppliesExactlyOne(t *testing.T) {
+	ctx := context.Background()
+	take := func(db fencing.DBTX) fencing.LaneState {
+		st, err := fencing.TakeLanes(ctx, db, fencing.LaneParams{Owner: "b", TTL: time.Minute, MaxAttempts: 5})
+		require.NoError(t, err)
+		return st
+	}
+	t.Run("outcome first", func(t *testing.T) {
+		s := newDB(t)
+		insert(t, s.DB, "m1", "")
+		a := takeLanes(t, s.DB, "a", time.Minute, 5)
+		got := a.claim(t, s.DB, 5)
+		require.Len(t, got, 1)
+		expireLanes(t, s.DB, "a")
+		tx, err := s.DB.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		res, err := fencing.Apply(ctx, tx, published(got))
+		require.NoError(t, err)
+		require.Equal(t, []fencing.Result{fencing.Applied}, res)
+		during := take(s.DB)
+		require.Empty(t, during.Owned, "the lanes are held by the outcome being written: none taken")
+		require.NoError(t, tx.Commit())
+		after := take(s.DB)
+		require.Len(t, after.Owned, 32)
+		require.Zero(t, after.Charged, "the row has its outcome: nothing to charge")
+		st := state(t, s.DB, "m1")
+		require.Equal(t, "PUBLISHED", st.Status)
+		require.Equal(t, 1, st.Attempts)
+	})
+	t.Run("takeover first", func(t *testing.T) {
+		s := newDB(t)
+		insert(t, s.DB, "m1", "")
+		a := takeLanes(t, s.DB, "a", time.Minute, 5)
+		got := a.claim(t, s.DB, 5)
+		require.Len(t, got, 1)
+		expireLanes(t, s.DB, "a")
+		tx, err := s.DB.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		require.Len(t, take(tx).Owned, 32)
+		done := make(chan []fencing.Result, 1)
+		go func() {
+			res, err := fencing.Apply(ctx, s.DB, published(got))
+			assert.NoError(t, err)
+			done <- res
+		}()
+		waitFor(t, func() bool { return outcomeWaitsOnLock(t, s.DB) })
+		require.NoError(t, tx.Commit())
+		require.Equal(t, []fencing.Result{fencing.Stale}, <-done)
+		st := state(t, s.DB, "m1")
+		require.Equal(t, "AMBIGUOUS", st.Status)
+		require.Equal(t, 1, st.Attempts, "charged once by the takeover, not written by the stale owner")
+	})
+}
+
+// outcomeWaitsOnLock reports whether an outcome statement of the lane
+// scheme waits for a lock.
+func outcomeWaitsOnLock(t *testing.T, db *sql.DB) bool {
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND query LIKE '%fence AS MATERIALIZED%' AND pid <> pg_backend_pid()`).Scan(&n))
+	return n > 0
+}
+
+// A message whose publish kills every relay that takes it (no outcome is
+// ever written) ends EXHAUSTED after its budget: each takeover charges it.
+func TestAMessageThatKillsItsRelaysEndsExhausted(t *testing.T) {
+	s := newDB(t)
+	insert(t, s.DB, "poison", "k")
+	const budget = 3
+	for i := range budget {
+		r := takeLanes(t, s.DB, fmt.Sprintf("relay-%d", i), time.Minute, budget)
+		got := r.claim(t, s.DB, budget)
+		require.Equal(t, []string{"poison"}, ids(got), "attempt %d", i+1)
+		expireLanes(t, s.DB, r.owner)
+	}
+	last := takeLanes(t, s.DB, "survivor", time.Minute, budget)
+	require.Equal(t, 1, last.state.Parked)
+	st := state(t, s.DB, "poison")
+	require.Equal(t, "EXHAUSTED", st.Status)
+	require.Equal(t, budget, st.Attempts)
+	require.True(t, st.Parked)
+	require.Empty(t, last.claim(t, s.DB, budget))
+}
+
+// A fleet runs one fence scheme: a lane relay refuses to start beside a
+// live relay of the per-row scheme, and once the fleet runs on lanes the
+// database refuses the per-row claim (a relay built before lanes).
+func TestMixedFenceFleetIsRefused(t *testing.T) {
+	s := newDB(t)
+	ctx := context.Background()
+	insert(t, s.DB, "m1", "")
+	_, err := s.DB.Exec(`INSERT INTO messaging_relay_heartbeat (owner, expires_at) VALUES ('old', now() + interval '1 minute')`)
+	require.NoError(t, err)
+	err = fencing.EnterFence(ctx, s.DB, "new", fencing.FenceLanes)
+	require.ErrorIs(t, err, fencing.ErrFenceConflict)
+	require.Contains(t, err.Error(), `"old"`)
+
+	_, err = s.DB.Exec(`DELETE FROM messaging_relay_heartbeat`)
+	require.NoError(t, err)
+	require.NoError(t, fencing.EnterFence(ctx, s.DB, "new", fencing.FenceLanes))
+	_, err = fencing.Claim(ctx, s.DB, params("old", time.Time{}))
+	require.Error(t, err)
+	require.Contains(t, err.Error(), string(fencing.CodeFenceConflict))
+	require.Equal(t, 1, s.Count(t, "status = 'PENDING'"), "nothing was leased")
+
+	_, err = s.DB.Exec(`INSERT INTO messaging_relay_heartbeat (owner, expires_at, fence) VALUES ('new', now() + interval '1 minute', 'LANES')`)
+	require.NoError(t, err)
+	err = fencing.EnterFence(ctx, s.DB, "old", fencing.FenceRows)
+	require.ErrorIs(t, err, fencing.ErrFenceConflict)
+
+	_, err = s.DB.Exec(`DELETE FROM messaging_relay_heartbeat`)
+	require.NoError(t, err)
+	require.NoError(t, fencing.EnterFence(ctx, s.DB, "old", fencing.FenceRows))
+	got, err := fencing.Claim(ctx, s.DB, params("old", time.Time{}))
+	require.NoError(t, err)
+	require.Len(t, got, 1, "back on per-row leases once no lane relay runs")
+}
+
+// The lane count changes only while no lane is owned; afterwards the
+// claims run on the new count.
+func TestLaneCountChangesOnlyWhileNoLaneIsOwned(t *testing.T) {
+	s := newDB(t)
+	ctx := context.Background()
+	for i := range 30 {
+		insert(t, s.DB, fmt.Sprintf("m%02d", i), fmt.Sprintf("k%d", i%7))
+	}
+	a := takeLanes(t, s.DB, "a", time.Minute, 5)
+	err := fencing.SetLaneCount(ctx, s.DB, 8, 5)
+	require.ErrorIs(t, err, fencing.ErrLanesBusy)
+	n, err := fencing.LaneCount(ctx, s.DB)
+	require.NoError(t, err)
+	require.Equal(t, 32, n, "refused without a change")
+
+	gone, err := fencing.GiveBackLanes(ctx, s.DB, "a", nil)
+	require.NoError(t, err)
+	require.Len(t, gone, 32)
+	require.NoError(t, fencing.SetLaneCount(ctx, s.DB, 8, 5))
+	n, err = fencing.LaneCount(ctx, s.DB)
+	require.NoError(t, err)
+	require.Equal(t, 8, n)
+	a = takeLanes(t, s.DB, "a", time.Minute, 5)
+	require.Len(t, a.state.Owned, 8)
+	require.Len(t, a.claim(t, s.DB, 5), 30, "every key's chain, on 8 lanes")
+
+	err = fencing.SetLaneCount(ctx, s.DB, 0, 5)
+	require.ErrorIs(t, err, fencing.ErrInvalidArgument)
+}
+
+// Two live relays share the lanes: each takes at most its fair share, and
+// neither claims the other's rows.
+func TestTwoLaneRelaysShareTheLanes(t *testing.T) {
+	s := newDB(t)
+	for i := range 200 {
+		insert(t, s.DB, fmt.Sprintf("m%03d", i), "")
+	}
+	_, err := s.DB.Exec(`INSERT INTO messaging_relay_heartbeat (owner, expires_at, fence) VALUES
+		('a', now() + interval '1 minute', 'LANES'), ('b', now() + interval '1 minute', 'LANES')`)
+	require.NoError(t, err)
+	a := takeLanes(t, s.DB, "a", time.Minute, 5)
+	b := takeLanes(t, s.DB, "b", time.Minute, 5)
+	require.Len(t, a.state.Owned, 16)
+	require.Len(t, b.state.Owned, 16)
+	ga, gb := a.claim(t, s.DB, 5), b.claim(t, s.DB, 5)
+	require.Len(t, append(ga, gb...), 200)
+	seen := map[string]bool{}
+	for _, c := range append(ga, gb...) {
+		require.False(t, seen[c.Row.MessageID], "claimed twice: %s", c.Row.MessageID)
+		seen[c.Row.MessageID] = true
+	}
+	// b's outcome for a's row is refused by the fence.
+	wrong := published(ga[:1])
+	wrong[0].Lease.Owner = "b"
+	res, err := fencing.Apply(context.Background(), s.DB, wrong)
+	require.NoError(t, err)
+	require.Equal(t, []fencing.Result{fencing.Stale}, res)
+}
+
+// waitFor polls cond until it holds (the condition is the event; the
+// minute is only a bound for a stuck test).
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	require.Eventually(t, cond, time.Minute, 2*time.Millisecond)
+}

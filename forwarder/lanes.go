@@ -1,0 +1,195 @@
+// The lanes this relay owns (Config.Fence = FenceLanes): taking and renewing
+// them, the order its claims serve them in, and giving back the lanes over
+// its fair share once it finished what it holds in them.
+
+package forwarder
+
+import (
+	"context"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+)
+
+// laneKeeper is the relay's view of its lanes (guarded by mu).
+type laneKeeper struct {
+	entered   bool // the fleet's fence was set to lanes (fencing.EnterFence)
+	total     int  // the table's lane count
+	share     int  // this relay's fair share at the last renewal
+	owned     []fencing.LaneLease
+	renewedAt time.Time         // local time just before the last successful renewal was sent
+	tried     time.Time         // local time of the last renewal tried
+	draining  map[int]time.Time // lanes over the share: no more claims there since then
+	turn      int               // rotates the order the lanes' unkeyed rows are served in
+}
+
+// laneRenewEvery is how often a relay renews its lanes: a third of their
+// lease, so two renewals may fail before a lane can be taken.
+func (f *Forwarder) laneRenewEvery() time.Duration { return f.cfg.LeaseDuration / 3 }
+
+// claimLanes returns the lanes a claim may read now, in the order to serve
+// them, and the table's lane count, renewing the lanes first when due. It
+// returns no lanes when the relay owns none, or when it could not renew them
+// for so long that another relay may have taken them.
+func (f *Forwarder) claimLanes(ctx context.Context) ([]int, int, error) {
+	f.lanesMu.Lock()
+	defer f.lanesMu.Unlock()
+	k := &f.lanes
+	if !k.entered {
+		if err := fencing.EnterFence(ctx, f.db, f.cfg.Owner, fencing.FenceLanes); err != nil {
+			return nil, 0, err
+		}
+		k.entered = true
+	}
+	now := time.Now()
+	if now.Sub(k.renewedAt) >= f.laneRenewEvery() || (len(k.owned) < k.share && now.Sub(k.tried) >= f.cfg.PollInterval) || k.total == 0 {
+		f.renewLanesLocked(ctx)
+	}
+	if time.Since(k.renewedAt) >= f.cfg.LeaseDuration/2 {
+		return nil, k.total, nil // not renewed for half a lease: claim nothing until a renewal succeeds
+	}
+	lanes := make([]int, 0, len(k.owned))
+	for _, l := range k.owned {
+		if _, gone := k.draining[l.Lane]; !gone {
+			lanes = append(lanes, l.Lane)
+		}
+	}
+	if n := len(lanes); n > 1 {
+		k.turn = (k.turn + 1) % n
+		lanes = append(lanes[k.turn:], lanes[:k.turn]...)
+	}
+	return lanes, k.total, nil
+}
+
+// renewLanes renews the relay's lanes (the heartbeat calls it).
+func (f *Forwarder) renewLanes(ctx context.Context) {
+	f.lanesMu.Lock()
+	defer f.lanesMu.Unlock()
+	if f.lanes.entered {
+		f.renewLanesLocked(ctx)
+	}
+}
+
+// renewLanesLocked renews the owned lanes and takes more up to the fair
+// share in one statement, marks lanes over the share for giving back, and
+// gives back those it holds nothing in any more.
+func (f *Forwarder) renewLanesLocked(ctx context.Context) {
+	k := &f.lanes
+	sent := time.Now()
+	k.tried = sent
+	st, err := fencing.TakeLanes(ctx, f.db, fencing.LaneParams{Owner: f.cfg.Owner, TTL: f.cfg.LeaseDuration, MaxAttempts: f.cfg.MaxAttempts})
+	if err != nil {
+		f.logger.Error("Outbox lanes not renewed; claims stop once they were not renewed for half a lease", err, nil)
+		return
+	}
+	k.owned, k.share, k.total, k.renewedAt = st.Owned, st.Share, st.Total, sent
+	if len(st.Taken) > 0 {
+		f.logger.Info("Outbox lanes taken", watermill.LogFields{"lanes": st.Taken, "owned": len(st.Owned), "share": st.Share})
+	}
+	if st.Charged > 0 {
+		f.warn("Outbox lanes taken over from a relay whose lease expired: the rows it held without an outcome were charged an attempt", watermill.LogFields{
+			"charged": st.Charged, "exhausted": st.Parked,
+		})
+	}
+	for l := range k.draining {
+		if !ownsLane(k.owned, l) {
+			delete(k.draining, l)
+		}
+	}
+	// Lanes over the share (other relays joined): no more claims there;
+	// given back once nothing claimed before is held.
+	for i := len(k.owned) - 1; i >= 0 && len(k.owned)-len(k.draining) > k.share; i-- {
+		if _, ok := k.draining[k.owned[i].Lane]; !ok {
+			if k.draining == nil {
+				k.draining = make(map[int]time.Time)
+			}
+			k.draining[k.owned[i].Lane] = sent
+		}
+	}
+	var back []int
+	for l, since := range k.draining {
+		if !f.heldSince(since) {
+			back = append(back, l)
+		}
+	}
+	if len(back) == 0 {
+		return
+	}
+	gone, err := fencing.GiveBackLanes(ctx, f.db, f.cfg.Owner, back)
+	if err != nil {
+		f.logger.Error("Outbox lanes over the share not given back; they are tried again at the next renewal", err, nil)
+		return
+	}
+	for _, l := range gone {
+		delete(k.draining, l)
+		for i := range k.owned {
+			if k.owned[i].Lane == l {
+				k.owned = append(k.owned[:i], k.owned[i+1:]...)
+				break
+			}
+		}
+	}
+	f.logger.Info("Outbox lanes given back to share them with other relays", watermill.LogFields{"lanes": gone, "owned": len(k.owned), "share": k.share})
+}
+
+// giveBackLanes gives every lane back (the relay stops, after its drain).
+func (f *Forwarder) giveBackLanes(ctx context.Context) {
+	f.lanesMu.Lock()
+	defer f.lanesMu.Unlock()
+	if !f.lanes.entered || len(f.lanes.owned) == 0 {
+		return
+	}
+	if _, err := fencing.GiveBackLanes(ctx, f.db, f.cfg.Owner, nil); err != nil {
+		f.logger.Error("Outbox lanes not given back; other relays take them when their lease expires", err, nil)
+		return
+	}
+	f.lanes.owned, f.lanes.draining = nil, nil
+}
+
+func ownsLane(owned []fencing.LaneLease, lane int) bool {
+	for _, l := range owned {
+		if l.Lane == lane {
+			return true
+		}
+	}
+	return false
+}
+
+// heldSince reports whether the relay holds a row claimed at or before t.
+func (f *Forwarder) heldSince(t time.Time) bool {
+	f.heldMu.Lock()
+	defer f.heldMu.Unlock()
+	for _, at := range f.held {
+		if !at.After(t) {
+			return true
+		}
+	}
+	return false
+}
+
+// enterFence makes the relay's fence scheme the fleet's, refusing with
+// FENCE_SCHEME_CONFLICT while a live relay of the other runs (Run, after
+// its first heartbeat).
+func (f *Forwarder) enterFence(ctx context.Context) error {
+	if f.cfg.Fence == FenceRows {
+		return fencing.EnterFence(ctx, f.db, f.cfg.Owner, fencing.FenceRows)
+	}
+	f.lanesMu.Lock()
+	defer f.lanesMu.Unlock()
+	if err := fencing.EnterFence(ctx, f.db, f.cfg.Owner, fencing.FenceLanes); err != nil {
+		return err
+	}
+	f.lanes.entered = true
+	f.renewLanesLocked(ctx)
+	return nil
+}
+
+// beatFence is the scheme the relay's heartbeat names ("" for per-row
+// leases, as relays built before lanes leave it).
+func (f *Forwarder) beatFence() string {
+	if f.cfg.Fence == FenceLanes {
+		return fencing.FenceLanes
+	}
+	return ""
+}
