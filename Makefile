@@ -70,7 +70,7 @@ PGX_JOB = unit-pgx=GOGC=$(TEST_GOGC) OUTBOX_TEST_DRIVER=pgx $(GO) test -overlay 
 # here, JOBS at a time).
 PG_VERSIONS ?= 14 15 16 17 18
 
-.PHONY: all db test units unit unit-pgx deps fuzz lint demo bench soak services test-versions
+.PHONY: all db test units unit unit-pgx deps fuzz lint demo bench bench-console soak services test-versions
 
 all: lint test
 
@@ -84,6 +84,7 @@ test: units deps fuzz
 ## units: unit and unit-pgx together, JOBS jobs at a time; each job's output is printed whole when it ends, and any failure fails the target (after every job ended)
 units:
 	@export OUTBOX_TEST_DATABASE_URL="$$(scripts/ensure-db.sh)"; \
+	export OUTBOX_CHROMIUM="$$(scripts/ensure-chromium.sh || true)"; \
 	echo "tests against $$OUTBOX_TEST_DATABASE_URL, $(JOBS) jobs at a time"; \
 	JOBS=$(JOBS) scripts/run-jobs.sh '$(call UNIT_JOB,.)' '$(PGX_JOB)' '$(FLOORS_JOB)' \
 	  $(foreach m,$(filter-out .,$(ORDERED_MODULES)),'$(call UNIT_JOB,$(m))')
@@ -91,6 +92,7 @@ units:
 ## unit: every module's suite with the race detector, JOBS modules at a time
 unit:
 	@export OUTBOX_TEST_DATABASE_URL="$$(scripts/ensure-db.sh)"; \
+	export OUTBOX_CHROMIUM="$$(scripts/ensure-chromium.sh || true)"; \
 	echo "tests against $$OUTBOX_TEST_DATABASE_URL, $(JOBS) jobs at a time"; \
 	JOBS=$(JOBS) scripts/run-jobs.sh $(foreach m,$(ORDERED_MODULES),'$(call UNIT_JOB,$(m))')
 
@@ -147,6 +149,11 @@ demo:
 bench:
 	@url="$$(scripts/ensure-db.sh)"; \
 	cd cmd/outbox-bench && OUTBOX_TEST_DATABASE_URL="$$url" $(GO) run . -out ../../.bench/results.json
+
+## bench-console: every console page's p95 on a 1,000,000-row outbox while a relay drains beside it (docs/CONSOLE.md)
+bench-console:
+	@url="$$(scripts/ensure-db.sh)"; \
+	cd cmd/outboxctl && OUTBOX_TEST_DATABASE_URL="$$url" OUTBOX_CONSOLE_BENCH=1 $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkConsolePages -benchtime 1x -v ./internal/console/
 
 ## soak: the long chaos soak
 soak:

@@ -354,7 +354,7 @@ func claimSQL(notParked string, lanes int) string {
 	unkeyed := unkeyedHalf(lanes)
 	finish := claimUpdate("picked")
 	if lanes > 0 {
-		lockRows, heldAfter = "", `p.message_id = ANY ($19::text[])`
+		lockRows, heldAfter = "", `p.message_id IN (SELECT unnest($19::text[]))`
 		finish = laneClaimFinish("picked", lanes)
 	}
 	return `
@@ -450,7 +450,7 @@ func unkeyedHalf(lanes int) string {
         SELECT o.ctid AS picked_ctid, o.seq, ` + rowBytes + ` AS bytes, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
           FROM messaging_outbox o
          WHERE ` + unkeyedLaneExpr("o", lanes) + ` = ln.lane
-           AND o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.message_id <> ALL ($19::text[]) AND o.seq >= $6
+           AND o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.message_id NOT IN (SELECT unnest($19::text[])) AND o.seq >= $6
          ORDER BY o.seq
          LIMIT $12) u
      LIMIT $12`
@@ -612,6 +612,10 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 	if p.Lanes != nil || p.LaneCount != 0 {
 		if err := checkLaneParams(op, p); err != nil {
 			return "", nil, err
+		}
+		if p.NoKeyWalk && n == 0 && !p.NoUnkeyed {
+			return laneUnkeyedClaimSQL(p.LaneCount), append([]any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
+				excluded, p.OnlyDestination, maxBytes}, laneArgs(p)...), nil
 		}
 		return laneClaimSQL(p.Policy, p.LaneCount), append([]any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
 			p.KeyCursor, maxChain, pq.Array(keys), pq.Array(afters), pq.Array(ids), unkeyed, walk,

@@ -63,24 +63,30 @@ func unkeyedLaneExpr(a string, n int) string {
 }
 
 // claimableIn is claimable(a), and in the lane scheme also "in one of the
-// owner's lanes ($18) and not held by it ($19)".
+// owner's lanes ($18) and not held by it ($19)". The held ids are read
+// through a subquery, which PostgreSQL hashes once per statement: as
+// "<> ALL ($19)" a generic plan compared every row with every held id (a
+// relay holds up to three batches, 3,000 ids).
 func claimableIn(a string, lanes int) string {
 	if lanes == 0 {
 		return claimable(a)
 	}
-	return `(` + claimable(a) + ` AND ` + a + `.message_id <> ALL ($19::text[]) AND ` + laneExpr(a, lanes) + ` = ANY ($18::int[]))`
+	return `(` + claimable(a) + ` AND ` + a + `.message_id NOT IN (SELECT unnest($19::text[])) AND ` + laneExpr(a, lanes) + ` = ANY ($18::int[]))`
 }
 
 // laneClaimFinish ends the lane scheme's claim: the rows of src (picked_ctid,
 // seq, bytes, expired, park) cut at the byte budget as claimUpdate cuts them,
-// kept only where their lane is still the owner's under a live lease (the
-// lane rows locked FOR NO KEY UPDATE, so a takeover waits for the record),
+// kept only where their lane is still the owner's under a live lease,
 // the rows to park parked (the claim's only row writes: a budget already
 // spent, or a per-row lease of a relay built before lanes that expired on
-// its last attempt), and what the owner now holds in each lane recorded on
-// the lane: the rows it still held there ($19) and the new ones, with the
-// attempts each had. The held rows come back as IN_FLIGHT under a lease
-// whose token is the lane's epoch; nothing of them is written.
+// its last attempt), and what the owner now holds in each lane recorded in
+// messaging_relay_lane_held under the lane's epoch: the rows it still held
+// there ($19) and the new ones, with the attempts each had. The held rows
+// come back as IN_FLIGHT under a lease whose token is the lane's epoch;
+// nothing of them is written. The lane rows are read, not locked (the
+// outcome writes hold them FOR SHARE); a takeover that commits before the
+// record changes the held row's epoch, and the record then matches nothing
+// in that lane, so its rows are not returned.
 func laneClaimFinish(src string, lanes int) string {
 	return strings.NewReplacer("{src}", src, "{lane}", laneExpr("o", lanes)).Replace(`, fits AS (
     SELECT b.picked_ctid, b.expired, b.park FROM (
@@ -91,23 +97,28 @@ func laneClaimFinish(src string, lanes int) string {
      WHERE $16::int8 = 0 OR (b.n = 1 AND $16::int8 > 0) OR b.run <= abs($16::int8)
 ),
 own AS MATERIALIZED (
-    SELECT l.lane, l.epoch, l.lease_expires_at, l.held_ids, l.held_attempts
+    SELECT l.lane, l.epoch, l.lease_expires_at
       FROM messaging_relay_lane l
-     WHERE l.lane = ANY ($18::int[]) AND l.owner = $2 AND l.lease_expires_at > coalesce($1::timestamptz, now())
+     -- The lanes' leases run on the server's clock (TakeLanes), not on the
+     -- claim's $1, which a caller may set to its own.
+     WHERE l.lane = ANY ($18::int[]) AND l.owner = $2 AND l.lease_expires_at > now()
        AND $3::float8 IS NOT NULL -- the per-row lease, unused here
-       FOR NO KEY UPDATE
 ),
-got AS MATERIALIZED (
-    SELECT o.ctid AS row_ctid, p.park, p.expired, w.lane, w.epoch, w.lease_expires_at AS lane_expires,
+picked_rows AS MATERIALIZED (
+    SELECT o.ctid AS row_ctid, {lane} AS lane,
            o.message_id, o.destination, o.payload, o.headers, o.status, o.seq, o.created_at, o.occurred_at,
            o.attempts, o.lease_owner, o.lease_token, o.last_failure_code, o.last_failure_detail,
            o.producer, o.correlation_id, o.causation_id, o.tenant, o.partition_key, o.ordering_key,
            o.traceparent, o.tracestate, o.baggage, o.schema_subject, o.schema_version, o.content_type,
            o.message_type, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.routing_key
       FROM messaging_outbox o
-      JOIN fits p ON o.ctid = p.picked_ctid
-      JOIN own w ON w.lane = {lane}
      WHERE o.ctid = ANY (ARRAY(SELECT picked_ctid FROM fits))
+),
+got AS MATERIALIZED (
+    SELECT r.*, p.park, p.expired, w.epoch, w.lease_expires_at AS lane_expires
+      FROM picked_rows r
+      JOIN fits p ON p.picked_ctid = r.row_ctid
+      JOIN own w ON w.lane = r.lane
 ),
 parked AS (
     UPDATE messaging_outbox o
@@ -126,16 +137,17 @@ parked AS (
     RETURNING ` + prefixed("o", claimColumns) + `
 ),
 record AS (
-    UPDATE messaging_relay_lane l
-       SET held_ids = k.ids || h.ids, held_attempts = k.atts || h.atts, changed_at = now()
-      FROM own w
-      JOIN (SELECT g.lane, array_agg(g.message_id) AS ids, array_agg(g.attempts) AS atts
-              FROM got g WHERE NOT g.park GROUP BY g.lane) h ON h.lane = w.lane
+    UPDATE messaging_relay_lane_held d
+       SET held_ids = k.ids || h.ids, held_attempts = k.atts || h.atts
+      FROM (SELECT g.lane, g.epoch, array_agg(g.message_id) AS ids, array_agg(g.attempts) AS atts
+              FROM got g WHERE NOT g.park GROUP BY g.lane, g.epoch) h
+      JOIN messaging_relay_lane_held w ON w.lane = h.lane
       CROSS JOIN LATERAL (
             SELECT coalesce(array_agg(x.id ORDER BY x.i), '{}') AS ids, coalesce(array_agg(x.att ORDER BY x.i), '{}') AS atts
               FROM unnest(w.held_ids, w.held_attempts) WITH ORDINALITY AS x(id, att, i)
-             WHERE x.id = ANY ($19::text[])) k
-     WHERE l.lane = w.lane
+             WHERE x.id IN (SELECT unnest($19::text[]))) k
+     WHERE d.lane = h.lane AND d.epoch = h.epoch
+    RETURNING d.lane
 )
 SELECT * FROM parked
 UNION ALL
@@ -146,7 +158,7 @@ SELECT g.message_id, g.destination, g.payload, g.headers, 'IN_FLIGHT', g.seq, g.
        g.tracestate, g.baggage, g.schema_subject, g.schema_version, g.content_type, g.message_type,
        g.aggregate_type, g.aggregate_id, g.aggregate_version, NULL::timestamptz, g.routing_key
   FROM got g
- WHERE NOT g.park`)
+ WHERE NOT g.park AND g.lane IN (SELECT lane FROM record)`)
 }
 
 // prefixed qualifies every column of the list cols with alias a.
@@ -183,6 +195,22 @@ func laneStatement(k laneKey, build func() string) string {
 	laneStatements.Store(q, true)
 	laneClaims.Store(k, q)
 	return q
+}
+
+// laneUnkeyedClaimSQL is the lane claim without the walk over keys and
+// without continuations (as claimUnkeyedSQL is for the per-row scheme):
+// planning the full statement costs more than running it. Its parameters
+// are renumbered: $1 now, $2 owner, $3 lease, $4 budget, $5 limit, $6 from
+// seq, $7 excluded destinations, $8 only destination, $9 byte budget, $10
+// lanes, $11 held.
+func laneUnkeyedClaimSQL(lanes int) string {
+	return laneStatement(laneKey{lanes, "claim-unkeyed"}, func() string {
+		q := `
+WITH unkeyed AS (` + unkeyedHalf(lanes) + `
+)
+` + laneClaimFinish("unkeyed", lanes)
+		return strings.NewReplacer("$12", "$5", "$14", "$7", "$15", "$8", "$16", "$9", "$18", "$10", "$19", "$11").Replace(q)
+	})
 }
 
 func laneClaimSQL(policy OrderingPolicy, lanes int) string {
@@ -283,20 +311,30 @@ want AS (
     SELECT greatest(0, (SELECT n FROM share) - (SELECT count(*) FROM messaging_relay_lane WHERE owner = $1)) AS n
 ),
 cand AS MATERIALIZED (
-    SELECT l.lane, l.owner AS old_owner, l.epoch AS old_epoch, l.held_ids, l.held_attempts
+    SELECT l.lane, l.owner AS old_owner, l.epoch AS old_epoch
       FROM messaging_relay_lane l
      WHERE l.owner IS NULL OR (l.lease_expires_at <= now() AND l.owner <> $1)
      ORDER BY l.owner IS NOT NULL, l.lane
      LIMIT (SELECT n FROM want)
        FOR NO KEY UPDATE SKIP LOCKED
 ),
+held AS MATERIALIZED (
+    SELECT d.lane, d.held_ids, d.held_attempts
+      FROM messaging_relay_lane_held d JOIN cand c ON c.lane = d.lane
+       FOR UPDATE OF d
+),
 taken AS (
     UPDATE messaging_relay_lane l
-       SET owner = $1, epoch = l.epoch + 1, lease_expires_at = now() + make_interval(secs => $2),
-           held_ids = '{}', held_attempts = '{}', changed_at = now()
+       SET owner = $1, epoch = l.epoch + 1, lease_expires_at = now() + make_interval(secs => $2), changed_at = now()
       FROM cand c
      WHERE l.lane = c.lane
     RETURNING l.lane, l.epoch, l.lease_expires_at
+),
+cleared AS (
+    UPDATE messaging_relay_lane_held d
+       SET epoch = c.old_epoch + 1, held_ids = '{}', held_attempts = '{}'
+      FROM cand c
+     WHERE d.lane = c.lane
 ),
 charged AS (
     UPDATE messaging_outbox o
@@ -309,7 +347,8 @@ charged AS (
            last_failure_detail = 'lane ' || h.lane || ' of ' || h.old_owner || ' (epoch ' || h.old_epoch
                                  || ') expired while it held this row; no outcome was written'
       FROM (SELECT c.lane, c.old_owner, c.old_epoch, x.id, x.att
-              FROM cand c CROSS JOIN LATERAL unnest(c.held_ids, c.held_attempts) AS x(id, att)) h
+              FROM cand c JOIN held d ON d.lane = c.lane
+             CROSS JOIN LATERAL unnest(d.held_ids, d.held_attempts) AS x(id, att)) h
      WHERE o.message_id = h.id AND o.attempts = h.att
        AND o.published_at IS NULL AND o.parked_at IS NULL AND o.status <> 'IN_FLIGHT'
     RETURNING o.status
@@ -382,11 +421,17 @@ func sortLanes(ls []LaneLease) {
 // giveBackSQL ends owner $1's lease on the lanes $2: no owner, a new epoch,
 // nothing held.
 const giveBackSQL = `
-UPDATE messaging_relay_lane
-   SET owner = NULL, lease_expires_at = NULL, epoch = epoch + 1,
-       held_ids = '{}', held_attempts = '{}', changed_at = now()
- WHERE owner = $1 AND lane = ANY ($2::int[])
-RETURNING lane`
+WITH back AS (
+    UPDATE messaging_relay_lane
+       SET owner = NULL, lease_expires_at = NULL, epoch = epoch + 1, changed_at = now()
+     WHERE owner = $1 AND lane = ANY ($2::int[])
+    RETURNING lane, epoch
+),
+cleared AS (
+    UPDATE messaging_relay_lane_held d SET epoch = b.epoch, held_ids = '{}', held_attempts = '{}'
+      FROM back b WHERE d.lane = b.lane
+)
+SELECT lane FROM back`
 
 // GiveBackLanes gives the lanes back (all of owner's when lanes is nil)
 // and returns those it gave back. The caller must hold nothing in them: what
@@ -509,17 +554,19 @@ SELECT min(owner) FROM messaging_relay_lane WHERE owner IS NOT NULL AND lease_ex
                 last_failure_code = '` + CodeLeaseExpired + `',
                 last_failure_detail = 'lane ' || h.lane || ' of ' || h.owner || ' expired while it held this row; no outcome was written'
            FROM (SELECT l.lane, l.owner, x.id, x.att FROM messaging_relay_lane l
-                   CROSS JOIN LATERAL unnest(l.held_ids, l.held_attempts) AS x(id, att)
+                   JOIN messaging_relay_lane_held d ON d.lane = l.lane AND d.epoch = l.epoch
+                   CROSS JOIN LATERAL unnest(d.held_ids, d.held_attempts) AS x(id, att)
                   WHERE l.owner IS NOT NULL) h
           WHERE o.message_id = h.id AND o.attempts = h.att
             AND o.published_at IS NULL AND o.parked_at IS NULL AND o.status <> 'IN_FLIGHT'`,
 		`DELETE FROM messaging_relay_lane`,
 		`INSERT INTO messaging_relay_lane (lane) SELECT g FROM generate_series(0, $1 - 1) g`,
+		`INSERT INTO messaging_relay_lane_held (lane) SELECT g FROM generate_series(0, $1 - 1) g`,
 		`DROP INDEX IF EXISTS messaging_outbox_lane_idx`,
 		`CREATE INDEX messaging_outbox_lane_idx ON messaging_outbox (` + strings.ReplaceAll(unkeyedLaneExpr("o", n), "o.", "") + `, seq)
             WHERE ordering_key IS NULL AND published_at IS NULL AND parked_at IS NULL`,
 	}
-	args := [][]any{{maxAttempts}, nil, {n}, nil, nil}
+	args := [][]any{{maxAttempts}, nil, {n}, {n}, nil, nil}
 	for i, q := range stmts {
 		if _, err := tx.ExecContext(ctx, q, args[i]...); err != nil {
 			return fmt.Errorf("%s: %w", op, err)
@@ -546,7 +593,11 @@ fence AS MATERIALIZED (
 )`
 
 func laneFenceFor(lanes int, owner, token, attempts string) string {
-	return `o.published_at IS NULL AND o.parked_at IS NULL
+	// The count reads (and so locks) every lane of the owner before any
+	// row is written: a CTE is read lazily, and EXISTS alone would lock
+	// only the lanes up to the one it looks for.
+	return `(SELECT count(*) FROM fence) > 0
+   AND o.published_at IS NULL AND o.parked_at IS NULL
    AND o.attempts = ` + attempts + `
    AND EXISTS (SELECT 1 FROM fence f WHERE f.lane = ` + laneExpr("o", lanes) + ` AND f.epoch = ` + token + `)`
 }

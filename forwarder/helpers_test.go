@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if url := os.Getenv(laneChildEnv); url != "" {
+		runLaneChild(url) // a relay process of TestAMessageThatKillsItsRelayEndsExhausted
+	}
 	leakcheck.VerifyTestMain(m,
 		// database/sql's opener goroutine of pools closed in t.Cleanup after
 		// the last test may still be unwinding.

@@ -183,7 +183,7 @@ func TestEnableConcurrentWithBeatSeesTheHeartbeat(t *testing.T) {
 	t.Cleanup(func() { _ = beatTx.Rollback() })
 	// Beat's own statement, held open in a transaction so the switch has to
 	// wait for it.
-	res, err := beatTx.ExecContext(ctx, relaymode.SQLBeat, "slow-relay", time.Minute.Seconds(), 0)
+	res, err := beatTx.ExecContext(ctx, relaymode.SQLBeat, "slow-relay", time.Minute.Seconds(), 0, "")
 	require.NoError(t, err)
 	n, _ := res.RowsAffected()
 	require.EqualValues(t, 1, n)

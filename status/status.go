@@ -181,6 +181,12 @@ type Snapshot struct {
 	// attempts while it probes).
 	Breakers []Breaker `json:"open_breakers"`
 
+	// Fence is the fleet's fence scheme (ROWS or LANES), and Lanes every
+	// lane with its owner, epoch and what it holds in flight (all owned
+	// by nobody under ROWS).
+	Fence string `json:"fence"`
+	Lanes []Lane `json:"lanes"`
+
 	// CDCConsumers are the CDC consumers with a live heartbeat (native
 	// relays, Debezium connectors through their heartbeat action query).
 	CDCConsumers []Relay `json:"cdc_consumers"`
@@ -248,6 +254,9 @@ func CollectWith(ctx context.Context, db *sql.DB, opts Options) (Snapshot, error
 		return Snapshot{}, err
 	}
 	if err := readRelays(ctx, tx, &s); err != nil {
+		return Snapshot{}, err
+	}
+	if err := readLanes(ctx, tx, &s); err != nil {
 		return Snapshot{}, err
 	}
 	if err := readSlots(ctx, tx, &s); err != nil {

@@ -63,6 +63,7 @@ const (
 	relayOursNoPF      = "outbox-noprefetch"       // defaults but DisablePrefetch: the pipelining's paired baseline
 	relayOursB100      = "outbox-b100"             // BatchSize 100, fixed: the minimal relay's batch, claim for claim
 	relayOursTunedNoPF = "outbox-tuned-noprefetch" // BatchSize ourTunedBatch, DisablePrefetch
+	relayOursLanes     = "outbox-lanes"            // defaults with Fence: FenceLanes (one write per message)
 	ourTunedBatch      = 1000
 	relayWMDefault     = "watermill"        // components/forwarder + watermill-sql subscriber, defaults
 	relayWMTuned       = "watermill-tuned"  // same, PollInterval 10ms, batch 1000
@@ -154,7 +155,7 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 		rctx, cancel := context.WithCancel(ctx)
 		errc := make(chan error, 1)
 		switch kind {
-		case relayOurs, relayOursTuned, relayOursNoPF, relayOursTunedNoPF, relayOursB100, relayWMDefault, relayWMTuned:
+		case relayOurs, relayOursTuned, relayOursNoPF, relayOursTunedNoPF, relayOursB100, relayOursLanes, relayWMDefault, relayWMTuned:
 			f, err := newForwarder(kind, s, db, out, listen)
 			if err != nil {
 				cancel()
@@ -225,6 +226,8 @@ func newForwarder(kind string, s *schema, db *sql.DB, out message.Publisher, lis
 			cfg.BatchSize = ourTunedBatch
 		case relayOursB100:
 			cfg.BatchSize = minimalBatchSize // set alone: fixed, no growth to MaxBatchSize
+		case relayOursLanes:
+			cfg.Fence = forwarder.FenceLanes
 		}
 		if listen {
 			cfg.ListenURL = s.url
@@ -319,6 +322,11 @@ func settle(ctx context.Context, db *sql.DB) {
 type drainStats struct {
 	rate        float64 // msg/s, from relay start to the last message received
 	cpuUSPerMsg float64 // µs of this process's CPU (user + sys) per relayed message
+	// versions and hot are the row versions the drain wrote per relayed
+	// message (pg_stat_user_tables' n_tup_upd of the schema's outbox, read
+	// once the relays' backends exited and their counts stopped moving),
+	// and of those the HOT ones; 0 for watermill's relays (another table).
+	versions, hot float64
 }
 
 // drainCell measures how fast d.relays relays of d.kind drain a backlog of n
@@ -369,6 +377,14 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 	}
 	st.rate = float64(n) / time.Since(start).Seconds()
 	st.cpuUSPerMsg = float64((processCPU() - cpu0).Microseconds()) / float64(n)
+	r.stop() // the relays' backends exit and report their counts
+	if d.kind != relayWMDefault && d.kind != relayWMTuned {
+		upd, hot, err := rowVersions(ctx, s)
+		if err != nil {
+			return st, err
+		}
+		st.versions, st.hot = float64(upd)/float64(n), float64(hot)/float64(n)
+	}
 	if oc != nil {
 		if err := oc.violation(); err != nil {
 			return st, fmt.Errorf("%s: PER-KEY ORDER VIOLATED: %w", d.name(), err)
@@ -378,4 +394,29 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 		}
 	}
 	return st, nil
+}
+
+// rowVersions reads how many row versions updates wrote in the schema's
+// outbox, and how many of them were HOT, once the counts stop moving (each
+// backend reports its counts when it exits, or within a second).
+func rowVersions(ctx context.Context, s *schema) (upd, hot int64, err error) {
+	const q = `SELECT coalesce(sum(n_tup_upd), 0), coalesce(sum(n_tup_hot_upd), 0) FROM pg_stat_user_tables
+ WHERE schemaname = $1 AND relname = 'messaging_outbox'`
+	var last int64 = -1
+	for stable := 0; stable < 3; {
+		if err := s.db.QueryRowContext(ctx, q, s.name).Scan(&upd, &hot); err != nil {
+			return 0, 0, err
+		}
+		if upd == last {
+			stable++
+		} else {
+			stable, last = 0, upd
+		}
+		select {
+		case <-ctx.Done():
+			return 0, 0, ctx.Err()
+		case <-time.After(400 * time.Millisecond):
+		}
+	}
+	return upd, hot, nil
 }

@@ -262,7 +262,10 @@ func drainName(kind string, relays int) string {
 }
 
 // drainCPUName is the relay process's CPU per message of a drain cell.
-func drainCPUName(drain string) string  { return "cpu/" + strings.TrimPrefix(drain, "drain/") }
+func drainCPUName(drain string) string { return "cpu/" + strings.TrimPrefix(drain, "drain/") }
+
+// versionsName is a drain cell's row versions per relayed message.
+func versionsName(drain string) string  { return "versions/" + strings.TrimPrefix(drain, "drain/") }
 func latencyName(kind, p string) string { return fmt.Sprintf("latency/%s/%s", kind, p) }
 func idleName(kind string) string       { return "idle/" + kind }
 func scaleName(what string, n int) string {
@@ -296,7 +299,8 @@ func keyedKinds(keys []int) []drainKind {
 }
 
 var drainKinds = []drainKind{{relayOurs, 1, 0}, {relayOursB100, 1, 0}, {relayOursNoPF, 1, 0}, {relayOurs, 4, 0}, {relayOursTuned, 1, 0}, {relayOursTunedNoPF, 1, 0},
-	{relayWMDefault, 1, 0}, {relayWMTuned, 1, 0}, {relayMinimal, 1, 0}, {relayMinimalTuned, 1, 0}}
+	{relayWMDefault, 1, 0}, {relayWMTuned, 1, 0}, {relayMinimal, 1, 0}, {relayMinimalTuned, 1, 0},
+	{relayOursLanes, 1, 0}, {relayOursLanes, 4, 0}, {relayOursLanes, 1, 100}, {relayOursLanes, 4, 100}, {relayOurs, 4, 100}}
 
 // writeImpls are the write side's implementations, run back to back per cell.
 var writeImpls = []string{implPublisher, implWatermill, implRaw, implPublisherPlain, implRawPrepared}
@@ -381,7 +385,11 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 			}
 			c.add("drain", d.name(), "msg/s", st.rate)
 			c.add("cpu", drainCPUName(d.name()), "µs/msg", st.cpuUSPerMsg)
-			logf("  %-28s %10.0f msg/s %7.1f µs CPU/msg", d.name(), st.rate, st.cpuUSPerMsg)
+			if st.versions > 0 {
+				c.add("versions", versionsName(d.name()), "versions/msg", st.versions)
+				c.add("versions", versionsName(d.name())+"/hot", "versions/msg", st.hot)
+			}
+			logf("  %-28s %10.0f msg/s %7.1f µs CPU/msg %5.2f row versions/msg (%.2f HOT)", d.name(), st.rate, st.cpuUSPerMsg, st.versions, st.hot)
 		}
 		// 2b. Recovery after a downstream outage, and claim cost under
 		// blocked keys.

@@ -139,9 +139,26 @@ func TestDeployKubernetesMatchesFlags(t *testing.T) {
 	require.Equal(t, c.Ports[0].Name, c.ReadinessProbe.HTTPGet.Port)
 	require.True(t, strings.HasSuffix(env["OUTBOX_METRICS_ADDR"], ":"+strconv.Itoa(c.Ports[0].ContainerPort)), env["OUTBOX_METRICS_ADDR"])
 
-	// The grace period covers the drain and the outcome writes after it.
-	grace := time.Duration(d.Spec.Template.Spec.TerminationGracePeriodSeconds) * time.Second
-	require.GreaterOrEqual(t, grace, drain+10*time.Second, "terminationGracePeriodSeconds must be >= drain timeout + 10s")
+	// The grace period is what the relay says its stop may take with these
+	// settings (`outboxctl relay --print-grace`, run as the pod would).
+	require.Positive(t, drain)
+	require.Equal(t, shippedGrace(t, env, c.Args), d.Spec.Template.Spec.TerminationGracePeriodSeconds,
+		"terminationGracePeriodSeconds must be what `outboxctl relay --print-grace` prints with the manifest's settings")
+}
+
+// shippedGrace runs `outboxctl relay --print-grace` with env as its only
+// environment and args after it, and returns the seconds it prints.
+func shippedGrace(t *testing.T, env map[string]string, args []string) int {
+	t.Helper()
+	var list []string
+	for k, v := range env {
+		list = append(list, k+"="+v)
+	}
+	r := cli(t, list, append([]string{"relay", "--print-grace"}, args...)...)
+	requireCode(t, r, 0)
+	n, err := strconv.Atoi(strings.TrimSpace(r.stdout))
+	require.NoError(t, err, r.stdout)
+	return n
 }
 
 func TestDeploySystemdMatchesFlags(t *testing.T) {
@@ -161,9 +178,11 @@ func TestDeploySystemdMatchesFlags(t *testing.T) {
 	env := readEnvFile(t, filepath.Join(deployDir, "systemd", "relay.env"))
 	drain := checkRelaySettings(t, "outbox-relay.service", env, exec[2:])
 
-	stop, err := time.ParseDuration(svc["TimeoutStopSec"][0] + "s")
-	require.NoError(t, err)
-	require.GreaterOrEqual(t, stop, drain+10*time.Second, "TimeoutStopSec must be >= drain timeout + 10s")
+	stop, err := strconv.Atoi(svc["TimeoutStopSec"][0])
+	require.NoError(t, err, "TimeoutStopSec is a number of seconds")
+	require.Positive(t, drain)
+	require.Equal(t, shippedGrace(t, env, exec[2:]), stop,
+		"TimeoutStopSec must be what `outboxctl relay --print-grace` prints with the unit's settings")
 	// Examples bind the operations listener to loopback on a host.
 	require.True(t, strings.HasPrefix(env["OUTBOX_METRICS_ADDR"], "127.0.0.1:"), env["OUTBOX_METRICS_ADDR"])
 }
@@ -215,17 +234,38 @@ func readEnvFile(t *testing.T, path string) map[string]string {
 var metricRe = regexp.MustCompile(`\boutbox_[a-z_]+`)
 
 // exposedMetrics runs a relay on a fresh schema with a published row and a
-// parked one, and returns the metric family names its /metrics serves.
+// parked one, then cuts its downstream (--to log on a stdout nobody reads
+// any more) until a breaker opens, and returns the metric family names its
+// /metrics serves: those of an outage included.
 func exposedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	s := newSchema(t)
 	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "m-1", Destination: "orders", Payload: []byte("x")})
 	testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "f-1", Destination: "orders", Payload: []byte("x"), Status: envelope.StatusFailed, LastFailureCode: "X"})
-	p := startRelayProc(t, nil, "--database-url", s.URL, "relay", "--to", "log", "--metrics-addr", "127.0.0.1:0",
-		"--poll-interval", "50ms", "--max-poll-interval", "200ms")
-	line := p.waitLine(t, func(l string) bool { return strings.Contains(l, "metrics on http://") })
-	url := regexp.MustCompile(`http://[^\s"]+`).FindString(line)
-	waitStatus(t, s, &syncWriter{}, "m-1", "PUBLISHED")
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	cmd := exec.Command(binary, "--database-url", s.URL, "relay", "--to", "log", "--metrics-addr", "127.0.0.1:0",
+		"--poll-interval", "50ms", "--max-poll-interval", "200ms", "--publish-timeout", "300ms", "--lease", "2s")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+	cmd.Stdout = w
+	stderr := &syncWriter{}
+	cmd.Stderr = stderr
+	require.NoError(t, cmd.Start())
+	require.NoError(t, w.Close())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	var url string
+	require.Eventually(t, func() bool {
+		url = regexp.MustCompile(`http://[^\s"]+/metrics`).FindString(stderr.String())
+		return url != ""
+	}, 60*time.Second, 20*time.Millisecond, "stderr:\n%s", stderr.String())
+	waitStatus(t, s, stderr, "m-1", "PUBLISHED")
+
+	// The outage: lines larger than the pipe holds, which nobody reads.
+	big := []byte(strings.Repeat("y", 64<<10))
+	for i := range 8 {
+		testdb.InsertRow(t, s.DB, envelope.Row{MessageID: "big-" + strconv.Itoa(i), Destination: "orders", Payload: big})
+	}
 	names := map[string]bool{}
 	require.Eventually(t, func() bool {
 		_, body := get(t, url)
@@ -234,10 +274,9 @@ func exposedMetrics(t *testing.T) map[string]bool {
 				names[strings.Fields(l)[2]] = true
 			}
 		}
-		return names["outbox_forwarder_messages_total"] && names["outbox_oldest_pending_age_seconds"]
-	}, 30*time.Second, 50*time.Millisecond)
-	require.NoError(t, p.cmd.Process.Kill())
-	_ = p.cmd.Wait()
+		return names["outbox_forwarder_messages_total"] && names["outbox_oldest_pending_age_seconds"] &&
+			strings.Contains(body, `outbox_forwarder_breaker_open{destination="orders"} 1`)
+	}, 60*time.Second, 50*time.Millisecond, "no breaker opened\nstderr:\n%s", stderr.String())
 	return names
 }
 
@@ -296,8 +335,14 @@ func TestPrometheusRulesAndDashboard(t *testing.T) {
 			exprs.WriteString(tg.Expr + "\n")
 		}
 	}
-	for _, alert := range []string{"OutboxRelayDown", "OutboxBacklogAge", "OutboxParkedRowsGrowing", "OutboxStaleWrites", "OutboxPublishErrorRatio"} {
-		require.Contains(t, string(rules), "alert: "+alert)
+	// Every rule of both files has a unit test in which it fires.
+	for _, f := range []string{"outbox-alerts", "cdc-rules"} {
+		names := alertNames(t, filepath.Join(deployDir, "prometheus", f+".yml"))
+		require.NotEmpty(t, names, f)
+		firing := firingInTests(t, filepath.Join(deployDir, "prometheus", f+".test.yml"))
+		for _, n := range names {
+			require.True(t, firing[n], "%s.yml: alert %s fires in no test of %s.test.yml", f, n, f)
+		}
 	}
 
 	exposed := exposedMetrics(t)
@@ -320,4 +365,51 @@ func TestPrometheusRulesAndDashboard(t *testing.T) {
 		require.NoError(t, err, "promtool %s:\n%s", strings.Join(args, " "), res)
 		require.Contains(t, string(res), "SUCCESS")
 	}
+}
+
+// alertNames are the alert rules of a Prometheus rule file, in order.
+func alertNames(t *testing.T, path string) []string {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var f struct {
+		Groups []struct {
+			Rules []struct{ Alert, Record string }
+		}
+	}
+	require.NoError(t, yaml.Unmarshal(raw, &f), path)
+	var out []string
+	for _, g := range f.Groups {
+		for _, r := range g.Rules {
+			require.NotEmpty(t, r.Alert, "%s: a recording rule (%s); the tables list alerts only", path, r.Record)
+			out = append(out, r.Alert)
+		}
+	}
+	return out
+}
+
+// firingInTests are the alerts a promtool test file expects to fire at
+// least once.
+func firingInTests(t *testing.T, path string) map[string]bool {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var f struct {
+		Tests []struct {
+			AlertRuleTest []struct {
+				Alertname string
+				ExpAlerts []map[string]any `yaml:"exp_alerts"`
+			} `yaml:"alert_rule_test"`
+		}
+	}
+	require.NoError(t, yaml.Unmarshal(raw, &f), path)
+	out := map[string]bool{}
+	for _, tc := range f.Tests {
+		for _, a := range tc.AlertRuleTest {
+			if len(a.ExpAlerts) > 0 {
+				out[a.Alertname] = true
+			}
+		}
+	}
+	return out
 }

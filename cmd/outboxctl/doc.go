@@ -64,6 +64,10 @@
 //	                            --topic-prefix, -o file); needs no database
 //	debezium enable|disable     switch the relay mode (enable refused while polling relays are live)
 //	debezium status             relay mode and live polling relays
+//	console                     the operator web console on 127.0.0.1:8089 (--listen, --tls-cert/--tls-key,
+//	                            --read-only): people sign in with their PostgreSQL login; overview,
+//	                            parked rows, row inspector, relays, the journal; plan, approve (another
+//	                            login) and execute redrives and purges (docs/CONSOLE.md)
 //	version                     module version, VCS revision, Go version (build information)
 //
 // # Exit codes

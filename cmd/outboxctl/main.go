@@ -257,6 +257,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.cleanupCommand(),
 		a.relayCommand(),
 		a.debeziumCommand(),
+		a.consoleCommand(),
 		a.versionCommand(),
 	)
 	return root

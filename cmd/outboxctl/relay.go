@@ -5,13 +5,15 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -65,7 +67,7 @@ func (f *sinkFlags) kafkaConfig() kafka.Config {
 // module are listed; none is a stub.
 var sinks = map[string]func(a *app, f *sinkFlags, logger watermill.LoggerAdapter) (message.Publisher, forwarder.Classifier, error){
 	"log": func(a *app, _ *sinkFlags, _ watermill.LoggerAdapter) (message.Publisher, forwarder.Classifier, error) {
-		return &logPublisher{out: a.stdout}, nil, nil
+		return newLogPublisher(a.stdout), nil, nil
 	},
 	// Pub/Sub; the client honours PUBSUB_EMULATOR_HOST for an emulator.
 	"pubsub": func(_ *app, f *sinkFlags, logger watermill.LoggerAdapter) (message.Publisher, forwarder.Classifier, error) {
@@ -166,6 +168,7 @@ func (a *app) relayCommand() *cobra.Command {
 		lf          logFlags
 		cfg         forwarder.Config
 		sf          sinkFlags
+		printGrace  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -224,14 +227,31 @@ The relay refuses to start with RELAY_MODE_CONFLICT (exit 3) when the
 database's relay mode is CDC, and with OUTBOX_SCHEMA_NOT_MIGRATED (exit 2)
 when the search_path has no migrated schema. --timeout does not apply: the
 relay runs until it is signalled. On SIGTERM it stops claiming, lets
-publishes in flight finish for up to --drain-timeout, writes their outcomes
-and exits 0: give it a grace period (Kubernetes
-terminationGracePeriodSeconds, systemd TimeoutStopSec) of at least
---drain-timeout plus 10s.`,
+publishes in flight finish for up to --drain-timeout, writes their outcomes,
+removes its heartbeat, closes the downstream and the metrics listener and
+exits 0. Every step has a deadline, so the stop's length is known from the
+settings: --print-grace prints it in seconds (with the same flags and
+OUTBOX_* variables as the relay; nothing is opened) and the platform must
+give at least that (Kubernetes terminationGracePeriodSeconds, systemd
+TimeoutStopSec). It is the forwarder's bound (--drain-timeout + 4 x
+--db-timeout, or --heartbeat-interval when longer, + --db-timeout for the
+heartbeat's removal) + 5s each to close the metrics listener (with
+--metrics-addr), the downstream and the database pool + 5s of margin. A stop the forwarder has not finished within its
+bound (a database that stopped answering altogether) exits 1 with
+OUTBOXCTL_RELAY_STOP_TIMEOUT, its rows waiting for their leases, rather
+than being killed by the platform.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := bindEnv(cmd, a.getenv); err != nil {
 				return runError{err}
+			}
+			if printGrace {
+				g, err := relayGrace(cfg, metricsAddr)
+				if err != nil {
+					return runError{err}
+				}
+				_, err = fmt.Fprintln(a.stdout, int64(g/time.Second))
+				return err
 			}
 			// No --timeout: a relay runs until SIGINT/SIGTERM.
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -272,6 +292,7 @@ terminationGracePeriodSeconds, systemd TimeoutStopSec) of at least
 	f.DurationVar(&cfg.MaxPollInterval, "max-poll-interval", forwarder.DefaultMaxPollInterval, "cap of the idle backoff")
 	f.StringVar(&cfg.Owner, "owner", "", "relay owner id in leases and heartbeats (default host-pid-random)")
 	f.StringVar(&cfg.Producer, "producer", "", "msg.producer restored on rows that carry none")
+	f.BoolVar(&printGrace, "print-grace", false, "print the seconds a stop may take with these settings (the grace period to give the relay) and exit")
 	envFlags(cmd)
 	return cmd
 }
@@ -295,16 +316,14 @@ func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, lf
 	if err != nil {
 		return err
 	}
-	defer db.Close()
+	defer func() { _ = closeWithin(db, dbCloseTimeout) }()
 	if err := migrations.Check(ctx, db); err != nil {
 		return err
 	}
 	if listen {
 		cfg.ListenURL = a.resolvedURL()
 	}
-	if cfg.MaxBatchSize == 0 {
-		cfg.MaxBatchSize = max(forwarder.DefaultMaxBatchSize, cfg.BatchSize)
-	}
+	cfg = relayConfig(cfg)
 	if err := cfg.Validate(); err != nil { // before anything is built from it
 		return err
 	}
@@ -324,7 +343,13 @@ func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, lf
 	if err != nil {
 		return err
 	}
-	defer out.Close()
+	// The downstream is closed with a deadline (a client that cannot reach
+	// its broker, stdout nobody reads): the stop must end within its grace.
+	defer func() {
+		if err := closeWithin(out, sinkCloseTimeout); err != nil {
+			slogger.Warn("downstream not closed cleanly; every outcome was written before, so nothing is lost", "to", to, "error", a.redactString(err.Error()))
+		}
+	}()
 	cfg.Classifier = classifier // nil: the forwarder's default
 	fwd, err := forwarder.New(db, out, logger, cfg)
 	if err != nil {
@@ -338,27 +363,129 @@ func (a *app) relay(ctx context.Context, to, metricsAddr string, listen bool, lf
 		}
 		srv := newOpsServer(reg, &readiness{db: db, owner: fwd.Owner(), redact: a.redactString, downstream: fwd.Ready})
 		go func() { _ = srv.Serve(ln) }()
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		}()
+		defer shutdownOps(srv)
 		slogger.Info("metrics on http://"+ln.Addr().String()+"/metrics", "healthz", "/healthz", "readyz", "/readyz")
 	}
 	slogger.Info("relay "+fwd.Owner()+" publishing to "+to, "owner", fwd.Owner(), "to", to)
-	if err := fwd.Run(ctx); err != nil {
+	if err := runBounded(ctx, fwd, fwd.Config().StopBound()); err != nil {
 		return err
 	}
 	slogger.Info("relay "+fwd.Owner()+" stopped", "owner", fwd.Owner())
 	return nil
 }
 
+// Deadlines of the relay's own stop, after the forwarder's (each counted by
+// relayGrace).
+const (
+	// opsShutdownTimeout: requests in progress on the operations listener
+	// may finish (a scrape, a /readyz, each bounded by its own timeout)
+	// before it is closed.
+	opsShutdownTimeout = 5 * time.Second
+	// sinkCloseTimeout: the downstream's Close, after the listener's.
+	sinkCloseTimeout = 5 * time.Second
+	// dbCloseTimeout: the pool's close, last (its connections' goodbyes to
+	// a server that may have stopped answering).
+	dbCloseTimeout = 5 * time.Second
+	// stopMargin: the signal's delivery, the process's start of the stop
+	// and its exit on a busy node.
+	stopMargin = 5 * time.Second
+)
+
+// CodeRelayStopTimeout: the forwarder had not stopped within its bound
+// (forwarder.Config.StopBound) after SIGTERM or SIGINT; the relay exits 1
+// within its grace instead of being killed, and the rows it still held
+// wait for their leases.
+const CodeRelayStopTimeout outbox.Code = "OUTBOXCTL_RELAY_STOP_TIMEOUT"
+
+// relayConfig fills in what the relay sets differently from the forwarder's
+// defaults: MaxBatchSize at least forwarder.DefaultMaxBatchSize.
+func relayConfig(cfg forwarder.Config) forwarder.Config {
+	if cfg.MaxBatchSize == 0 {
+		cfg.MaxBatchSize = max(forwarder.DefaultMaxBatchSize, cfg.BatchSize)
+	}
+	return cfg
+}
+
+// relayGrace is the longest a stop of `outboxctl relay` may take with these
+// settings, rounded up to whole seconds: the forwarder's StopBound, then
+// one after the other the operations listener (when --metrics-addr is set),
+// the downstream and the pool, and a margin. It refuses a configuration the
+// relay would refuse.
+func relayGrace(cfg forwarder.Config, metricsAddr string) (time.Duration, error) {
+	cfg = relayConfig(cfg)
+	if err := cfg.Validate(); err != nil {
+		return 0, err
+	}
+	after := sinkCloseTimeout + dbCloseTimeout
+	if metricsAddr != "" {
+		after += opsShutdownTimeout
+	}
+	g := cfg.StopBound() + after + stopMargin
+	return (g + time.Second - 1).Truncate(time.Second), nil
+}
+
+// runBounded runs fwd until ctx is cancelled, then waits at most bound for
+// it to drain.
+func runBounded(ctx context.Context, fwd *forwarder.Forwarder, bound time.Duration) error {
+	done := make(chan error, 1)
+	go func() { done <- fwd.Run(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return outbox.Errorf(CodeRelayStopTimeout, "outboxctl relay",
+			"the forwarder had not stopped %s after the signal (its bound with these settings: the database stopped answering?); exiting before the platform kills the relay: rows it still held stay IN_FLIGHT until their leases expire", bound)
+	}
+}
+
+// shutdownOps lets requests in progress finish for opsShutdownTimeout,
+// then closes the listener's connections.
+func shutdownOps(srv *http.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), opsShutdownTimeout)
+	defer cancel()
+	if srv.Shutdown(ctx) != nil {
+		_ = srv.Close()
+	}
+}
+
+// closeWithin closes c, waiting at most d: a Close still running then is
+// left behind (the process is exiting).
+func closeWithin(c io.Closer, d time.Duration) error {
+	done := make(chan error, 1)
+	go func() { done <- c.Close() }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return fmt.Errorf("Close did not return within %s", d)
+	}
+}
+
 // logPublisher is the `--to log` downstream: one JSON line per message on
 // stdout, confirmed as soon as the line is written.
+//
+// A write to a stdout nobody reads blocks for ever (a pipe is not pollable,
+// so it has no deadline). The forwarder leaves such a publish behind after
+// PublishTimeout and records it AMBIGUOUS; the publishes queued behind it
+// give up when their message's context ends instead of waiting for it, and
+// Close waits for it only sinkCloseTimeout.
 type logPublisher struct {
-	mu     sync.Mutex // the forwarder publishes concurrently; lines must not interleave
+	turn   chan struct{} // one write at a time: lines must not interleave
 	out    io.Writer
-	closed bool
+	closed atomic.Bool
+}
+
+func newLogPublisher(out io.Writer) *logPublisher {
+	return &logPublisher{out: out, turn: make(chan struct{}, 1)}
 }
 
 type logLine struct {
@@ -369,11 +496,24 @@ type logLine struct {
 	PayloadText   *string           `json:"payload_text,omitempty"`
 }
 
+var errLogPublisherClosed = errors.New("log publisher closed")
+
 func (p *logPublisher) Publish(topic string, msgs ...*message.Message) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return errors.New("log publisher closed")
+	if p.closed.Load() {
+		return errLogPublisherClosed
+	}
+	var done <-chan struct{} // the first message's context: the forwarder's publish timeout
+	if len(msgs) > 0 {
+		done = msgs[0].Context().Done()
+	}
+	select {
+	case p.turn <- struct{}{}:
+	case <-done:
+		return fmt.Errorf("stdout is busy with an earlier line (is it read?): %w", msgs[0].Context().Err())
+	}
+	defer func() { <-p.turn }()
+	if p.closed.Load() {
+		return errLogPublisherClosed
 	}
 	for _, m := range msgs {
 		l := logLine{Topic: topic, UUID: m.UUID, Metadata: map[string]string(m.Metadata), PayloadBase64: base64.StdEncoding.EncodeToString(m.Payload)}
@@ -395,9 +535,18 @@ func (p *logPublisher) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
+// Close refuses further publishes and waits up to sinkCloseTimeout for a
+// line being written; a write blocked longer (stdout not read) is left
+// behind and reported.
 func (p *logPublisher) Close() error {
-	p.mu.Lock()
-	p.closed = true
-	p.mu.Unlock()
-	return nil
+	p.closed.Store(true)
+	t := time.NewTimer(sinkCloseTimeout)
+	defer t.Stop()
+	select {
+	case p.turn <- struct{}{}:
+		<-p.turn
+		return nil
+	case <-t.C:
+		return errors.New("a line to stdout was still being written (stdout is not read); its message was recorded AMBIGUOUS and is published again")
+	}
 }

@@ -133,6 +133,29 @@ func (a *app) printStatus(s status.Snapshot) error {
 		fmt.Fprintln(out, "warning: live relays have different MaxAttempts: the budget is each relay's configuration, not the row's, so the lowest parks the others' rows EXHAUSTED; give every replica the same")
 	}
 
+	section(out, "LANES (fence "+s.Fence+")")
+	t = newTable(out)
+	t.row("LANE", "OWNER", "EPOCH", "EXPIRES", "IN_FLIGHT")
+	for _, l := range s.Lanes {
+		if l.Owner == "" && l.InFlight == 0 && s.Fence != "LANES" {
+			continue // per-row scheme: the lanes are unused
+		}
+		owner, expires := l.Owner, any("-")
+		if owner == "" {
+			owner = "-"
+		}
+		if l.ExpiresAt != nil {
+			expires = *l.ExpiresAt
+			if !l.Live {
+				owner += " (expired)"
+			}
+		}
+		t.row(l.Lane, owner, l.Epoch, expires, l.InFlight)
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+
 	section(out, "CDC CONSUMERS")
 	t = newTable(out)
 	t.row("OWNER", "SLOT", "STARTED", "HEARTBEAT", "EXPIRES")

@@ -19,7 +19,7 @@
 -- is the relay that wrote it and lease_token the lane's epoch at that time;
 -- lease_expires_at stays NULL. status IN_FLIGHT is written by relays of the
 -- per-row scheme only (fencing.Claim); a lane relay's in-flight rows are
--- the held_ids of its lanes below, shown by outboxctl status.
+-- the held_ids of messaging_relay_lane_held, shown by outboxctl status.
 --
 -- N is a constant in the index expression below and in the statements the
 -- relays run (fencing reads it from this table's row count). It is changed
@@ -32,20 +32,30 @@ CREATE TABLE messaging_relay_lane (
     -- take): the generation a stale owner is fenced by.
     epoch            bigint      NOT NULL DEFAULT 0,
     lease_expires_at timestamptz,
-    -- What the owner holds in flight (written once per claimed batch, before
-    -- it publishes): the message ids and the attempts each had when read.
-    -- The next owner charges an attempt to every row still listed with the
-    -- same attempts (no outcome was written for it), so a message that kills
-    -- its relay mid-publish still ends EXHAUSTED after its budget.
-    held_ids         text[]      NOT NULL DEFAULT '{}',
-    held_attempts    integer[]   NOT NULL DEFAULT '{}',
     changed_at       timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT messaging_relay_lane_pkey PRIMARY KEY (lane),
     CONSTRAINT messaging_relay_lane_lane_check CHECK (lane >= 0 AND lane < 4096),
-    CONSTRAINT messaging_relay_lane_held_check CHECK (cardinality(held_ids) = cardinality(held_attempts)),
     CONSTRAINT messaging_relay_lane_owner_check CHECK ((owner IS NULL) = (lease_expires_at IS NULL))
 ) WITH (fillfactor = 50);
 INSERT INTO messaging_relay_lane (lane) SELECT g FROM generate_series(0, 31) g;
+
+-- What each lane's owner holds in flight (written once per claimed batch,
+-- before it publishes): the message ids and the attempts each had when
+-- read, under the lane's epoch. The next owner charges an attempt to every
+-- row still listed with the same attempts (no outcome was written for it),
+-- so a message that kills its relay mid-publish still ends EXHAUSTED after
+-- its budget. A table of its own so that a claim's record does not lock
+-- the lane row, which the owner's outcome writes hold FOR SHARE.
+CREATE TABLE messaging_relay_lane_held (
+    lane          integer   NOT NULL,
+    epoch         bigint    NOT NULL DEFAULT 0,
+    held_ids      text[]    NOT NULL DEFAULT '{}',
+    held_attempts integer[] NOT NULL DEFAULT '{}',
+    CONSTRAINT messaging_relay_lane_held_pkey PRIMARY KEY (lane),
+    CONSTRAINT messaging_relay_lane_held_lane_fkey FOREIGN KEY (lane) REFERENCES messaging_relay_lane (lane) ON DELETE CASCADE,
+    CONSTRAINT messaging_relay_lane_held_check CHECK (cardinality(held_ids) = cardinality(held_attempts))
+) WITH (fillfactor = 50);
+INSERT INTO messaging_relay_lane_held (lane) SELECT lane FROM messaging_relay_lane;
 
 -- Serves a lane's unkeyed claimable rows in seq order:
 --   WHERE (hashtext(message_id) & 2147483647) % 32 = $lane
@@ -96,4 +106,5 @@ DROP FUNCTION messaging_outbox_refuse_row_lease();
 ALTER TABLE messaging_relay_heartbeat DROP COLUMN fence;
 ALTER TABLE messaging_relay_mode DROP COLUMN fence;
 DROP INDEX messaging_outbox_lane_idx;
+DROP TABLE messaging_relay_lane_held;
 DROP TABLE messaging_relay_lane;

@@ -1,0 +1,92 @@
+package forwarder_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
+)
+
+// The relay process of TestAMessageThatKillsItsRelayEndsExhausted is this
+// test binary run again with laneChildEnv set. Its downstream kills the
+// process (SIGKILL, no defer runs, nothing is written) when it is handed
+// the poison message, and accepts every other one.
+const laneChildEnv = "OUTBOX_TEST_LANE_CHILD_URL"
+
+// runLaneChild is that relay process (TestMain calls it when laneChildEnv
+// is set). It exits only by the poison message's SIGKILL, or with status 3.
+func runLaneChild(url string) {
+	db, err := testdb.OpenURL(url)
+	if err != nil {
+		os.Exit(3)
+	}
+	down := &recorder{behave: func(_ string, m *message.Message) (bool, error) {
+		if m.UUID == "poison" {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // the signal ends the process
+		}
+		return true, nil
+	}}
+	f, err := forwarder.New(db, down, nil, forwarder.Config{
+		Fence: forwarder.FenceLanes, MaxAttempts: 3,
+		LeaseDuration: 2 * time.Second, PublishTimeout: time.Second, HeartbeatInterval: 200 * time.Millisecond,
+		PollInterval: 10 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond,
+	})
+	if err != nil {
+		os.Exit(3)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_ = f.Run(ctx) // the poison message ends the process before this returns
+	os.Exit(3)
+}
+
+// A message whose publish kills the relay process, again and again, ends
+// EXHAUSTED after its budget: each relay records what it holds on its lanes
+// before it publishes, and the next one to take those lanes (after their
+// lease expired) charges the rows nobody wrote an outcome for (every row
+// of a batch that dies is charged, as an expired per-row lease is).
+func TestAMessageThatKillsItsRelayEndsExhausted(t *testing.T) {
+	s := newDB(t)
+	insertKeyed(t, s.DB, "poison", "order-7")
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	// Each relay takes the lanes the last one left (once their lease
+	// expired), charging the poison an attempt, and dies publishing it.
+	for kill := range 3 {
+		cmd := exec.Command(exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), laneChildEnv+"="+s.URL)
+		err := cmd.Run()
+		var exit *exec.ExitError
+		require.True(t, errors.As(err, &exit), "relay %d should have died: %v", kill+1, err)
+		require.Equal(t, syscall.SIGKILL, exit.Sys().(syscall.WaitStatus).Signal(), "killed by its poison message")
+		require.Equal(t, kill, state(t, s.DB, "poison").Attempts, "charged once per relay that died of it, by the next")
+	}
+
+	// The next relay takes the lanes and charges the third attempt (the
+	// budget): the poison is parked, never handed to it. A row written
+	// after it is delivered.
+	insertKeyed(t, s.DB, "later", "order-8")
+	rec := &recorder{}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{Owner: "survivor", Fence: forwarder.FenceLanes, MaxAttempts: 3,
+		LeaseDuration: 2 * time.Second, PublishTimeout: time.Second, PollInterval: 10 * time.Millisecond})
+	require.Eventually(t, func() bool {
+		_, err := f.RunOnce(context.Background())
+		require.NoError(t, err)
+		return state(t, s.DB, "later").Status == "PUBLISHED"
+	}, time.Minute, 10*time.Millisecond, "the expired lanes are taken and the later row is delivered")
+	st := state(t, s.DB, "poison")
+	require.Equal(t, "EXHAUSTED", st.Status)
+	require.Equal(t, 3, st.Attempts)
+	require.Equal(t, "LEASE_EXPIRED", st.Code)
+	require.Equal(t, []string{"later"}, rec.ids(), "the poison never reached the survivor")
+}
