@@ -33,4 +33,6 @@
 // chain (one publish in flight per topic), a failing message holds its
 // topic's later ones until it is parked, and consumers see msg.ordering_key
 // set to the topic. Schema{UnorderedTopics: true} turns it off.
+// TestWatermillSQLv3InOrderThroughTheOutbox runs watermill's
+// TestPublishSubscribeInOrder through this path at the forwarder's defaults.
 package sqlv3
