@@ -72,8 +72,12 @@
 // slot, alive HeartbeatTTL). It renews the heartbeat, which re-reads the
 // mode under the mode row's lock, at the first publish or loop turn after
 // HeartbeatInterval: a publish happens only while the last successful
-// heartbeat is younger than HeartbeatTTL, and after a failed one it stops
-// with CDC_HEARTBEAT_LAPSED. `outboxctl debezium disable` (relaymode.Disable)
+// heartbeat is younger than HeartbeatTTL. A renewal that fails (or blocks,
+// cut at what is left of the heartbeat's life) is logged and tolerated while
+// the last successful one is alive; once none has succeeded for
+// HeartbeatTTL the relay stops with CDC_HEARTBEAT_LAPSED, publishing nothing
+// more (TestHeartbeatLapseStopsTheRelay). A refused renewal (the mode is no
+// longer CDC, or another slot's consumer is live) stops it at once. `outboxctl debezium disable` (relaymode.Disable)
 // refuses while any CDC heartbeat is live, so the mode cannot go back to
 // POLLING under a live relay: stop the relay (it marks what it delivered and
 // removes its heartbeat), then disable. A mode changed behind Disable's back

@@ -42,7 +42,7 @@ func TestGenerateRoutesByDestinationAndKeysByRoutingKey(t *testing.T) {
 	require.Equal(t, "messaging_outbox_cdc", s["slot.name"], "the native relay's default slot too")
 	require.Equal(t, "10000", s["heartbeat.interval.ms"])
 	require.Equal(t, `WITH beat AS (INSERT INTO "public".messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at, kind, slot_name) `+
-		`VALUES ('debezium:messaging-outbox', now(), now(), now() + interval '30000 milliseconds', 'CDC', 'messaging_outbox_cdc') `+
+		`VALUES ('debezium:messaging-outbox', now(), now(), now() + interval '30 seconds', 'CDC', 'messaging_outbox_cdc') `+
 		`ON CONFLICT (owner) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at, kind = 'CDC', slot_name = EXCLUDED.slot_name), `+
 		`trimmed AS (DELETE FROM "public"."messaging_cdc_heartbeat" WHERE beat_at < now() - interval '1 hour') `+
 		`INSERT INTO "public"."messaging_cdc_heartbeat" (slot_name) VALUES ('messaging_outbox_cdc')`, s["heartbeat.action.query"])
@@ -290,7 +290,7 @@ func TestHeartbeatIntervalAboveKafkaConnectsIntIsRefused(t *testing.T) {
 	require.Equal(t, "2147483647", c.Settings["heartbeat.interval.ms"])
 	q, err := debezium.HeartbeatActionQuery(opts)
 	require.NoError(t, err)
-	require.Contains(t, q, "interval '6442450941 milliseconds'", "three intervals, not an overflowed int")
+	require.Contains(t, q, "interval '6442450.941 seconds'", "three intervals, not an overflowed int, in a form PostgreSQL 14 reads too")
 	_, err = s.DB.Exec(q)
 	require.NoError(t, err)
 	var ttlMS int64

@@ -42,13 +42,23 @@ func HeartbeatOwner(name string) string { return "debezium:" + name }
 func heartbeatActionQuery(o Options) string {
 	schema := quoteIdent(o.Schema)
 	ttlMS := 3 * int64(o.HeartbeatIntervalMS) // no overflow where int is 32 bits
+	// In seconds, with the milliseconds as a fraction: PostgreSQL 14 reads
+	// the number before an interval unit as a 32-bit integer, so
+	// '6442450941 milliseconds' (three of the largest intervals) is "interval
+	// field value out of range" there (15 and later accept it), while
+	// '6442450.941 seconds' fits every supported major
+	// (TestHeartbeatIntervalAboveKafkaConnectsIntIsRefused runs it).
+	ttl := fmt.Sprintf("%d seconds", ttlMS/1000)
+	if ttlMS%1000 != 0 {
+		ttl = fmt.Sprintf("%d.%03d seconds", ttlMS/1000, ttlMS%1000)
+	}
 	return fmt.Sprintf("WITH beat AS ("+
 		"INSERT INTO %[1]s.messaging_relay_heartbeat (owner, started_at, heartbeat_at, expires_at, kind, slot_name) "+
-		"VALUES (%[2]s, now(), now(), now() + interval '%[3]d milliseconds', 'CDC', %[4]s) "+
+		"VALUES (%[2]s, now(), now(), now() + interval '%[3]s', 'CDC', %[4]s) "+
 		"ON CONFLICT (owner) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at, kind = 'CDC', slot_name = EXCLUDED.slot_name), "+
 		"trimmed AS (DELETE FROM %[1]s.%[5]s WHERE beat_at < now() - interval '1 hour') "+
 		"INSERT INTO %[1]s.%[5]s (slot_name) VALUES (%[4]s)",
-		schema, quoteLiteral(HeartbeatOwner(o.Name)), ttlMS, quoteLiteral(o.SlotName), quoteIdent(HeartbeatTable))
+		schema, quoteLiteral(HeartbeatOwner(o.Name)), ttl, quoteLiteral(o.SlotName), quoteIdent(HeartbeatTable))
 }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

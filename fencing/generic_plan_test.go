@@ -150,9 +150,17 @@ func TestGenericPlansOfTheOutcomeStatementsFindRowsByKey(t *testing.T) {
 }
 
 // rowsProduced sums what every node of a plan produced over all its loops:
-// the work of a plan in rows, whatever it read them from.
+// the work of a plan in rows, whatever it read them from. A Bitmap Index
+// Scan's rows are index entries, which the Bitmap Heap Scan above it counts
+// again as the rows it fetched; they are left out, since they also count the
+// entries of dead row versions (PostgreSQL 17 and 18 plan the outcome write
+// of this test's batch as a bitmap over the primary key: 1,096 entries for
+// 1,000 rows after the claims' updates).
 func rowsProduced(node map[string]any) float64 {
 	n := node["Actual Rows"].(float64) * node["Actual Loops"].(float64)
+	if node["Node Type"] == "Bitmap Index Scan" {
+		n = 0
+	}
 	if kids, ok := node["Plans"].([]any); ok {
 		for _, k := range kids {
 			n += rowsProduced(k.(map[string]any))

@@ -537,9 +537,11 @@ func SetLaneCount(ctx context.Context, db *sql.DB, n, maxAttempts int) error {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit a no-op
+	if _, err := tx.ExecContext(ctx, `LOCK TABLE messaging_relay_lane IN EXCLUSIVE MODE`); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
 	var owner *string
-	if err := tx.QueryRowContext(ctx, `LOCK TABLE messaging_relay_lane IN EXCLUSIVE MODE;
-SELECT min(owner) FROM messaging_relay_lane WHERE owner IS NOT NULL AND lease_expires_at > now()`).Scan(&owner); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT min(owner) FROM messaging_relay_lane WHERE owner IS NOT NULL AND lease_expires_at > now()`).Scan(&owner); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	if owner != nil {

@@ -16,6 +16,10 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 )
 
+// errClaimCut is what the statements of a claim after a failed one return
+// without running.
+var errClaimCut = errors.New("forwarder.claim: not run, an earlier statement of this claim failed")
+
 // claimedBatch is the result of one claim and the local time just before
 // it, which is where its rows' start-by deadline is measured from.
 type claimedBatch struct {
@@ -102,6 +106,13 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		}
 	}
 	claimFn := func(p fencing.ClaimParams) ([]fencing.Claimed, error) {
+		if failures > 0 {
+			// One failed statement ends the claim: the rest would run past
+			// the same deadline and each release again, so a claim is
+			// bounded by DBTimeout plus one release, not by the number of
+			// its statements (forwarder.Config.StopBound counts on it).
+			return nil, errClaimCut
+		}
 		n := len(buf)
 		var err error
 		if lanes != nil {

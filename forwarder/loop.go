@@ -113,7 +113,10 @@ func (f *Forwarder) heartbeat(ctx context.Context, stopping <-chan struct{}, ttl
 		case <-stopping:
 			return
 		case <-t.C:
-			hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HeartbeatInterval)
+			// A beat is bounded like every statement of the relay (and by its
+			// period, when shorter), so a stop never waits an hour-long
+			// HeartbeatInterval for a beat stuck on a silent database.
+			hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(f.cfg.HeartbeatInterval, f.dbTimeout))
 			sent := time.Since(f.beatEpoch)
 			err := relaymode.BeatFence(hctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts, f.beatFence())
 			cancel()

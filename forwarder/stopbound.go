@@ -34,9 +34,11 @@ import "time"
 // The bound counts what Run waits for as documented, one timeout per
 // statement. It is not a bound on a lib/pq statement whose connection stops
 // answering altogether (a cut network: the driver's cancel request waits for
-// the same server), nor on a claim that runs more statements after its
-// deadline passed; a supervisor that must end within the bound stops
-// waiting for Run at StopBound (as `outboxctl relay` does).
+// the same server); a supervisor that must end within the bound stops
+// waiting for Run at StopBound (as `outboxctl relay` does). A claim whose
+// statement failed runs none of its remaining statements, and a heartbeat
+// is bounded by DBTimeout too (when shorter than HeartbeatInterval), so the
+// terms above are upper bounds.
 func (c Config) StopBound() time.Duration {
 	c = c.withDefaults()
 	db := c.DBTimeout

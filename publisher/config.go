@@ -52,6 +52,26 @@ type Config struct {
 	// publish a transaction's keys in one call, or in a fixed order.
 	LockOrderingKeys bool
 
+	// KeyUnkeyedByTopic writes the topic as the ordering key of every
+	// message that sets none (envelope.SetOrderingKey), so the forwarder
+	// publishes each topic's unkeyed messages one after another in seq
+	// order, as watermill's components/forwarder did, instead of up to
+	// Concurrency at once, where neighbours can be published swapped.
+	// Messages that set an ordering key keep theirs.
+	//
+	// The cost: a topic's unkeyed messages then drain as one chain (one
+	// publish in flight per topic instead of up to Concurrency), a message
+	// that fails holds its topic's later messages back until it is published
+	// or parked, the consumer sees msg.ordering_key set to the topic, and
+	// with LockOrderingKeys the transactions publishing to one topic
+	// serialise. Off (the zero value) in publisher.Publisher; on by default
+	// in the watermill-sql drop-in adapters (publisher/sqlv3, publisher/sqlv4),
+	// where consumers had watermill's per-topic order. A topic longer than
+	// envelope.MaxOrderingKeyLength (1024 bytes, only possible with
+	// MaxDestinationLength raised) is then refused with
+	// OUTBOX_DESTINATION_TOO_LONG.
+	KeyUnkeyedByTopic bool
+
 	// Prepared, when set, runs the INSERT as a prepared statement (see
 	// Prepare): one round trip per Publish instead of two, no parsing or
 	// planning per call. The transaction must belong to the *sql.DB it was

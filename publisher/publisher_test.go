@@ -452,3 +452,35 @@ func TestZeroValuePublisherIsRefusedWithoutPanicking(t *testing.T) {
 	require.NoError(t, zero.Close())
 	require.ErrorIs(t, zero.Publish("t", newMsg(t, "x")), outbox.ErrPublisherClosed)
 }
+
+func TestKeyUnkeyedByTopicKeysOnlyTheUnkeyedMessages(t *testing.T) {
+	s := newSchema(t)
+	publish := func(cfg publisher.Config, topic string, msgs ...*message.Message) error {
+		tx := begin(t, s.DB, nil)
+		pub, err := publisher.New(tx, cfg, nil)
+		require.NoError(t, err)
+		if err := pub.Publish(topic, msgs...); err != nil {
+			require.NoError(t, tx.Rollback())
+			return err
+		}
+		return tx.Commit()
+	}
+	unkeyed, keyed, single := newMsg(t, "a"), newMsg(t, "b"), newMsg(t, "c")
+	envelope.SetOrderingKey(keyed, "order-7")
+	require.NoError(t, publish(publisher.Config{KeyUnkeyedByTopic: true}, "orders.paid", unkeyed, keyed))
+	require.NoError(t, publish(publisher.Config{KeyUnkeyedByTopic: true}, "orders.shipped", single))
+	require.Equal(t, "orders.paid", readRow(t, s.DB, unkeyed.UUID).OrderingKey, "an unkeyed message is keyed by its topic")
+	require.Equal(t, "order-7", readRow(t, s.DB, keyed.UUID).OrderingKey, "a message's own key is kept")
+	require.Equal(t, "orders.shipped", readRow(t, s.DB, single.UUID).OrderingKey, "the one-row statement too")
+
+	off := newMsg(t, "d")
+	require.NoError(t, publish(publisher.Config{}, "orders.paid", off))
+	require.Empty(t, readRow(t, s.DB, off.UUID).OrderingKey, "off by default")
+
+	// A topic the ordering key index cannot hold is refused before anything is written.
+	long := strings.Repeat("t", envelope.MaxOrderingKeyLength+1)
+	err := publish(publisher.Config{KeyUnkeyedByTopic: true, MaxDestinationLength: -1}, long, newMsg(t, "e"))
+	require.ErrorIs(t, err, publisher.ErrDestinationTooLong)
+	require.Contains(t, err.Error(), "KeyUnkeyedByTopic")
+	require.Equal(t, 4, s.Count(t, ""))
+}

@@ -210,6 +210,11 @@ func buildInsert(topic string, msgs []*message.Message, cfg Config) (Statement, 
 	if err := checkTopic(topic, lim); err != nil {
 		return Statement{}, err
 	}
+	if cfg.KeyUnkeyedByTopic && len(topic) > envelope.MaxOrderingKeyLength {
+		return Statement{}, outbox.Errorf(CodeDestinationTooLong, op,
+			"topic is %d bytes; with Config.KeyUnkeyedByTopic it is the ordering key of unkeyed messages, which is at most %d bytes (it is indexed): use a shorter topic or turn KeyUnkeyedByTopic off",
+			len(topic), envelope.MaxOrderingKeyLength)
+	}
 	rows := make([]envelope.Row, len(msgs))
 	headers := make([][]byte, len(msgs))
 	ids := make([]string, len(msgs))
@@ -223,6 +228,9 @@ func buildInsert(topic string, msgs []*message.Message, cfg Config) (Statement, 
 		r, err := envelope.ToRow(topic, msg, opts)
 		if err != nil {
 			return Statement{}, err
+		}
+		if cfg.KeyUnkeyedByTopic && r.OrderingKey == "" {
+			r.OrderingKey = topic
 		}
 		if err := checkRow(r, i); err != nil {
 			return Statement{}, err

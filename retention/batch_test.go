@@ -54,9 +54,13 @@ func TestRunDeletesPublishedInBatches(t *testing.T) {
 	require.Equal(t, 50, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_outbox WHERE message_id LIKE 'new-%'`))
 	require.Equal(t, 5, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_outbox WHERE status <> 'PUBLISHED'`))
 
-	// The statistics collector agrees (it flushes asynchronously: force it).
-	_, err = s.DB.Exec(`SELECT pg_stat_force_next_flush()`)
-	require.NoError(t, err)
+	// The statistics collector agrees (it flushes asynchronously: force it
+	// from PostgreSQL 15 on; 14's collector has no such function and sends
+	// its counts within half a second on its own).
+	if testdb.QueryInt(t, s.DB, `SELECT current_setting('server_version_num')::int`) >= 150000 {
+		_, err = s.DB.Exec(`SELECT pg_stat_force_next_flush()`)
+		require.NoError(t, err)
+	}
 	require.Eventually(t, func() bool {
 		var del int
 		_ = s.DB.QueryRow(`SELECT n_tup_del FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'messaging_outbox'`, s.Name).Scan(&del)

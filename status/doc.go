@@ -12,8 +12,9 @@
 //
 //   - One place: every query `outboxctl status` runs on messaging_outbox is
 //     a named constant in queries.go, and [Collect] is the only code that
-//     runs them; the relay mode and the live relays are read with the
-//     debezium package's own functions, inside the same transaction.
+//     runs them; the relay mode, the live relays and the live CDC consumers
+//     are read with the relaymode package's own functions (ReadMode,
+//     LiveRelays, LiveCDCConsumers), inside the same transaction.
 //   - Consistent: [Collect] reads everything in one read-only REPEATABLE
 //     READ transaction with one pinned clock, so the totals, the failure
 //     codes and the stuck correlations describe the same instant.

@@ -10,9 +10,11 @@
 // Progress of long operations goes to stderr, so stdout stays parseable. No
 // output ever carries a password (internal/redact masks every error and log
 // line); a database URL that does not parse is OUTBOXCTL_INVALID_DATABASE_URL
-// (exit 2) with a message that quotes none of it. Every command but migrate
-// and version refuses a search_path without a migrated schema
-// (OUTBOX_SCHEMA_NOT_MIGRATED, exit 2). Text from rows is printed with
+// (exit 2) with a message that quotes none of it. Every command that opens
+// the database, all but migrate, version and debezium config (which only
+// prints a connector configuration), refuses a search_path without a
+// migrated schema (OUTBOX_SCHEMA_NOT_MIGRATED, exit 2;
+// TestEveryCommandNamesUnmigratedSchema). Text from rows is printed with
 // control characters escaped.
 //
 // Commands:

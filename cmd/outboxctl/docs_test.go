@@ -155,7 +155,7 @@ func TestRunbook(t *testing.T) {
 	r.comment("The database: a URL in the environment (flags show in ps). search_path selects the schema.",
 		"export OUTBOX_DATABASE_URL='postgres://outbox_ops@db.internal:5432/app?sslmode=verify-full&search_path=shop'",
 		"",
-		"1. Nothing works on an unmigrated schema; every command says what to do.")
+		"1. Nothing works on an unmigrated schema; every command that opens the database says what to do.")
 	r.run("", "", "status")
 	r.run("", "", "migrate")
 

@@ -171,9 +171,10 @@ func emptySchemaURL(t *testing.T) (string, string) {
 	return name, testdb.WithSearchPath(testdb.URL(), name)
 }
 
-// Every command but migrate, on a search_path with no outbox, names the
-// schema and the remedy with OUTBOX_SCHEMA_NOT_MIGRATED (exit 2) instead of
-// a raw "relation does not exist".
+// Every command that opens the database but migrate, on a search_path with
+// no outbox, names the schema and the remedy with OUTBOX_SCHEMA_NOT_MIGRATED
+// (exit 2) instead of a raw "relation does not exist". version and debezium
+// config open no database: they succeed there (and with no database at all).
 func TestEveryCommandNamesUnmigratedSchema(t *testing.T) {
 	t.Parallel()
 	name, url := emptySchemaURL(t)
@@ -202,6 +203,10 @@ func TestEveryCommandNamesUnmigratedSchema(t *testing.T) {
 			require.Contains(t, r.stderr, "run outboxctl migrate", "%q", full)
 			require.NotContains(t, r.stderr, "does not exist", "%q", full)
 		}
+	}
+	for _, args := range [][]string{{"version"}, {"debezium", "config"}} {
+		requireCode(t, cli(t, nil, append([]string{"--database-url", url}, args...)...), 0)
+		requireCode(t, cli(t, nil, append([]string{"--database-url", "postgres://nobody@127.0.0.1:1/none?sslmode=disable"}, args...)...), 0)
 	}
 	// migrate itself works there, and then status does.
 	requireCode(t, cli(t, nil, "--database-url", url, "migrate"), 0)

@@ -9,7 +9,11 @@
 //     are replaced by forwarder.New(...).RouterPlugin(): the relay starts and
 //     drains with the router;
 //   - the tables come from migrations.Up instead of watermill-sql's schema
-//     auto-initialisation.
+//     auto-initialisation;
+//   - each topic keeps its order: sqlv4.Schema keys messages without an
+//     ordering key by their topic (publisher.Config.KeyUnkeyedByTopic; off
+//     with sqlv4.Schema{UnorderedTopics: true}), so the relay publishes a
+//     topic one message after another, as components/forwarder did.
 //
 // Downstream is watermill's in-memory GoChannel, so it runs anywhere.
 // PostgreSQL comes from OUTBOX_DATABASE_URL (default

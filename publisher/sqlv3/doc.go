@@ -24,4 +24,15 @@
 // fails in PostgreSQL with a message naming that reason, and UnmarshalMessage
 // returns OUTBOX_SUBSCRIBE_UNSUPPORTED. SchemaInitializingQueries returns
 // nothing: the tables come from migrations.Up.
+//
+// Topic order: watermill's components/forwarder republished one message at a
+// time, so consumers saw each topic in publishing order. By default the
+// adapter keeps that: a message without an ordering key gets its topic as
+// ordering key (publisher.Config.KeyUnkeyedByTopic), and the forwarder
+// publishes each key in seq order. The cost is that one topic drains as one
+// chain (one publish in flight per topic), a failing message holds its
+// topic's later ones until it is parked, and consumers see msg.ordering_key
+// set to the topic. Schema{UnorderedTopics: true} turns it off.
+// TestWatermillSQLv3InOrderThroughTheOutbox runs watermill's
+// TestPublishSubscribeInOrder through this path at the forwarder's defaults.
 package sqlv3

@@ -20,8 +20,28 @@ const refuseSubscribe = `SELECT $1::text::integer`
 // The zero value is usable.
 type Schema struct {
 	// Config is applied as publisher.Publisher applies it (producer default,
-	// wake-up NOTIFY).
+	// wake-up NOTIFY, limits), except that KeyUnkeyedByTopic is on unless
+	// UnorderedTopics is set.
 	Config publisher.Config
+
+	// UnorderedTopics turns off what the adapter does by default: a message
+	// without an ordering key gets its topic as ordering key
+	// (publisher.Config.KeyUnkeyedByTopic), so the forwarder publishes each
+	// topic in the order it was written, as watermill-sql with watermill's
+	// forwarder did. Set it only when the consumers do not need a topic's
+	// order: the forwarder then publishes a topic's messages up to
+	// forwarder.Config.Concurrency at once, and neighbours can arrive
+	// swapped.
+	UnorderedTopics bool
+}
+
+// config is the publisher.Config the adapter writes with.
+func (s Schema) config() publisher.Config {
+	c := s.Config
+	if !s.UnorderedTopics {
+		c.KeyUnkeyedByTopic = true
+	}
+	return c
 }
 
 var _ wsql.SchemaAdapter = Schema{}
@@ -29,7 +49,7 @@ var _ wsql.SchemaAdapter = Schema{}
 // InsertQuery returns the single statement that writes msgs, or the
 // envelope's refusal for the first invalid message (nothing is written).
 func (s Schema) InsertQuery(topic string, msgs message.Messages) (wsql.Query, error) {
-	st, err := publisher.BuildInsert(topic, msgs, s.Config)
+	st, err := publisher.BuildInsert(topic, msgs, s.config())
 	if err != nil {
 		return wsql.Query{}, err
 	}

@@ -86,3 +86,24 @@ func TestWatermillSQLv3SubscriberSideRefuses(t *testing.T) {
 	require.True(t, strings.Contains(err.Error(), string(publisher.CodeSubscribeUnsupported)), err.Error())
 	require.Contains(t, err.Error(), "forwarder")
 }
+
+func TestWatermillSQLv3KeysUnkeyedMessagesByTopicUnlessUnordered(t *testing.T) {
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(4)
+	for _, c := range []struct {
+		schema sqlv3.Schema
+		id     string
+		want   string
+	}{
+		{sqlv3.Schema{}, "v3-topic-key", "orders.paid"},
+		{sqlv3.Schema{UnorderedTopics: true}, "v3-unordered", ""},
+	} {
+		pub, err := wsql.NewPublisher(s.DB, wsql.PublisherConfig{SchemaAdapter: c.schema}, nil)
+		require.NoError(t, err)
+		require.NoError(t, pub.Publish("orders.paid", message.NewMessage(c.id, nil)))
+		require.NoError(t, pub.Close())
+		r, err := envelope.ScanRow(s.DB.QueryRow(`SELECT `+envelope.SelectColumns+` FROM messaging_outbox WHERE message_id = $1`, c.id))
+		require.NoError(t, err)
+		require.Equal(t, c.want, r.OrderingKey, c.id)
+	}
+}

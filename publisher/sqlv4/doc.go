@@ -21,4 +21,15 @@
 // OUTBOX_SUBSCRIBE_UNSUPPORTED, because the forwarder, not watermill-sql's
 // subscriber, reads messaging_outbox. SchemaInitializingQueries returns
 // nothing: the tables come from migrations.Up.
+//
+// Topic order: watermill's components/forwarder republished one message at a
+// time, so consumers saw each topic in publishing order. By default the
+// adapter keeps that: a message without an ordering key gets its topic as
+// ordering key (publisher.Config.KeyUnkeyedByTopic), and the forwarder
+// publishes each key in seq order. The cost is that one topic drains as one
+// chain (one publish in flight per topic), a failing message holds its
+// topic's later ones until it is parked, and consumers see msg.ordering_key
+// set to the topic. Schema{UnorderedTopics: true} turns it off.
+// publisher/sqlv4's TestWatermillSQLInOrderThroughTheOutbox runs watermill's
+// TestPublishSubscribeInOrder through this path at the forwarder's defaults.
 package sqlv4

@@ -75,3 +75,24 @@ func TestWatermillSQLv4SubscriberSideRefuses(t *testing.T) {
 	_, err = schema.UnmarshalMessage(wsql.UnmarshalMessageParams{})
 	require.ErrorIs(t, err, publisher.ErrSubscribeUnsupported)
 }
+
+func TestWatermillSQLv4KeysUnkeyedMessagesByTopicUnlessUnordered(t *testing.T) {
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(4)
+	for _, c := range []struct {
+		schema sqlv4.Schema
+		id     string
+		want   string
+	}{
+		{sqlv4.Schema{}, "v4-topic-key", "orders.paid"},
+		{sqlv4.Schema{UnorderedTopics: true}, "v4-unordered", ""},
+	} {
+		pub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(s.DB), wsql.PublisherConfig{SchemaAdapter: c.schema}, nil)
+		require.NoError(t, err)
+		require.NoError(t, pub.Publish("orders.paid", message.NewMessage(c.id, nil)))
+		require.NoError(t, pub.Close())
+		r, err := envelope.ScanRow(s.DB.QueryRow(`SELECT `+envelope.SelectColumns+` FROM messaging_outbox WHERE message_id = $1`, c.id))
+		require.NoError(t, err)
+		require.Equal(t, c.want, r.OrderingKey, c.id)
+	}
+}

@@ -74,9 +74,28 @@ func LogicalCluster(t testing.TB) *Cluster {
 	if walLevel(URL()) == "logical" {
 		return &Cluster{URL: URL()}
 	}
+	return throwawayLogical(t, fmt.Sprintf("the server at %s has wal_level != logical (it must not be reconfigured), %s is unset, and", URL(), LogicalURLEnv))
+}
+
+// ControllableLogicalCluster is a throwaway logical-capable cluster
+// (Throwaway with wal_level=logical), for tests that reconfigure, stop and
+// restart their server: never the shared server, even when it runs with
+// wal_level=logical. The test is skipped, with the reason, when
+// OUTBOX_TEST_LOGICAL_URL is set (the caller chose a server that must not be
+// stopped) or when no throwaway cluster can be started here.
+func ControllableLogicalCluster(t testing.TB) *Cluster {
+	t.Helper()
+	if v := os.Getenv(LogicalURLEnv); v != "" {
+		t.Skipf("this test reconfigures and stops its PostgreSQL server; the server %s names cannot be used (unset it)", LogicalURLEnv)
+	}
+	return throwawayLogical(t, "this test needs a throwaway cluster it may stop, and")
+}
+
+func throwawayLogical(t testing.TB, why string) *Cluster {
+	t.Helper()
 	c, err := Throwaway(t, "-c wal_level=logical -c max_replication_slots=10 -c max_wal_senders=10 -c max_connections=30 -c shared_buffers=16MB")
 	if err != nil {
-		t.Skipf("testdb: no logical-capable PostgreSQL: the server at %s has wal_level != logical (it must not be reconfigured), %s is unset, and %v", URL(), LogicalURLEnv, err)
+		t.Skipf("testdb: no logical-capable PostgreSQL: %s %v", why, err)
 	}
 	if lvl := walLevel(c.URL); lvl != "logical" {
 		t.Fatalf("testdb: throwaway cluster at %s reports wal_level=%q", c.URL, lvl)
@@ -103,7 +122,7 @@ func Throwaway(t testing.TB, settings ...string) (*Cluster, error) {
 	t.Helper()
 	bin := findPGBin()
 	if bin == "" {
-		return nil, fmt.Errorf("%w: no initdb/pg_ctl was found in /usr/lib/postgresql/*/bin or PATH", ErrNoThrowaway)
+		return nil, fmt.Errorf("%w: no initdb/pg_ctl was found in %s, /usr/lib/postgresql/*/bin or PATH", ErrNoThrowaway, PGBinEnv)
 	}
 	cred, owner, err := runAs()
 	if err != nil {
@@ -227,11 +246,20 @@ func walLevel(u string) string {
 	return lvl
 }
 
-// findPGBin returns a directory holding both initdb and pg_ctl, preferring
-// the newest /usr/lib/postgresql/<major>/bin, then PATH.
+// PGBinEnv names the directory of the initdb and pg_ctl that throwaway
+// clusters use, before any other (`make test-versions` points it at the
+// binaries of the major under test).
+const PGBinEnv = "OUTBOX_TEST_PG_BIN"
+
+// findPGBin returns a directory holding both initdb and pg_ctl: the one
+// OUTBOX_TEST_PG_BIN names, else the newest /usr/lib/postgresql/<major>/bin,
+// then PATH.
 func findPGBin() string {
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
 	sort.Slice(dirs, func(i, j int) bool { return majorOf(dirs[i]) > majorOf(dirs[j]) })
+	if d := os.Getenv(PGBinEnv); d != "" {
+		dirs = append([]string{d}, dirs...)
+	}
 	if p, err := exec.LookPath("initdb"); err == nil {
 		dirs = append(dirs, filepath.Dir(p))
 	}
