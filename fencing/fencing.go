@@ -803,19 +803,15 @@ type Outcome struct {
 // every execution with DisablePreparedStatements) made that plan; generic
 // plans did not (TestOutcomeStatementsReadOnlyTheirRows).
 
-// applySQL applies many fenced outcomes in one round trip; each row is
-// matched on its own message id, owner and token ($3: {id: {"owner",
-// "token", "to_status", "next_at", "code", "detail", "retry_us"}}), and the
-// ids that matched come back. The whole batch shares one clock ($1), so it
-// is one instant.
-const applySQL = `
-UPDATE messaging_outbox o
-   SET (status, attempts, published_at, next_attempt_at, last_failure_code, last_failure_detail, parked_at) = (
-       SELECT CASE WHEN u.to_status = 'PENDING'
+// The parts of an outcome statement that read the outcome of row o from
+// the jsonb object $3 (u) at the batch's clock (c.t): its new status, then
+// published_at, next_attempt_at, the failure columns and parked_at. Shared
+// by applySQL and the lane scheme's statement.
+const (
+	outcomeStatus = `CASE WHEN u.to_status = 'PENDING'
                    THEN CASE WHEN o.attempts = 0 THEN 'PENDING' ELSE 'AMBIGUOUS' END
-                   ELSE u.to_status END,
-              o.attempts + CASE WHEN u.to_status = 'PENDING' THEN 0 ELSE 1 END,
-              CASE WHEN u.to_status = 'PUBLISHED' THEN c.t ELSE o.published_at END,
+                   ELSE u.to_status END`
+	outcomeColumns = `CASE WHEN u.to_status = 'PUBLISHED' THEN c.t ELSE o.published_at END,
               CASE WHEN u.to_status = 'AMBIGUOUS'
                    THEN coalesce(nullif(u.next_at, '')::timestamptz, c.t + u.retry_us * interval '1 microsecond')
                    WHEN u.to_status = 'PENDING' AND u.retry_us > 0 THEN c.t + u.retry_us * interval '1 microsecond'
@@ -828,10 +824,24 @@ UPDATE messaging_outbox o
                    THEN nullif(u.detail, '')
                    WHEN u.code <> '' THEN nullif(u.detail, '')
                    ELSE o.last_failure_detail END,
-              CASE WHEN u.to_status IN ('FAILED', 'EXHAUSTED') THEN c.t ELSE o.parked_at END
-         FROM jsonb_to_record($3::jsonb -> o.message_id)
+              CASE WHEN u.to_status IN ('FAILED', 'EXHAUSTED') THEN c.t ELSE o.parked_at END`
+	outcomeSource = `FROM jsonb_to_record($3::jsonb -> o.message_id)
                 AS u(to_status text, next_at text, code text, detail text, retry_us int8),
-              (SELECT coalesce($1::timestamptz, now()) AS t) c),
+              (SELECT coalesce($1::timestamptz, now()) AS t) c`
+)
+
+// applySQL applies many fenced outcomes in one round trip; each row is
+// matched on its own message id, owner and token ($3: {id: {"owner",
+// "token", "to_status", "next_at", "code", "detail", "retry_us"}}), and the
+// ids that matched come back. The whole batch shares one clock ($1), so it
+// is one instant.
+const applySQL = `
+UPDATE messaging_outbox o
+   SET (status, attempts, published_at, next_attempt_at, last_failure_code, last_failure_detail, parked_at) = (
+       SELECT ` + outcomeStatus + `,
+              o.attempts + CASE WHEN u.to_status = 'PENDING' THEN 0 ELSE 1 END,
+              ` + outcomeColumns + `
+         ` + outcomeSource + `),
        lease_expires_at = NULL
  WHERE o.message_id = ANY ($2::text[])
    AND o.status = 'IN_FLIGHT'

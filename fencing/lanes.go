@@ -610,28 +610,11 @@ func laneApplySQL(lanes int) string {
 WITH` + strings.ReplaceAll(laneFence, "{owner}", "$4") + `
 UPDATE messaging_outbox o
    SET (status, attempts, published_at, next_attempt_at, last_failure_code, last_failure_detail, parked_at, last_attempt_at) = (
-       SELECT CASE WHEN u.to_status = 'PENDING'
-                   THEN CASE WHEN o.attempts = 0 THEN 'PENDING' ELSE 'AMBIGUOUS' END
-                   ELSE u.to_status END,
+       SELECT ` + outcomeStatus + `,
               o.attempts + CASE WHEN u.to_status = 'PENDING' THEN 0 ELSE 1 END + CASE WHEN o.status = 'IN_FLIGHT' THEN 1 ELSE 0 END,
-              CASE WHEN u.to_status = 'PUBLISHED' THEN c.t ELSE o.published_at END,
-              CASE WHEN u.to_status = 'AMBIGUOUS'
-                   THEN coalesce(nullif(u.next_at, '')::timestamptz, c.t + u.retry_us * interval '1 microsecond')
-                   WHEN u.to_status = 'PENDING' AND u.retry_us > 0 THEN c.t + u.retry_us * interval '1 microsecond'
-                   WHEN u.to_status = 'PENDING' THEN o.next_attempt_at
-                   ELSE NULL END,
-              CASE WHEN u.to_status IN ('AMBIGUOUS', 'FAILED', 'EXHAUSTED')
-                   THEN nullif(u.code, '')
-                   ELSE coalesce(nullif(u.code, ''), o.last_failure_code) END,
-              CASE WHEN u.to_status IN ('AMBIGUOUS', 'FAILED', 'EXHAUSTED')
-                   THEN nullif(u.detail, '')
-                   WHEN u.code <> '' THEN nullif(u.detail, '')
-                   ELSE o.last_failure_detail END,
-              CASE WHEN u.to_status IN ('FAILED', 'EXHAUSTED') THEN c.t ELSE o.parked_at END,
+` + outcomeColumns + `,
               CASE WHEN u.to_status = 'PENDING' THEN o.last_attempt_at ELSE c.t END
-         FROM jsonb_to_record($3::jsonb -> o.message_id)
-                AS u(to_status text, next_at text, code text, detail text, retry_us int8),
-              (SELECT coalesce($1::timestamptz, now()) AS t) c),
+` + outcomeSource + `),
        lease_owner = $4,
        lease_token = ($3::jsonb -> o.message_id ->> 'token')::int8,
        lease_expires_at = NULL

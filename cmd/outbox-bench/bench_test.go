@@ -103,6 +103,17 @@ func TestSmoke(t *testing.T) {
 		requireTargets(t, rep, "drain keyed: 10 keys / unkeyed", "drain keyed: 1 key (total order) / watermill tuned")
 		require.Contains(t, md, "Relay CPU per relayed message")
 		require.Contains(t, md, "| "+drainKind{relayOurs, 1, 10}.name()+" |")
+		// One row version per relayed message on lanes (the outcome), two
+		// with per-row leases (the lease, then the outcome), from the
+		// server's own counts.
+		versions := map[string]float64{}
+		for _, r := range rep.Results {
+			versions[r.Name] = r.Median
+		}
+		for _, d := range []drainKind{{relayOursLanes, 1, 0}, {relayOursLanes, 4, 0}, {relayOursLanes, 4, 100}} {
+			require.Equal(t, 1.0, versions[versionsName(d.name())], d.name())
+		}
+		require.Equal(t, 2.0, versions[versionsName(drainKind{relayOurs, 1, 0}.name())])
 	})
 	t.Run("write-latency-scale", func(t *testing.T) {
 		rep, _ := smokeCheck(t, parts["write-latency-scale"])
@@ -143,6 +154,9 @@ func expectedResults(cfg Config) []string {
 	for _, d := range cfg.drainKinds() {
 		if cfg.runs("drain") {
 			want = append(want, d.name(), drainCPUName(d.name()))
+			if d.kind != relayWMDefault && d.kind != relayWMTuned {
+				want = append(want, versionsName(d.name()), versionsName(d.name())+"/hot")
+			}
 		}
 	}
 	for _, k := range recoveryKinds {
@@ -225,7 +239,8 @@ func smokeCheck(t *testing.T, cfg Config) (Report, string) {
 			if strings.HasPrefix(name, "scale/wal-bytes-per-row/") {
 				require.Greater(t, r.Median, 0.0, name)
 			}
-		case r.Group == "recovery" || strings.HasSuffix(name, "/late"):
+		case r.Group == "recovery" || strings.HasSuffix(name, "/late") || r.Group == "versions" && strings.HasSuffix(name, "/hot"):
+			// HOT versions: none on lanes and for the minimal relay.
 			// Counts that are zero when all goes well; times that are
 			// short on a tiny backlog.
 			require.GreaterOrEqual(t, r.Median, 0.0, name)
@@ -381,9 +396,11 @@ func TestLatencyProxy(t *testing.T) {
 	defer cancel()
 	rep, err := run(ctx, cfg, nil)
 	require.NoError(t, err)
-	require.Len(t, rep.Results, 2)
+	require.Len(t, rep.Results, 4)
 	require.Equal(t, "drain/outbox/x1", rep.Results[0].Name)
 	require.Equal(t, "cpu/outbox/x1", rep.Results[1].Name)
+	require.Equal(t, "versions/outbox/x1", rep.Results[2].Name)
+	require.Equal(t, 2.0, rep.Results[2].Median, "per-row leases: the lease, then the outcome")
 	require.Positive(t, rep.Results[0].Median)
 }
 

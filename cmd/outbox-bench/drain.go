@@ -377,11 +377,17 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 	}
 	st.rate = float64(n) / time.Since(start).Seconds()
 	st.cpuUSPerMsg = float64((processCPU() - cpu0).Microseconds()) / float64(n)
-	r.stop() // the relays' backends exit and report their counts
 	if d.kind != relayWMDefault && d.kind != relayWMTuned {
-		upd, hot, err := rowVersions(ctx, s)
+		// Every row's terminal write committed before the relays stop (the
+		// minimal relay's last batch would be rolled back by the stop),
+		// then the relays' backends exit and report their counts.
+		if err := waitPublished(ctx, s, n); err != nil {
+			return st, fmt.Errorf("%s: %w", d.name(), err)
+		}
+		r.stop()
+		upd, hot, err := rowVersions(ctx, s, n)
 		if err != nil {
-			return st, err
+			return st, fmt.Errorf("%s: %w", d.name(), err)
 		}
 		st.versions, st.hot = float64(upd)/float64(n), float64(hot)/float64(n)
 	}
@@ -396,27 +402,60 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 	return st, nil
 }
 
+// waitPublished waits until n rows of the schema's outbox are PUBLISHED,
+// for at most 30 s.
+func waitPublished(ctx context.Context, s *schema, n int) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var done int
+		if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM messaging_outbox WHERE published_at IS NOT NULL`).Scan(&done); err != nil {
+			return err
+		}
+		if done >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("only %d of %d rows PUBLISHED 30 s after their delivery", done, n)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // rowVersions reads how many row versions updates wrote in the schema's
-// outbox, and how many of them were HOT, once the counts stop moving (each
-// backend reports its counts when it exits, or within a second).
-func rowVersions(ctx context.Context, s *schema) (upd, hot int64, err error) {
+// outbox for n relayed messages, and how many of them were HOT. Each relay
+// backend reports its counts when it exits (or within a second of a
+// commit), so it waits until every message's terminal write is counted (at
+// least n: every relay writes each row at least once) and the counts stop
+// moving, for at most 30 s.
+func rowVersions(ctx context.Context, s *schema, n int) (upd, hot int64, err error) {
 	const q = `SELECT coalesce(sum(n_tup_upd), 0), coalesce(sum(n_tup_hot_upd), 0) FROM pg_stat_user_tables
  WHERE schemaname = $1 AND relname = 'messaging_outbox'`
+	deadline := time.Now().Add(30 * time.Second)
 	var last int64 = -1
-	for stable := 0; stable < 3; {
+	for stable := 0; stable < 3 && time.Now().Before(deadline); {
 		if err := s.db.QueryRowContext(ctx, q, s.name).Scan(&upd, &hot); err != nil {
 			return 0, 0, err
 		}
-		if upd == last {
+		switch {
+		case upd < int64(n):
+			stable, last = 0, upd
+		case upd == last:
 			stable++
-		} else {
+		default:
 			stable, last = 0, upd
 		}
 		select {
 		case <-ctx.Done():
 			return 0, 0, ctx.Err()
-		case <-time.After(400 * time.Millisecond):
+		case <-time.After(200 * time.Millisecond):
 		}
+	}
+	if upd < int64(n) {
+		return upd, hot, fmt.Errorf("only %d row versions reported for %d relayed messages after 30 s", upd, n)
 	}
 	return upd, hot, nil
 }

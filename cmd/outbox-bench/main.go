@@ -385,7 +385,7 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 			}
 			c.add("drain", d.name(), "msg/s", st.rate)
 			c.add("cpu", drainCPUName(d.name()), "µs/msg", st.cpuUSPerMsg)
-			if st.versions > 0 {
+			if d.kind != relayWMDefault && d.kind != relayWMTuned {
 				c.add("versions", versionsName(d.name()), "versions/msg", st.versions)
 				c.add("versions", versionsName(d.name())+"/hot", "versions/msg", st.hot)
 			}
