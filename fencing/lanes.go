@@ -309,6 +309,16 @@ func EnterFence(ctx context.Context, db DBTX, owner, scheme string) error {
 	if scheme != FenceRows && scheme != FenceLanes {
 		return outbox.Errorf(CodeInvalidArgument, op, "fence scheme must be %s or %s, got %q", FenceRows, FenceLanes, scheme)
 	}
+	if scheme == FenceLanes {
+		var idx *string
+		if err := db.QueryRowContext(ctx, `SELECT to_regclass('messaging_outbox_lane_idx')::text`).Scan(&idx); err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+		if idx == nil {
+			return outbox.Errorf(CodeLanesMissing, op,
+				"the lanes' index messaging_outbox_lane_idx does not exist: build it with `outboxctl lanes set 32` (fencing.SetLaneCount) before starting lane relays")
+		}
+	}
 	var other *string
 	if err := db.QueryRowContext(ctx, enterFenceSQL, owner, scheme).Scan(&other); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
@@ -320,7 +330,10 @@ func EnterFence(ctx context.Context, db DBTX, owner, scheme string) error {
 	return nil
 }
 
-// SetLaneCount changes the number of lanes to n. It refuses with
+// SetLaneCount sets the number of lanes to n and (re)builds the lanes'
+// index, which a database needs before its first lane relay starts
+// (migration 00050 creates the lanes, not the index: it would cost every
+// insert of a fleet on per-row leases an index entry). It refuses with
 // LANES_BUSY while any lane is owned (stop the relays first, or wait for
 // their lanes' leases to expire): with no owner nothing is in flight that
 // a lane records. It then charges the rows that expired owners left in
