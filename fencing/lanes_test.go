@@ -10,8 +10,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
 // laneRelay is one relay of the lane scheme in a test: its owner, the
@@ -20,6 +22,15 @@ type laneRelay struct {
 	owner string
 	state fencing.LaneState
 	held  []string
+}
+
+// laneDB is a test schema whose lanes' index is built (32 lanes), as
+// `outboxctl lanes set 32` builds it.
+func laneDB(t *testing.T) *testdb.Schema {
+	t.Helper()
+	s := newDB(t)
+	require.NoError(t, fencing.SetLaneCount(context.Background(), s.DB, 32, 25))
+	return s
 }
 
 func takeLanes(t *testing.T, db fencing.DBTX, owner string, ttl time.Duration, budget int) *laneRelay {
@@ -71,7 +82,7 @@ func xmin(t *testing.T, db *sql.DB, id string) string {
 // A lane claim reads rows without writing them; the outcome is the row's
 // one new version, and records the relay and the lane's epoch.
 func TestLaneClaimWritesNothingAndTheOutcomeIsTheOnlyWrite(t *testing.T) {
-	s := newDB(t)
+	s := laneDB(t)
 	for i := range 20 {
 		insert(t, s.DB, fmt.Sprintf("u%02d", i), "")
 		insert(t, s.DB, fmt.Sprintf("k%02d", i), fmt.Sprintf("key-%d", i%4))
@@ -107,7 +118,7 @@ func TestLaneClaimWritesNothingAndTheOutcomeIsTheOnlyWrite(t *testing.T) {
 // A key's rows come out in seq order, one chain at a time: the next row of
 // a key is not claimed while an earlier one is held, unless it continues it.
 func TestLaneClaimKeepsAKeysOrder(t *testing.T) {
-	s := newDB(t)
+	s := laneDB(t)
 	for i := range 6 {
 		insert(t, s.DB, fmt.Sprintf("k%d", i), "hot")
 	}
@@ -130,7 +141,7 @@ func TestLaneClaimKeepsAKeysOrder(t *testing.T) {
 // told stale; the new owner charges the attempt and delivers the row under
 // the same message id.
 func TestTakenLaneFencesItsFormerOwner(t *testing.T) {
-	s := newDB(t)
+	s := laneDB(t)
 	insert(t, s.DB, "m1", "order-1")
 	a := takeLanes(t, s.DB, "a", time.Minute, 5)
 	got := a.claim(t, s.DB, 5)
@@ -184,7 +195,7 @@ func TestTakeoverRacingAnOutcomeAppliesExactlyOne(t *testing.T) {
 		return st
 	}
 	t.Run("outcome first", func(t *testing.T) {
-		s := newDB(t)
+		s := laneDB(t)
 		insert(t, s.DB, "m1", "")
 		a := takeLanes(t, s.DB, "a", time.Minute, 5)
 		got := a.claim(t, s.DB, 5)
@@ -209,7 +220,7 @@ func TestTakeoverRacingAnOutcomeAppliesExactlyOne(t *testing.T) {
 		require.Equal(t, 1, st.Attempts)
 	})
 	t.Run("takeover first", func(t *testing.T) {
-		s := newDB(t)
+		s := laneDB(t)
 		insert(t, s.DB, "m1", "")
 		a := takeLanes(t, s.DB, "a", time.Minute, 5)
 		got := a.claim(t, s.DB, 5)
@@ -245,7 +256,7 @@ func outcomeWaitsOnLock(t *testing.T, db *sql.DB) bool {
 // A message whose publish kills every relay that takes it (no outcome is
 // ever written) ends EXHAUSTED after its budget: each takeover charges it.
 func TestAMessageThatKillsItsRelaysEndsExhausted(t *testing.T) {
-	s := newDB(t)
+	s := laneDB(t)
 	insert(t, s.DB, "poison", "k")
 	const budget = 3
 	for i := range budget {
@@ -267,7 +278,7 @@ func TestAMessageThatKillsItsRelaysEndsExhausted(t *testing.T) {
 // live relay of the per-row scheme, and once the fleet runs on lanes the
 // database refuses the per-row claim (a relay built before lanes).
 func TestMixedFenceFleetIsRefused(t *testing.T) {
-	s := newDB(t)
+	s := laneDB(t)
 	ctx := context.Background()
 	insert(t, s.DB, "m1", "")
 	_, err := s.DB.Exec(`INSERT INTO messaging_relay_heartbeat (owner, expires_at) VALUES ('old', now() + interval '1 minute')`)
@@ -297,10 +308,23 @@ func TestMixedFenceFleetIsRefused(t *testing.T) {
 	require.Len(t, got, 1, "back on per-row leases once no lane relay runs")
 }
 
+// A lane relay refuses to start before the lanes' index is built: the
+// migration leaves it out (it would cost every insert of a fleet on per-row
+// leases an entry).
+func TestLaneRelayNeedsTheLanesIndex(t *testing.T) {
+	s := newDB(t)
+	err := fencing.EnterFence(context.Background(), s.DB, "a", fencing.FenceLanes)
+	require.ErrorIs(t, err, &outbox.Error{Code: fencing.CodeLanesMissing})
+	require.Contains(t, err.Error(), "outboxctl lanes set 32")
+	require.NoError(t, fencing.EnterFence(context.Background(), s.DB, "a", fencing.FenceRows), "per-row leases need no lane index")
+	require.NoError(t, fencing.SetLaneCount(context.Background(), s.DB, 32, 25))
+	require.NoError(t, fencing.EnterFence(context.Background(), s.DB, "a", fencing.FenceLanes))
+}
+
 // The lane count changes only while no lane is owned; afterwards the
 // claims run on the new count.
 func TestLaneCountChangesOnlyWhileNoLaneIsOwned(t *testing.T) {
-	s := newDB(t)
+	s := laneDB(t)
 	ctx := context.Background()
 	for i := range 30 {
 		insert(t, s.DB, fmt.Sprintf("m%02d", i), fmt.Sprintf("k%d", i%7))
@@ -330,7 +354,7 @@ func TestLaneCountChangesOnlyWhileNoLaneIsOwned(t *testing.T) {
 // Two live relays share the lanes: each takes at most its fair share, and
 // neither claims the other's rows.
 func TestTwoLaneRelaysShareTheLanes(t *testing.T) {
-	s := newDB(t)
+	s := laneDB(t)
 	for i := range 200 {
 		insert(t, s.DB, fmt.Sprintf("m%03d", i), "")
 	}

@@ -94,6 +94,9 @@ func TestLanesKeepEveryKeysOrderUnderFaults(t *testing.T) {
 
 func chainsUnderFaults(t *testing.T, fence forwarder.Fence) {
 	s := newDB(t)
+	if fence == forwarder.FenceLanes {
+		require.NoError(t, fencing.SetLaneCount(context.Background(), s.DB, 32, 1000))
+	}
 	s.DB.SetMaxOpenConns(20)
 	s.DB.SetMaxIdleConns(20) // idle as many as open: no reconnect per statement (testdb.IdleConns)
 	// 3 hot keys with 150 rows each, 150 small keys with 3 rows each, 50

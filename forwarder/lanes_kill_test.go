@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
@@ -57,6 +58,7 @@ func runLaneChild(url string) {
 // of a batch that dies is charged, as an expired per-row lease is).
 func TestAMessageThatKillsItsRelayEndsExhausted(t *testing.T) {
 	s := newDB(t)
+	require.NoError(t, fencing.SetLaneCount(context.Background(), s.DB, 32, 3))
 	insertKeyed(t, s.DB, "poison", "order-7")
 	exe, err := os.Executable()
 	require.NoError(t, err)

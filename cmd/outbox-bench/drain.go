@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/lib/pq"
 
+	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 )
 
@@ -342,6 +343,12 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 		return st, err
 	}
 	defer s.drop()
+	if d.kind == relayOursLanes {
+		// The lanes' index, as `outboxctl lanes set 32` builds it.
+		if err := fencing.SetLaneCount(ctx, s.db, 32, forwarder.DefaultMaxAttempts); err != nil {
+			return st, err
+		}
+	}
 	if d.keys > 0 {
 		if err := prefillRows(ctx, s.db, "ob-", n, payload, keyedBy(d.keys), ""); err != nil {
 			return st, err

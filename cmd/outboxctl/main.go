@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/internal/redact"
 	"github.com/fencedoutbox/watermill-outbox/migrations"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
@@ -53,6 +54,8 @@ const (
 var guardCodes = map[outbox.Code]bool{
 	relaymode.CodeRelayModeConflict: true,
 	CodeRetentionMode:               true,
+	fencing.CodeLanesBusy:           true,
+	fencing.CodeFenceConflict:       true,
 }
 
 // usageCodes are typed errors that mean "change the command line" (exit 2).
@@ -256,6 +259,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.purgeCommand(),
 		a.cleanupCommand(),
 		a.relayCommand(),
+		a.lanesCommand(),
 		a.debeziumCommand(),
 		a.consoleCommand(),
 		a.versionCommand(),

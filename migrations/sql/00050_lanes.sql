@@ -21,10 +21,10 @@
 -- per-row scheme only (fencing.Claim); a lane relay's in-flight rows are
 -- the held_ids of messaging_relay_lane_held, shown by outboxctl status.
 --
--- N is a constant in the index expression below and in the statements the
--- relays run (fencing reads it from this table's row count). It is changed
--- with fencing.SetLaneCount (outboxctl lanes set N), which refuses while a
--- lane is owned and rebuilds the index; see docs/FENCE.md.
+-- N is a constant in the lanes' index expression and in the statements the
+-- relays run (fencing reads it from this table's row count). It is set with
+-- fencing.SetLaneCount (outboxctl lanes set N), which refuses while a lane
+-- is owned and (re)builds the index; see docs/FENCE.md.
 CREATE TABLE messaging_relay_lane (
     lane             integer     NOT NULL,
     owner            text,
@@ -57,15 +57,17 @@ CREATE TABLE messaging_relay_lane_held (
 ) WITH (fillfactor = 50);
 INSERT INTO messaging_relay_lane_held (lane) SELECT lane FROM messaging_relay_lane;
 
--- Serves a lane's unkeyed claimable rows in seq order:
---   WHERE (hashtext(message_id) & 2147483647) % 32 = $lane
+-- The lanes' index, messaging_outbox_lane_idx, is not built here: it costs
+-- every unkeyed insert an index entry, and a fleet on per-row leases (the
+-- default) never reads it. fencing.SetLaneCount (outboxctl lanes set N)
+-- builds it when a database moves to lanes; a lane relay refuses to start
+-- without it (LANES_MISSING). It serves a lane's unkeyed claimable rows in
+-- seq order:
+--   WHERE (hashtext(message_id) & 2147483647) % N = $lane
 --     AND ordering_key IS NULL AND published_at IS NULL AND parked_at IS NULL
 --     AND seq >= $from ORDER BY seq LIMIT n
 -- (keyed rows are found through messaging_outbox_ordering_head_idx, key by
--- key). Nothing here changes before the row's outcome, so no relay visits
--- another lane's entries.
-CREATE INDEX messaging_outbox_lane_idx ON messaging_outbox (((hashtext(message_id) & 2147483647) % 32), seq)
-    WHERE ordering_key IS NULL AND published_at IS NULL AND parked_at IS NULL;
+-- key).
 
 -- Which fence the fleet runs: ROWS (per-row leases, status IN_FLIGHT) or
 -- LANES. A relay of either scheme refuses to start while a live relay of the
@@ -105,6 +107,6 @@ DROP TRIGGER messaging_outbox_refuse_row_lease ON messaging_outbox;
 DROP FUNCTION messaging_outbox_refuse_row_lease();
 ALTER TABLE messaging_relay_heartbeat DROP COLUMN fence;
 ALTER TABLE messaging_relay_mode DROP COLUMN fence;
-DROP INDEX messaging_outbox_lane_idx;
+DROP INDEX IF EXISTS messaging_outbox_lane_idx;
 DROP TABLE messaging_relay_lane_held;
 DROP TABLE messaging_relay_lane;

@@ -212,6 +212,10 @@ func runSoak(t *testing.T, cfg soakConfig, form string, seed uint64, policy fenc
 	_, err = ob.DB.Exec(fmt.Sprintf(createOutboxSide, pq.QuoteIdentifier(ob.Name)))
 	require.NoError(t, err)
 
+	if lanes {
+		// The lanes' index, as `outboxctl lanes set 32` builds it.
+		require.NoError(t, fencing.SetLaneCount(context.Background(), ob.DB, 32, 25))
+	}
 	bin := buildRelay(t)
 	proxy := startProxy(t, ob.URL)
 	runID := randomHex(4)

@@ -1,0 +1,205 @@
+// The lane scheme's claim: which rows of a relay's lanes it reads, and what it records.
+
+package fencing
+
+import (
+	"strconv"
+	"strings"
+	"sync"
+
+	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/lib/pq"
+)
+
+// laneExpr is the lane of row alias a in a table of n lanes.
+func laneExpr(a string, n int) string {
+	return `((hashtext(coalesce(` + a + `.ordering_key, ` + a + `.message_id)) & 2147483647) % ` + strconv.Itoa(n) + `)`
+}
+
+// unkeyedLaneExpr is laneExpr for a row without an ordering key, written
+// exactly as messaging_outbox_lane_idx's expression so the planner uses it.
+func unkeyedLaneExpr(a string, n int) string {
+	return `((hashtext(` + a + `.message_id) & 2147483647) % ` + strconv.Itoa(n) + `)`
+}
+
+// claimableIn is claimable(a), and in the lane scheme also "in one of the
+// owner's lanes ($18) and not held by it ($19)". The held ids are read
+// through a subquery, which PostgreSQL hashes once per statement: as
+// "<> ALL ($19)" a generic plan compared every row with every held id (a
+// relay holds up to three batches, 3,000 ids).
+func claimableIn(a string, lanes int) string {
+	if lanes == 0 {
+		return claimable(a)
+	}
+	return `(` + claimable(a) + ` AND ` + a + `.message_id NOT IN (SELECT unnest($19::text[])) AND ` + laneExpr(a, lanes) + ` = ANY ($18::int[]))`
+}
+
+// laneClaimFinish ends the lane scheme's claim: the rows of src (picked_ctid,
+// seq, bytes, expired, park) cut at the byte budget as claimUpdate cuts them,
+// kept only where their lane is still the owner's under a live lease,
+// the rows to park parked (the claim's only row writes: a budget already
+// spent, or a per-row lease of a relay built before lanes that expired on
+// its last attempt), and what the owner now holds in each lane recorded in
+// messaging_relay_lane_held under the lane's epoch: the rows it still held
+// there ($19) and the new ones, with the attempts each had. The held rows
+// come back as IN_FLIGHT under a lease whose token is the lane's epoch;
+// nothing of them is written. The lane rows are read, not locked (the
+// outcome writes hold them FOR SHARE); a takeover that commits before the
+// record changes the held row's epoch, and the record then matches nothing
+// in that lane, so its rows are not returned.
+func laneClaimFinish(src string, lanes int) string {
+	return strings.NewReplacer("{src}", src, "{lane}", laneExpr("o", lanes)).Replace(`, fits AS (
+    SELECT b.picked_ctid, b.expired, b.park FROM (
+        SELECT s.picked_ctid, s.expired, s.park,
+               sum(s.bytes) OVER (ORDER BY s.seq ROWS UNBOUNDED PRECEDING) AS run,
+               row_number() OVER (ORDER BY s.seq) AS n
+          FROM {src} s) b
+     WHERE $16::int8 = 0 OR (b.n = 1 AND $16::int8 > 0) OR b.run <= abs($16::int8)
+),
+own AS MATERIALIZED (
+    SELECT l.lane, l.epoch, l.lease_expires_at
+      FROM messaging_relay_lane l
+     -- The lanes' leases run on the server's clock (TakeLanes), not on the
+     -- claim's $1, which a caller may set to its own.
+     WHERE l.lane = ANY ($18::int[]) AND l.owner = $2 AND l.lease_expires_at > now()
+       AND $3::float8 IS NOT NULL -- the per-row lease, unused here
+),
+picked_rows AS MATERIALIZED (
+    SELECT o.ctid AS row_ctid, {lane} AS lane,
+           o.message_id, o.destination, o.payload, o.headers, o.status, o.seq, o.created_at, o.occurred_at,
+           o.attempts, o.lease_owner, o.lease_token, o.last_failure_code, o.last_failure_detail,
+           o.producer, o.correlation_id, o.causation_id, o.tenant, o.partition_key, o.ordering_key,
+           o.traceparent, o.tracestate, o.baggage, o.schema_subject, o.schema_version, o.content_type,
+           o.message_type, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.routing_key
+      FROM messaging_outbox o
+     WHERE o.ctid = ANY (ARRAY(SELECT picked_ctid FROM fits))
+),
+got AS MATERIALIZED (
+    SELECT r.*, p.park, p.expired, w.epoch, w.lease_expires_at AS lane_expires
+      FROM picked_rows r
+      JOIN fits p ON p.picked_ctid = r.row_ctid
+      JOIN own w ON w.lane = r.lane
+),
+parked AS (
+    UPDATE messaging_outbox o
+       SET status = 'EXHAUSTED',
+           attempts = o.attempts + CASE WHEN g.expired THEN 1 ELSE 0 END,
+           lease_expires_at = NULL,
+           parked_at = coalesce($1::timestamptz, now()),
+           next_attempt_at = NULL,
+           last_failure_code = CASE WHEN g.expired THEN '` + CodeLeaseExpired + `' ELSE '` + CodeBudgetSpent + `' END,
+           last_failure_detail = CASE WHEN g.expired
+               THEN 'lease of ' || coalesce(o.lease_owner, '?') || ' (token ' || o.lease_token || ') expired before an outcome was written'
+               ELSE o.attempts || ' attempts already reach the budget of ' || $4 || '; last failure: '
+                    || coalesce(o.last_failure_code, 'none') || coalesce(': ' || o.last_failure_detail, '') END
+      FROM got g
+     WHERE o.ctid = g.row_ctid AND g.park
+    RETURNING ` + prefixed("o", claimColumns) + `
+),
+record AS (
+    UPDATE messaging_relay_lane_held d
+       SET held_ids = k.ids || h.ids, held_attempts = k.atts || h.atts
+      FROM (SELECT g.lane, g.epoch, array_agg(g.message_id) AS ids, array_agg(g.attempts) AS atts
+              FROM got g WHERE NOT g.park GROUP BY g.lane, g.epoch) h
+      JOIN messaging_relay_lane_held w ON w.lane = h.lane
+      CROSS JOIN LATERAL (
+            SELECT coalesce(array_agg(x.id ORDER BY x.i), '{}') AS ids, coalesce(array_agg(x.att ORDER BY x.i), '{}') AS atts
+              FROM unnest(w.held_ids, w.held_attempts) WITH ORDINALITY AS x(id, att, i)
+             WHERE x.id IN (SELECT unnest($19::text[]))) k
+     WHERE d.lane = h.lane AND d.epoch = h.epoch
+    RETURNING d.lane
+)
+SELECT * FROM parked
+UNION ALL
+SELECT g.message_id, g.destination, g.payload, g.headers, 'IN_FLIGHT', g.seq, g.created_at,
+       g.occurred_at, NULL::timestamptz, g.attempts, NULL::timestamptz, $2, g.epoch,
+       g.lane_expires, g.last_failure_code, g.last_failure_detail, NULL::timestamptz, g.producer,
+       g.correlation_id, g.causation_id, g.tenant, g.partition_key, g.ordering_key, g.traceparent,
+       g.tracestate, g.baggage, g.schema_subject, g.schema_version, g.content_type, g.message_type,
+       g.aggregate_type, g.aggregate_id, g.aggregate_version, NULL::timestamptz, g.routing_key
+  FROM got g
+ WHERE NOT g.park AND g.lane IN (SELECT lane FROM record)`)
+}
+
+// prefixed qualifies every column of the list cols with alias a.
+func prefixed(a, cols string) string {
+	parts := strings.Split(cols, ",")
+	for i, c := range parts {
+		c = strings.TrimSpace(c)
+		if !strings.HasPrefix(c, "NULL::") {
+			c = a + "." + c
+		}
+		parts[i] = c
+	}
+	return strings.Join(parts, ", ")
+}
+
+// laneClaims caches the lane scheme's claim statements by lane count and
+// policy; laneStatements is every statement of the lane scheme generated so
+// far (Prepared prepares them).
+var (
+	laneClaims     sync.Map // laneKey -> string
+	laneStatements sync.Map // string -> bool
+)
+
+type laneKey struct {
+	lanes int
+	what  string
+}
+
+func laneStatement(k laneKey, build func() string) string {
+	if q, ok := laneClaims.Load(k); ok {
+		return q.(string)
+	}
+	q := build()
+	laneStatements.Store(q, true)
+	laneClaims.Store(k, q)
+	return q
+}
+
+// laneUnkeyedClaimSQL is the lane claim without the walk over keys and
+// without continuations (as claimUnkeyedSQL is for the per-row scheme):
+// planning the full statement costs more than running it. Its parameters
+// are renumbered: $1 now, $2 owner, $3 lease, $4 budget, $5 limit, $6 from
+// seq, $7 excluded destinations, $8 only destination, $9 byte budget, $10
+// lanes, $11 held.
+func laneUnkeyedClaimSQL(lanes int) string {
+	return laneStatement(laneKey{lanes, "claim-unkeyed"}, func() string {
+		q := `
+WITH unkeyed AS (` + unkeyedHalf(lanes) + `
+)
+` + laneClaimFinish("unkeyed", lanes)
+		return strings.NewReplacer("$12", "$5", "$14", "$7", "$15", "$8", "$16", "$9", "$18", "$10", "$19", "$11").Replace(q)
+	})
+}
+
+func laneClaimSQL(policy OrderingPolicy, lanes int) string {
+	if policy == SkipParked {
+		return laneStatement(laneKey{lanes, "claim-skip-parked"}, func() string { return claimSQL(skipParked, lanes) })
+	}
+	return laneStatement(laneKey{lanes, "claim-block-key"}, func() string { return claimSQL("", lanes) })
+}
+
+// laneArgs are the two parameters the lane scheme adds to a claim.
+func laneArgs(p ClaimParams) []any {
+	lanes := make([]int64, len(p.Lanes))
+	for i, l := range p.Lanes {
+		lanes[i] = int64(l)
+	}
+	return []any{pq.Array(lanes), pq.Array(append([]string{}, p.Held...))}
+}
+
+func checkLaneParams(op string, p ClaimParams) error {
+	switch {
+	case p.LaneCount <= 0 || p.LaneCount > MaxLanes:
+		return outbox.Errorf(CodeInvalidArgument, op, "a lane claim needs the table's lane count, between 1 and %d, got %d", MaxLanes, p.LaneCount)
+	case len(p.Lanes) == 0:
+		return outbox.Errorf(CodeInvalidArgument, op, "a lane claim needs at least one lane")
+	}
+	for _, l := range p.Lanes {
+		if l < 0 || l >= p.LaneCount {
+			return outbox.Errorf(CodeInvalidArgument, op, "lane %d is not one of the table's %d lanes", l, p.LaneCount)
+		}
+	}
+	return nil
+}
