@@ -6,7 +6,7 @@
 -- rows, and the batch bound would no longer bound the work.
 -- Superseded: migration 00030 drops this index again (it cost an entry on
 -- every insert and terminal write); ByCreatedAt now walks the claimable,
--- parked and published indexes instead (retention/retention.go).
+-- parked and published indexes instead (retention/batch.go).
 CREATE INDEX messaging_outbox_created_at_idx ON messaging_outbox (created_at);
 
 -- +goose Down
