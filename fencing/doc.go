@@ -13,6 +13,17 @@
 // reported as [Stale]: a possible duplicate publication, never an error that
 // is swallowed. There is no unfenced way to change a row's state here.
 //
+// The fence can also sit on a lane instead of on each row (lanes.go,
+// docs/FENCE.md): with [ClaimParams].Lanes a relay reads the claimable rows
+// of the lanes it owns ([TakeLanes]) without writing them, and [Apply] writes
+// each row once, its outcome, only while the row's lane is still the relay's
+// at the epoch it read (the lane row held FOR SHARE, so a takeover waits for
+// it) and the row still has the attempts it read. A relay that takes a lane
+// whose lease expired charges an attempt to every row its previous owner
+// held there without an outcome. [EnterFence] keeps one scheme per database
+// (FENCE_SCHEME_CONFLICT), and [SetLaneCount] builds the lanes' index and
+// changes their number while no lane is owned (LANES_BUSY).
+//
 // Guarantees, each shown by a test against a real PostgreSQL:
 //
 //   - Concurrent claims get disjoint rows (SKIP LOCKED) and every claim of a

@@ -5,6 +5,16 @@
 // which forwards one message at a time, lets one poison message block its
 // topic, has no attempt budget, and gains no throughput from more instances.
 //
+// # The fence scheme
+//
+// Config.Fence chooses how the relay's outcomes are fenced: FenceRows (the
+// default) leases each claimed row; FenceLanes has the relay own a fair
+// share of the table's lanes and write each row once, its outcome
+// (docs/FENCE.md; `outboxctl lanes set 32` builds the lanes' index first).
+// Run refuses with FENCE_SCHEME_CONFLICT while a live relay of the other
+// scheme runs. Everything below holds for both, with "IN_FLIGHT" read as
+// "held by the relay" on lanes, where nothing of a claim is written.
+//
 // # A pass
 //
 // One pass claims up to BatchSize rows, or more while the relay is behind
