@@ -12,8 +12,10 @@
 // share of the table's lanes and write each row once, its outcome
 // (docs/FENCE.md; `outboxctl lanes set 32` builds the lanes' index first).
 // Run refuses with FENCE_SCHEME_CONFLICT while a live relay of the other
-// scheme runs. Everything below holds for both, with "IN_FLIGHT" read as
-// "held by the relay" on lanes, where nothing of a claim is written.
+// scheme runs. The rest of this page describes per-row leases; on lanes
+// nothing of a claim is written (a row "IN_FLIGHT" is held in the relay's
+// memory and recorded on its lane), and docs/FENCE.md says what differs and
+// what is not shown on lanes yet.
 //
 // # A pass
 //
