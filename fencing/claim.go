@@ -217,29 +217,34 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 	if p.StrictBytes {
 		maxBytes = -maxBytes
 	}
+	// The short unkeyed statement takes the parameters the full one has
+	// in common with it ($1-$6, then the three it renumbers); the lane
+	// scheme appends its lanes and held ids to either.
+	short := p.NoKeyWalk && n == 0 && !p.NoUnkeyed
+	args := []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq}
+	if short {
+		args = append(args, excluded, p.OnlyDestination, maxBytes)
+	} else {
+		args = append(args, p.KeyCursor, maxChain, pq.Array(keys), pq.Array(afters), pq.Array(ids), unkeyed, walk,
+			excluded, p.OnlyDestination, maxBytes, maxContinued)
+	}
 	if p.Lanes != nil || p.LaneCount != 0 {
 		if err := checkLaneParams(op, p); err != nil {
 			return "", nil, err
 		}
-		if p.NoKeyWalk && n == 0 && !p.NoUnkeyed {
-			return laneUnkeyedClaimSQL(p.LaneCount), append([]any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
-				excluded, p.OnlyDestination, maxBytes}, laneArgs(p)...), nil
+		args = append(args, laneArgs(p)...)
+		if short {
+			return laneUnkeyedClaimSQL(p.LaneCount), args, nil
 		}
-		return laneClaimSQL(p.Policy, p.LaneCount), append([]any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
-			p.KeyCursor, maxChain, pq.Array(keys), pq.Array(afters), pq.Array(ids), unkeyed, walk,
-			excluded, p.OnlyDestination, maxBytes, maxContinued}, laneArgs(p)...), nil
+		return laneClaimSQL(p.Policy, p.LaneCount), args, nil
 	}
-	if p.NoKeyWalk && n == 0 && !p.NoUnkeyed {
-		return claimUnkeyedSQL, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
-			excluded, p.OnlyDestination, maxBytes}, nil
+	switch {
+	case short:
+		return claimUnkeyedSQL, args, nil
+	case p.Policy == SkipParked:
+		return claimSkipParkedSQL, args, nil
 	}
-	q := claimBlockKeySQL
-	if p.Policy == SkipParked {
-		q = claimSkipParkedSQL
-	}
-	return q, []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq,
-		p.KeyCursor, maxChain, pq.Array(keys), pq.Array(afters), pq.Array(ids), unkeyed, walk,
-		excluded, p.OnlyDestination, maxBytes, maxContinued}, nil
+	return claimBlockKeySQL, args, nil
 }
 
 // Claim takes up to p.Limit claimable rows for p.Owner in one statement and

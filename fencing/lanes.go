@@ -12,10 +12,12 @@
 package fencing
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -210,25 +212,17 @@ func TakeLanes(ctx context.Context, db DBTX, p LaneParams) (LaneState, error) {
 	if st.Total == 0 {
 		return LaneState{}, outbox.Errorf(CodeLanesMissing, op, "messaging_relay_lane has no rows: run the migrations (00050)")
 	}
-	sortLanes(st.Owned)
+	slices.SortFunc(st.Owned, func(a, b LaneLease) int { return cmp.Compare(a.Lane, b.Lane) })
 	return st, nil
 }
 
-func sortLanes(ls []LaneLease) {
-	for i := 1; i < len(ls); i++ {
-		for j := i; j > 0 && ls[j].Lane < ls[j-1].Lane; j-- {
-			ls[j], ls[j-1] = ls[j-1], ls[j]
-		}
-	}
-}
-
-// giveBackSQL ends owner $1's lease on the lanes $2: no owner, a new epoch,
-// nothing held.
+// giveBackSQL ends owner $1's lease on the lanes $2 (all of them when $2 is
+// NULL): no owner, a new epoch, nothing held.
 const giveBackSQL = `
 WITH back AS (
     UPDATE messaging_relay_lane
        SET owner = NULL, lease_expires_at = NULL, epoch = epoch + 1, changed_at = now()
-     WHERE owner = $1 AND lane = ANY ($2::int[])
+     WHERE owner = $1 AND ($2::int[] IS NULL OR lane = ANY ($2::int[]))
     RETURNING lane, epoch
 ),
 cleared AS (
@@ -245,18 +239,15 @@ func GiveBackLanes(ctx context.Context, db DBTX, owner string, lanes []int) ([]i
 	if owner == "" {
 		return nil, outbox.Errorf(CodeInvalidArgument, op, "owner must not be empty")
 	}
-	q, args := giveBackSQL, []any{owner, nil}
-	if lanes == nil {
-		q = strings.Replace(giveBackSQL, " AND lane = ANY ($2::int[])", "", 1)
-		args = args[:1]
-	} else {
+	var only any // NULL: every lane of owner
+	if lanes != nil {
 		ls := make([]int64, len(lanes))
 		for i, l := range lanes {
 			ls[i] = int64(l)
 		}
-		args[1] = pq.Array(ls)
+		only = pq.Array(ls)
 	}
-	rows, err := db.QueryContext(ctx, q, args...)
+	rows, err := db.QueryContext(ctx, giveBackSQL, owner, only)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}

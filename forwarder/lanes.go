@@ -6,6 +6,7 @@ package forwarder
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -93,7 +94,7 @@ func (f *Forwarder) renewLanesLocked(ctx context.Context) {
 		})
 	}
 	for l := range k.draining {
-		if !ownsLane(k.owned, l) {
+		if !slices.ContainsFunc(k.owned, func(o fencing.LaneLease) bool { return o.Lane == l }) {
 			delete(k.draining, l)
 		}
 	}
@@ -104,7 +105,7 @@ func (f *Forwarder) renewLanesLocked(ctx context.Context) {
 			if k.draining == nil {
 				k.draining = make(map[int]time.Time)
 			}
-			k.draining[k.owned[i].Lane] = sent
+			k.draining[k.owned[i].Lane] = f.localNow() // the clock f.held is stamped with
 		}
 	}
 	var back []int
@@ -123,13 +124,8 @@ func (f *Forwarder) renewLanesLocked(ctx context.Context) {
 	}
 	for _, l := range gone {
 		delete(k.draining, l)
-		for i := range k.owned {
-			if k.owned[i].Lane == l {
-				k.owned = append(k.owned[:i], k.owned[i+1:]...)
-				break
-			}
-		}
 	}
+	k.owned = slices.DeleteFunc(k.owned, func(o fencing.LaneLease) bool { return slices.Contains(gone, o.Lane) })
 	f.logger.Info("Outbox lanes given back to share them with other relays", watermill.LogFields{"lanes": gone, "owned": len(k.owned), "share": k.share})
 }
 
@@ -145,15 +141,6 @@ func (f *Forwarder) giveBackLanes(ctx context.Context) {
 		return
 	}
 	f.lanes.owned, f.lanes.draining = nil, nil
-}
-
-func ownsLane(owned []fencing.LaneLease, lane int) bool {
-	for _, l := range owned {
-		if l.Lane == lane {
-			return true
-		}
-	}
-	return false
 }
 
 // heldSince reports whether the relay holds a row claimed at or before t.

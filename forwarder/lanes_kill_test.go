@@ -92,3 +92,36 @@ func TestAMessageThatKillsItsRelayEndsExhausted(t *testing.T) {
 	require.Equal(t, "LEASE_EXPIRED", st.Code)
 	require.Equal(t, []string{"later"}, rec.ids(), "the poison never reached the survivor")
 }
+
+// Relays joining and leaving share the lanes without an operator: a relay
+// that finds another live one gives back the lanes over its fair share once
+// it holds nothing claimed there, the newcomer takes them, and the lanes of
+// a relay that stops go to the one left.
+func TestLaneRelaysRebalanceAsTheyJoinAndLeave(t *testing.T) {
+	s := newDB(t)
+	require.NoError(t, fencing.SetLaneCount(context.Background(), s.DB, 32, 25))
+	owned := func(owner string) int {
+		var n int
+		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_relay_lane WHERE owner = $1 AND lease_expires_at > now()`, owner).Scan(&n))
+		return n
+	}
+	start := func(owner string) (*forwarder.Forwarder, chan error) {
+		f, err := forwarder.New(s.DB, &recorder{}, nil, forwarder.Config{Owner: owner, Fence: forwarder.FenceLanes,
+			HeartbeatInterval: 100 * time.Millisecond, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond})
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- f.Run(context.Background()) }()
+		return f, done
+	}
+	a, aDone := start("a")
+	require.Eventually(t, func() bool { return owned("a") == 32 }, time.Minute, 10*time.Millisecond, "alone, a takes every lane")
+	b, bDone := start("b")
+	require.Eventually(t, func() bool { return owned("a") == 16 && owned("b") == 16 }, time.Minute, 10*time.Millisecond,
+		"two live relays: 16 lanes each (a has %d, b %d)", owned("a"), owned("b"))
+	require.NoError(t, b.Close())
+	require.NoError(t, <-bDone)
+	require.Equal(t, 0, owned("b"), "a stopping relay gives its lanes back")
+	require.Eventually(t, func() bool { return owned("a") == 32 }, time.Minute, 10*time.Millisecond, "a takes the lanes b gave back")
+	require.NoError(t, a.Close())
+	require.NoError(t, <-aDone)
+}
