@@ -121,14 +121,11 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 			p.Lanes, p.LaneCount, p.Held = lanes, laneCount, f.heldIDs()
 		}
 		if buf, err = fencing.ClaimAppend(dbctx, f.q, buf, p); err != nil {
-			if lanes != nil {
-				// A lane claim writes no row: nothing to release.
-				failures++
-				return nil, err
-			}
 			if !errors.Is(err, fencing.ErrInvalidArgument) {
 				failures++
-				released += f.releaseUnheld(ctx, err)
+				if lanes == nil { // a lane claim writes no row: nothing to release
+					released += f.releaseUnheld(ctx, err)
+				}
 			}
 			return nil, err
 		}
