@@ -21,3 +21,6 @@ func (r *Relay) StartOptions() pglogrepl.StartReplicationOptions { return r.star
 func DecodeInsert(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (envelope.Row, error) {
 	return decodeInsert(rel, tuple)
 }
+
+// SQLXactStatus is the statement waitXact polls.
+const SQLXactStatus = sqlXactStatus

@@ -148,11 +148,11 @@ func (c *capture) heartbeatFailures() []captured {
 }
 
 // runLapsing runs a relay as owner on a fresh environment in CDC mode,
-// beating every 50 ms with a 1 s lifetime, publishing to out, on a pool
+// beating every 50 ms with a lifetime of ttl, publishing to out, on a pool
 // with heartbeatLockTimeout when lockTimeout is set (else on the
 // environment's own); it returns once the walsender streams. runErr gets
 // Run's result.
-func runLapsing(t *testing.T, base, owner string, lockTimeout bool, out message.Publisher, logger watermill.LoggerAdapter) (e *env, cfg cdcrelay.Config, runErr chan error) {
+func runLapsing(t *testing.T, base, owner string, ttl time.Duration, lockTimeout bool, out message.Publisher, logger watermill.LoggerAdapter) (e *env, cfg cdcrelay.Config, runErr chan error) {
 	t.Helper()
 	e = newEnv(t, base)
 	e.enableCDC(t)
@@ -161,7 +161,7 @@ func runLapsing(t *testing.T, base, owner string, lockTimeout bool, out message.
 		cfg.DB = relayPool(t, e)
 	}
 	cfg.Owner = owner
-	cfg.HeartbeatInterval, cfg.HeartbeatTTL = 50*time.Millisecond, time.Second
+	cfg.HeartbeatInterval, cfg.HeartbeatTTL = 50*time.Millisecond, ttl
 	r, err := cdcrelay.New(cfg, out, logger)
 	require.NoError(t, err)
 	runErr = make(chan error, 1)
@@ -179,7 +179,10 @@ func TestHeartbeatLapseStopsTheRelay(t *testing.T) {
 
 	t.Run("heartbeat writes failing for HeartbeatTTL stop a running relay with CDC_HEARTBEAT_LAPSED", func(t *testing.T) {
 		logs := &capture{}
-		e, cfg, runErr := runLapsing(t, base, "cdc-lapse-idle", true, &recorder{}, logs)
+		// A lifetime of 3 s: a failure is tolerated only while the last
+		// success is younger than it, and a busy machine can stall the
+		// relay between two beats for longer than a second.
+		e, cfg, runErr := runLapsing(t, base, "cdc-lapse-idle", 3*time.Second, true, &recorder{}, logs)
 
 		release := holdHeartbeat(t, e, cfg.Owner)
 		err := receive(t, runErr)
@@ -200,7 +203,7 @@ func TestHeartbeatLapseStopsTheRelay(t *testing.T) {
 	t.Run("a renewal that blocks is bounded by the heartbeat's lifetime", func(t *testing.T) {
 		// No lock_timeout here: the renewal waits on the row lock for as
 		// long as it is held, so only the relay's own bound ends it.
-		e, cfg, runErr := runLapsing(t, base, "cdc-lapse-blocked", false, &recorder{}, nil)
+		e, cfg, runErr := runLapsing(t, base, "cdc-lapse-blocked", time.Second, false, &recorder{}, nil)
 
 		release := holdHeartbeat(t, e, cfg.Owner)
 		defer release()
@@ -212,7 +215,7 @@ func TestHeartbeatLapseStopsTheRelay(t *testing.T) {
 
 	t.Run("a publish that outlives the heartbeat's lifetime is the last one", func(t *testing.T) {
 		out := newGate("first")
-		e, cfg, runErr := runLapsing(t, base, "cdc-lapse-held", true, out, nil)
+		e, cfg, runErr := runLapsing(t, base, "cdc-lapse-held", time.Second, true, out, nil)
 		t.Cleanup(out.release) // runs before Close: a failed test never leaves Run in Publish
 
 		// One transaction of two messages; the downstream holds the first.

@@ -305,14 +305,20 @@ func (s *stream) markPublished(ctx context.Context) error {
 	return nil
 }
 
+// sqlXactStatus is pg_xact_status of the transaction whose 32-bit xid is
+// $1, widened to an xid8 next to the snapshot's xmax: the full id is the one
+// nearest xmax, within 2^31 on either side. (xmax is latestCompletedXid+1,
+// so the newest transaction in progress can be at or past it; the id is
+// never taken from an epoch before the first.)
+const sqlXactStatus = `
+SELECT pg_xact_status(GREATEST(m + ((($1::bigint - (m & 4294967295) + 2147483648) & 4294967295) - 2147483648), 3)::text::xid8)
+  FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS m) c`
+
 // waitXact waits until the streamed transaction is no longer in progress for
 // other sessions (pg_xact_status, which consults the proc array), so its rows
-// are visible. The 32-bit xid is widened with the current epoch.
+// are visible.
 func (s *stream) waitXact(ctx context.Context) error {
-	const q = `
-SELECT pg_xact_status((CASE WHEN x > m THEN x - 4294967296 ELSE x END)::text::xid8)
-  FROM (SELECT ((m >> 32) << 32) | $1::bigint AS x, m
-          FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS m) c) w`
+	const q = sqlXactStatus
 	for delay := time.Millisecond; ; delay = min(2*delay, 50*time.Millisecond) {
 		var st sql.NullString
 		if err := s.db.QueryRowContext(ctx, q, int64(s.xid)).Scan(&st); err != nil {
