@@ -11,15 +11,28 @@ import (
 	"github.com/lib/pq"
 )
 
-// laneExpr is the lane of row alias a in a table of n lanes.
+// laneExpr is the lane of row alias a in a table of n lanes: a keyed row's
+// from its ordering key's hash (a key lives in one lane), an unkeyed row's
+// from its seq, in runs of unkeyedRun consecutive rows (unkeyedLaneExpr).
 func laneExpr(a string, n int) string {
-	return `((hashtext(coalesce(` + a + `.ordering_key, ` + a + `.message_id)) & 2147483647) % ` + strconv.Itoa(n) + `)`
+	return `(CASE WHEN ` + a + `.ordering_key IS NULL THEN ` + unkeyedLaneExpr(a, n) +
+		` ELSE (hashtext(` + a + `.ordering_key) & 2147483647) % ` + strconv.Itoa(n) + ` END)`
 }
+
+// unkeyedRun is how many consecutive unkeyed rows (by seq) share a lane,
+// as a power of two (unkeyedRunShift). Rows written together sit on the
+// same heap pages: a lane of runs reads a page for several of its rows,
+// where a lane of hashed ids read one page per row (measured on 1 KB rows:
+// a lane's 1,000 rows in 2.7-4 ms against 7.5-10 ms).
+const (
+	unkeyedRunShift = 5
+	unkeyedRun      = 1 << unkeyedRunShift
+)
 
 // unkeyedLaneExpr is laneExpr for a row without an ordering key, written
 // exactly as messaging_outbox_lane_idx's expression so the planner uses it.
 func unkeyedLaneExpr(a string, n int) string {
-	return `((hashtext(` + a + `.message_id) & 2147483647) % ` + strconv.Itoa(n) + `)`
+	return `((` + a + `.seq >> ` + strconv.Itoa(unkeyedRunShift) + `) % ` + strconv.Itoa(n) + `)`
 }
 
 // claimableIn is claimable(a), and in the lane scheme also "in one of the
@@ -65,12 +78,7 @@ own AS MATERIALIZED (
        AND $3::float8 IS NOT NULL -- the per-row lease, unused here
 ),
 picked_rows AS MATERIALIZED (
-    SELECT o.ctid AS row_ctid, {lane} AS lane,
-           o.message_id, o.destination, o.payload, o.headers, o.status, o.seq, o.created_at, o.occurred_at,
-           o.attempts, o.lease_owner, o.lease_token, o.last_failure_code, o.last_failure_detail,
-           o.producer, o.correlation_id, o.causation_id, o.tenant, o.partition_key, o.ordering_key,
-           o.traceparent, o.tracestate, o.baggage, o.schema_subject, o.schema_version, o.content_type,
-           o.message_type, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.routing_key
+    SELECT o.ctid AS row_ctid, {lane} AS lane, o.message_id, o.attempts
       FROM messaging_outbox o
      WHERE o.ctid = ANY (ARRAY(SELECT picked_ctid FROM fits))
 ),
@@ -79,7 +87,16 @@ got AS MATERIALIZED (
       FROM picked_rows r
       JOIN fits p ON p.picked_ctid = r.row_ctid
       JOIN own w ON w.lane = r.lane
-),
+)` + laneClaimWrites)
+}
+
+// laneClaimWrites ends a lane claim whose CTE got holds the rows taken
+// (row_ctid, lane, epoch, lane_expires, expired, park, message_id and
+// attempts): it parks the rows to park, records what the owner holds in
+// each lane, and returns the parked rows and the held ones (see
+// laneClaimFinish), reading the held rows' columns once, by ctid (the
+// version the claim read: nothing in the statement writes it).
+var laneClaimWrites = `,
 parked AS (
     UPDATE messaging_outbox o
        SET status = 'EXHAUSTED',
@@ -111,15 +128,16 @@ record AS (
 )
 SELECT * FROM parked
 UNION ALL
-SELECT g.message_id, g.destination, g.payload, g.headers, 'IN_FLIGHT', g.seq, g.created_at,
-       g.occurred_at, NULL::timestamptz, g.attempts, NULL::timestamptz, $2, g.epoch,
-       g.lane_expires, g.last_failure_code, g.last_failure_detail, NULL::timestamptz, g.producer,
-       g.correlation_id, g.causation_id, g.tenant, g.partition_key, g.ordering_key, g.traceparent,
-       g.tracestate, g.baggage, g.schema_subject, g.schema_version, g.content_type, g.message_type,
-       g.aggregate_type, g.aggregate_id, g.aggregate_version, NULL::timestamptz, g.routing_key
-  FROM got g
- WHERE NOT g.park AND g.lane IN (SELECT lane FROM record)`)
-}
+SELECT o.message_id, o.destination, o.payload, o.headers, 'IN_FLIGHT', o.seq, o.created_at,
+       o.occurred_at, NULL::timestamptz, o.attempts, NULL::timestamptz, $2, g.epoch,
+       g.lane_expires, o.last_failure_code, o.last_failure_detail, NULL::timestamptz, o.producer,
+       o.correlation_id, o.causation_id, o.tenant, o.partition_key, o.ordering_key, o.traceparent,
+       o.tracestate, o.baggage, o.schema_subject, o.schema_version, o.content_type, o.message_type,
+       o.aggregate_type, o.aggregate_id, o.aggregate_version, NULL::timestamptz, o.routing_key
+  FROM got g JOIN messaging_outbox o ON o.ctid = g.row_ctid
+ WHERE NOT g.park AND g.lane = ANY (ARRAY(SELECT lane FROM record))
+   -- a TID scan whatever join the planner picks (as in claimUpdate)
+   AND o.ctid = ANY (ARRAY(SELECT row_ctid FROM got WHERE NOT park))`
 
 // prefixed qualifies every column of the list cols with alias a.
 func prefixed(a, cols string) string {
@@ -163,12 +181,39 @@ func laneStatement(k laneKey, build func() string) string {
 // are renumbered: $1 now, $2 owner, $3 lease, $4 budget, $5 limit, $6 from
 // seq, $7 excluded destinations, $8 only destination, $9 byte budget, $10
 // lanes, $11 held.
+//
+// It reads each lane the owner still holds under a live lease through
+// messaging_outbox_lane_idx, every column in the one read (the rows are not
+// fetched a second time), cuts them at the byte budget, parks what spent
+// its budget and records the rest as held (laneClaimFinish explains both).
 func laneUnkeyedClaimSQL(lanes int) string {
 	return laneStatement(laneKey{lanes, "claim-unkeyed"}, func() string {
 		q := `
-WITH unkeyed AS (` + unkeyedHalf(lanes) + `
-)
-` + laneClaimFinish("unkeyed", lanes)
+WITH own AS MATERIALIZED (
+    SELECT l.lane, l.epoch, l.lease_expires_at
+      FROM messaging_relay_lane l
+     WHERE l.lane = ANY ($18::int[]) AND l.owner = $2 AND l.lease_expires_at > now()
+       AND $3::float8 IS NOT NULL -- the per-row lease, unused here
+),
+unkeyed AS MATERIALIZED (
+    SELECT u.* FROM own w CROSS JOIN LATERAL (
+        SELECT o.ctid AS row_ctid, w.lane, w.epoch, w.lease_expires_at AS lane_expires,
+               ` + rowBytes + ` AS bytes, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park,
+               o.seq, o.message_id, o.attempts
+          FROM messaging_outbox o
+         WHERE ` + unkeyedLaneExpr("o", lanes) + ` = w.lane
+           AND o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.message_id NOT IN (SELECT unnest($19::text[])) AND o.seq >= $6
+         ORDER BY o.seq
+         LIMIT $12) u
+     LIMIT $12
+),
+got AS MATERIALIZED (
+    SELECT b.* FROM (
+        SELECT s.*, sum(s.bytes) OVER (ORDER BY s.seq ROWS UNBOUNDED PRECEDING) AS run,
+               row_number() OVER (ORDER BY s.seq) AS n
+          FROM unkeyed s) b
+     WHERE $16::int8 = 0 OR (b.n = 1 AND $16::int8 > 0) OR b.run <= abs($16::int8)
+)` + laneClaimWrites
 		return strings.NewReplacer("$12", "$5", "$14", "$7", "$15", "$8", "$16", "$9", "$18", "$10", "$19", "$11").Replace(q)
 	})
 }

@@ -1,7 +1,8 @@
 // Lanes: the fence on a lane instead of on each row (migration 00050).
 //
-// Every row belongs to one lane, (hashtext(coalesce(ordering_key,
-// message_id)) & 2147483647) % N. A relay owns lanes (messaging_relay_lane:
+// Every row belongs to one lane: (hashtext(ordering_key) & 2147483647) % N
+// for a keyed row, (seq >> 5) % N for an unkeyed one (runs of 32 rows in
+// seq order, which share heap pages). A relay owns lanes (messaging_relay_lane:
 // owner, epoch, lease), reads its lanes' claimable rows without writing
 // them ([ClaimParams].Lanes), records once per claim what it holds in each
 // lane, and writes each row once, its outcome, fenced by the lane's owner

@@ -2,9 +2,11 @@
 -- Lanes: the fence moves from the row to the lane the row belongs to.
 --
 -- Every row belongs to one of N lanes (here N = 32), derived from its
--- ordering key, or from its message id when it has none:
+-- ordering key, or from its seq when it has none (runs of 32 consecutive
+-- rows, which share heap pages):
 --
---     (hashtext(coalesce(ordering_key, message_id)) & 2147483647) % N
+--     CASE WHEN ordering_key IS NULL THEN (seq >> 5) % N
+--          ELSE (hashtext(ordering_key) & 2147483647) % N END
 --
 -- A key lives in one lane, so it is in the hands of one relay at a time. A
 -- relay owns a fair share of the lanes (owner, epoch, lease below), reads
@@ -63,7 +65,7 @@ INSERT INTO messaging_relay_lane_held (lane) SELECT lane FROM messaging_relay_la
 -- builds it when a database moves to lanes; a lane relay refuses to start
 -- without it (LANES_MISSING). It serves a lane's unkeyed claimable rows in
 -- seq order:
---   WHERE (hashtext(message_id) & 2147483647) % N = $lane
+--   WHERE (seq >> 5) % N = $lane
 --     AND ordering_key IS NULL AND published_at IS NULL AND parked_at IS NULL
 --     AND seq >= $from ORDER BY seq LIMIT n
 -- (keyed rows are found through messaging_outbox_ordering_head_idx, key by
