@@ -69,24 +69,20 @@ func laneClaimFinish(src string, lanes int) string {
           FROM {src} s) b
      WHERE $16::int8 = 0 OR (b.n = 1 AND $16::int8 > 0) OR b.run <= abs($16::int8)
 ),
-own AS MATERIALIZED (
-    SELECT l.lane, l.epoch, l.lease_expires_at
-      FROM messaging_relay_lane l
-     -- The lanes' leases run on the server's clock (TakeLanes), not on the
-     -- claim's $1, which a caller may set to its own.
-     WHERE l.lane = ANY ($18::int[]) AND l.owner = $2 AND l.lease_expires_at > now()
-       AND $3::float8 IS NOT NULL -- the per-row lease, unused here
-),
 picked_rows AS MATERIALIZED (
     SELECT o.ctid AS row_ctid, {lane} AS lane, o.message_id, o.attempts
       FROM messaging_outbox o
      WHERE o.ctid = ANY (ARRAY(SELECT picked_ctid FROM fits))
 ),
 got AS MATERIALIZED (
-    SELECT r.*, p.park, p.expired, w.epoch, w.lease_expires_at AS lane_expires
+    SELECT r.*, p.park, p.expired, l.epoch, l.lease_expires_at AS lane_expires
       FROM picked_rows r
       JOIN fits p ON p.picked_ctid = r.row_ctid
-      JOIN own w ON w.lane = r.lane
+      JOIN messaging_relay_lane l ON l.lane = r.lane
+     -- The lanes' leases run on the server's clock (TakeLanes), not on the
+     -- claim's $1, which a caller may set to its own.
+     WHERE l.lane = ANY ($18::int[]) AND l.owner = $2 AND l.lease_expires_at > now()
+       AND $3::float8 IS NOT NULL -- the per-row lease, unused here
 )` + laneClaimWrites)
 }
 
@@ -95,7 +91,11 @@ got AS MATERIALIZED (
 // attempts): it parks the rows to park, records what the owner holds in
 // each lane, and returns the parked rows and the held ones (see
 // laneClaimFinish), reading the held rows' columns once, by ctid (the
-// version the claim read: nothing in the statement writes it).
+// version the claim read: nothing in the statement writes it). The join
+// is a TID scan per row: a table large enough to matter is never joined by
+// a sequential scan instead (what claimUpdate's second condition prevents
+// there is a choice between two scans of the same rows), and a check of
+// each row against an array of the ctids cost more than the claim's read.
 var laneClaimWrites = `,
 parked AS (
     UPDATE messaging_outbox o
@@ -135,9 +135,7 @@ SELECT o.message_id, o.destination, o.payload, o.headers, 'IN_FLIGHT', o.seq, o.
        o.tracestate, o.baggage, o.schema_subject, o.schema_version, o.content_type, o.message_type,
        o.aggregate_type, o.aggregate_id, o.aggregate_version, NULL::timestamptz, o.routing_key
   FROM got g JOIN messaging_outbox o ON o.ctid = g.row_ctid
- WHERE NOT g.park AND g.lane = ANY (ARRAY(SELECT lane FROM record))
-   -- a TID scan whatever join the planner picks (as in claimUpdate)
-   AND o.ctid = ANY (ARRAY(SELECT row_ctid FROM got WHERE NOT park))`
+ WHERE NOT g.park AND g.lane = ANY (ARRAY(SELECT lane FROM record))`
 
 // prefixed qualifies every column of the list cols with alias a.
 func prefixed(a, cols string) string {
