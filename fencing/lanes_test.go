@@ -386,3 +386,51 @@ func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	require.Eventually(t, cond, time.Minute, 2*time.Millisecond)
 }
+
+// docs/FENCE.md: a keyed row's lane is (hashtext(ordering_key) & 2147483647)
+// % N, an unkeyed row's (seq >> 5) % N: runs of 32 consecutive rows. A relay
+// holding one lane claims exactly those rows, and every row of a key or
+// none.
+func TestARowsLaneIsItsKeysHashOrItsSeqRun(t *testing.T) {
+	s := laneDB(t)
+	for i := range 200 {
+		key := ""
+		if i%4 == 0 {
+			key = fmt.Sprintf("key-%d", i%40)
+		}
+		insert(t, s.DB, fmt.Sprintf("m%03d", i), key)
+	}
+	all := takeLanes(t, s.DB, "all", time.Minute, 5)
+	require.Len(t, all.state.Owned, 32)
+	// Lanes 0, 3 and 6 hold runs of unkeyed rows (seq 1-200), the lane of
+	// key-0 that key's rows (and maybe other keys' and a run).
+	var keyLane int
+	require.NoError(t, s.DB.QueryRow(`SELECT (hashtext('key-0') & 2147483647) % 32`).Scan(&keyLane))
+	keyed := 0
+	for _, lane := range []int{0, 3, 6, keyLane} {
+		one := &laneRelay{owner: "all", state: all.state}
+		one.state.Owned = []fencing.LaneLease{all.state.Owned[lane]}
+		require.Equal(t, lane, one.lanes()[0])
+		var want []string
+		rows, err := s.DB.Query(`SELECT message_id FROM messaging_outbox
+			WHERE CASE WHEN ordering_key IS NULL THEN (seq >> 5) % 32
+			           ELSE (hashtext(ordering_key) & 2147483647) % 32 END = $1 ORDER BY message_id`, lane)
+		require.NoError(t, err)
+		for rows.Next() {
+			var id string
+			require.NoError(t, rows.Scan(&id))
+			want = append(want, id)
+		}
+		require.NoError(t, rows.Err())
+		require.NotEmpty(t, want, "lane %d has rows", lane)
+		var got []string
+		for _, c := range one.claim(t, s.DB, 5) {
+			got = append(got, c.Row.MessageID)
+			if c.Row.OrderingKey != "" {
+				keyed++
+			}
+		}
+		require.ElementsMatch(t, want, got, "lane %d", lane)
+	}
+	require.GreaterOrEqual(t, keyed, 5, "key-0's five rows came with its lane")
+}
