@@ -9,7 +9,12 @@ import (
 	"unicode/utf8"
 )
 
-// jsonObject writes a JSON object one member at a time.
+// jsonObject writes a JSON object one member at a time. It stays rather than
+// encoding/json because the relay builds one per outcome write, on its hot
+// path: for 1,000 published rows ({id: token}) it took 0.45 ms and 22
+// allocations against encoding/json's 1.12 ms and 2,009 allocations for the
+// same map (BenchmarkOutcomeArgument, 2-core machine, 2026-12-03), about
+// 0.7 µs of relay CPU per message out of the 25-30 the drain measures.
 type jsonObject struct{ buf []byte }
 
 // key starts the next member, named k.
