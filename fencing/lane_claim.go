@@ -69,20 +69,30 @@ func laneClaimFinish(src string, lanes int) string {
           FROM {src} s) b
      WHERE $16::int8 = 0 OR (b.n = 1 AND $16::int8 > 0) OR b.run <= abs($16::int8)
 ),
-picked_rows AS MATERIALIZED (
-    SELECT o.ctid AS row_ctid, {lane} AS lane, o.message_id, o.attempts
-      FROM messaging_outbox o
-     WHERE o.ctid = ANY (ARRAY(SELECT picked_ctid FROM fits))
-),
-got AS MATERIALIZED (
-    SELECT r.*, p.park, p.expired, l.epoch, l.lease_expires_at AS lane_expires
-      FROM picked_rows r
-      JOIN fits p ON p.picked_ctid = r.row_ctid
-      JOIN messaging_relay_lane l ON l.lane = r.lane
+own AS MATERIALIZED (
+    SELECT array_agg(l.lane ORDER BY l.lane) AS lanes, array_agg(l.epoch ORDER BY l.lane) AS epochs,
+           array_agg(l.lease_expires_at ORDER BY l.lane) AS expires
+      FROM messaging_relay_lane l
      -- The lanes' leases run on the server's clock (TakeLanes), not on the
      -- claim's $1, which a caller may set to its own.
      WHERE l.lane = ANY ($18::int[]) AND l.owner = $2 AND l.lease_expires_at > now()
        AND $3::float8 IS NOT NULL -- the per-row lease, unused here
+),
+got AS MATERIALIZED (
+    -- Each row finds its lane's epoch by position in one row of arrays:
+    -- a join of the picked rows with the lanes (or with fits) is planned
+    -- as a nested loop over CTEs, every row against every lane. What fits
+    -- computed for a row (expired, park) is computed again from the same
+    -- version of it.
+    SELECT r.row_ctid, r.lane, r.message_id, r.attempts, r.expired, r.park,
+           w.epochs[r.i] AS epoch, w.expires[r.i] AS lane_expires
+      FROM own w, LATERAL (
+        SELECT o.ctid AS row_ctid, ({lane})::int AS lane, o.message_id, o.attempts,
+               o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park,
+               array_position(w.lanes, ({lane})::int) AS i
+          FROM messaging_outbox o
+         WHERE o.ctid = ANY (ARRAY(SELECT picked_ctid FROM fits))) r
+     WHERE r.i IS NOT NULL
 )` + laneClaimWrites)
 }
 
