@@ -21,17 +21,19 @@ import (
 // the lane's epoch).
 const laneFence = `
 fence AS MATERIALIZED (
-    SELECT l.lane, l.epoch FROM messaging_relay_lane l WHERE l.owner = {owner} FOR SHARE
+    SELECT array_agg(l.lane ORDER BY l.lane) AS lanes, array_agg(l.epoch ORDER BY l.lane) AS epochs
+      FROM (SELECT l.lane, l.epoch FROM messaging_relay_lane l WHERE l.owner = {owner} FOR SHARE) l
 )`
 
-func laneFenceFor(lanes int, owner, token, attempts string) string {
-	// The count reads (and so locks) every lane of the owner before any
-	// row is written: a CTE is read lazily, and EXISTS alone would lock
-	// only the lanes up to the one it looks for.
-	return `(SELECT count(*) FROM fence) > 0
-   AND o.published_at IS NULL AND o.parked_at IS NULL
+func laneFenceFor(lanes int, token, attempts string) string {
+	// The fence is one row of arrays: reading it reads (and so locks)
+	// every lane of the owner before the first row is written, and each
+	// row finds its lane's epoch by position, computing its lane and token
+	// once (a join with a CTE of lanes was planned as a nested loop that
+	// computed them for every lane: 24 of a 32 ms write of 1,000 rows).
+	return `o.published_at IS NULL AND o.parked_at IS NULL
    AND o.attempts = ` + attempts + `
-   AND EXISTS (SELECT 1 FROM fence f WHERE f.lane = ` + laneExpr("o", lanes) + ` AND f.epoch = ` + token + `)`
+   AND (SELECT f.epochs[array_position(f.lanes, (` + laneExpr("o", lanes) + `)::int)] FROM fence f) = ` + token
 }
 
 func laneApplySQL(lanes int) string {
@@ -49,7 +51,7 @@ UPDATE messaging_outbox o
        lease_token = ($3::jsonb -> o.message_id ->> 'token')::int8,
        lease_expires_at = NULL
  WHERE o.message_id = ANY ($2::text[])
-   AND ` + laneFenceFor(lanes, "$4", "($3::jsonb -> o.message_id ->> 'token')::int8", "($3::jsonb -> o.message_id ->> 'attempts')::int") + `
+   AND ` + laneFenceFor(lanes, "($3::jsonb -> o.message_id ->> 'token')::int8", "($3::jsonb -> o.message_id ->> 'attempts')::int") + `
 RETURNING o.message_id`
 	})
 }
@@ -68,7 +70,7 @@ UPDATE messaging_outbox o
        lease_token = ($4::jsonb -> o.message_id ->> 0)::int8,
        lease_expires_at = NULL
  WHERE o.message_id = ANY ($3::text[])
-   AND ` + laneFenceFor(lanes, "$2", "($4::jsonb -> o.message_id ->> 0)::int8", "($4::jsonb -> o.message_id ->> 1)::int") + `
+   AND ` + laneFenceFor(lanes, "($4::jsonb -> o.message_id ->> 0)::int8", "($4::jsonb -> o.message_id ->> 1)::int") + `
 RETURNING o.message_id`
 	})
 }
