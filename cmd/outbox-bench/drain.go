@@ -335,6 +335,12 @@ type drainStats struct {
 	// the cluster's: anything else writing on the server meanwhile is
 	// counted too. 0 for watermill's relays (not measured).
 	walPerMsg float64
+	// walOwnPerMsg is the part of that WAL that is this run's database's
+	// (ownWAL): the server is shared, and other databases' WAL lands in the
+	// same range. 0 when it could not be read (no pg_walinspect, or the
+	// range's segments were recycled by a checkpoint meanwhile).
+	walOwnPerMsg float64
+	walOwnErr    error
 }
 
 // drainCell measures how fast d.relays relays of d.kind drain a backlog of n
@@ -402,12 +408,21 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 		if err := waitPublished(ctx, s, n); err != nil {
 			return st, fmt.Errorf("%s: %w", d.name(), err)
 		}
-		wal, err := walSince(ctx, s.db, lsn0)
+		lsn1, err := walLSN(ctx, s.db)
+		if err != nil {
+			return st, fmt.Errorf("%s: %w", d.name(), err)
+		}
+		wal, err := walBetween(ctx, s.db, lsn0, lsn1)
 		if err != nil {
 			return st, fmt.Errorf("%s: %w", d.name(), err)
 		}
 		st.walPerMsg = wal / float64(n)
 		r.stop()
+		if own, err := e.ownWAL(ctx, lsn0, lsn1); err == nil {
+			st.walOwnPerMsg = own / float64(n)
+		} else {
+			st.walOwnErr = err
+		}
 		upd, hot, err := rowVersions(ctx, s, n)
 		if err != nil {
 			return st, fmt.Errorf("%s: %w", d.name(), err)
@@ -434,10 +449,10 @@ func walLSN(ctx context.Context, db *sql.DB) (string, error) {
 	return lsn, nil
 }
 
-// walSince is the WAL bytes written on the server since the position from.
-func walSince(ctx context.Context, db *sql.DB, from string) (float64, error) {
+// walBetween is the WAL bytes written on the server between two positions.
+func walBetween(ctx context.Context, db *sql.DB, from, to string) (float64, error) {
 	var b float64
-	if err := db.QueryRowContext(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8`, from).Scan(&b); err != nil {
+	if err := db.QueryRowContext(ctx, `SELECT pg_wal_lsn_diff($2::pg_lsn, $1::pg_lsn)::float8`, from, to).Scan(&b); err != nil {
 		return 0, fmt.Errorf("pg_wal_lsn_diff: %w", err)
 	}
 	return b, nil

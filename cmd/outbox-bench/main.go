@@ -413,8 +413,12 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 				c.add("versions", versionsName(d.name()), "versions/msg", st.versions)
 				c.add("versions", versionsName(d.name())+"/hot", "versions/msg", st.hot)
 				c.add("wal", walName(d.name()), "B/msg", st.walPerMsg)
+				c.add("wal", walName(d.name())+"/own", "B/msg", st.walOwnPerMsg)
+				if st.walOwnErr != nil {
+					logf("  %-28s WAL of this run's database not read (recorded as 0): %v", d.name(), st.walOwnErr)
+				}
 			}
-			logf("  %-28s %10.0f msg/s %7.1f µs CPU/msg %5.2f row versions/msg (%.2f HOT) %6.0f WAL B/msg", d.name(), st.rate, st.cpuUSPerMsg, st.versions, st.hot, st.walPerMsg)
+			logf("  %-28s %10.0f msg/s %7.1f µs CPU/msg %5.2f row versions/msg (%.2f HOT) %6.0f WAL B/msg (%.0f this database's)", d.name(), st.rate, st.cpuUSPerMsg, st.versions, st.hot, st.walPerMsg, st.walOwnPerMsg)
 		}
 		// 2b. Recovery after a downstream outage, and claim cost under
 		// blocked keys.

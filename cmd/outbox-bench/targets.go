@@ -31,8 +31,8 @@ func (t Target) needText() string {
 
 // pairRatioBest is pairRatio against the best (lowest) of the cells bs in
 // each repetition: a cost of a against the cheapest variant of another
-// relay measured in the same repetition (cells missing from the run are
-// left out; 0 when none ran).
+// relay measured in the same repetition (cells missing from the run, and
+// samples of 0, not measured, are left out; 0 when nothing is left).
 func (c *collector) pairRatioBest(a string, bs ...string) float64 {
 	ra, ok := c.by[a]
 	if !ok {
@@ -42,11 +42,11 @@ func (c *collector) pairRatioBest(a string, bs ...string) float64 {
 	for i := range ra.Samples {
 		best := 0.0
 		for _, b := range bs {
-			if rb, ok := c.by[b]; ok && i < len(rb.Samples) && (best == 0 || rb.Samples[i] < best) {
+			if rb, ok := c.by[b]; ok && i < len(rb.Samples) && rb.Samples[i] > 0 && (best == 0 || rb.Samples[i] < best) {
 				best = rb.Samples[i]
 			}
 		}
-		if best > 0 {
+		if best > 0 && ra.Samples[i] > 0 {
 			rs = append(rs, ratio(ra.Samples[i], best))
 		}
 	}
@@ -240,19 +240,27 @@ func sortedCopy(v []float64) []float64 {
 // from above: WAL and row versions per relayed message, and the claim's
 // server time per row with 4 relays against 1.
 func laneTargets(cfg Config, c *collector, addMax func(name string, r, need float64, measured bool, note string)) {
+	// WAL: this run's database's records (pg_walinspect), a cluster-wide
+	// LSN difference beside it in the note (the server is shared).
+	own := func(n string) string { return n + "/own" }
 	minimal := []string{walName(drainName(relayMinimal, 1)), walName(drainName(relayMinimalTuned, 1))}
-	minRan := slices.ContainsFunc(minimal, func(n string) bool { _, ok := c.by[n]; return ok })
-	walNote := "pg_wal_lsn_diff over the drain (after the fill and a CHECKPOINT) / messages, against the minimal relay's lower of batch 100 and 1000 in the same repetition"
+	minimalOwn := []string{own(minimal[0]), own(minimal[1])}
+	minRan := slices.ContainsFunc(minimalOwn, func(n string) bool { _, ok := c.by[n]; return ok })
+	walNote := "WAL records of this run's database over the drain (pg_walinspect; after the fill and a CHECKPOINT) / messages, against the minimal relay's lower of batch 100 and 1000 in the same repetition"
 	for _, d := range []drainKind{{relayOursLanes, 1, 0}, {relayOursLanes, 4, 0}, {relayOurs, 1, 0}} {
 		w := walName(d.name())
-		_, ok := c.by[w]
-		note := walNote
-		if !ok || !minRan {
-			note = "not measured in this run (" + w + " or " + minimal[0] + "/" + minimal[1] + " missing)"
-		} else if d.kind == relayOurs {
-			note = "evidence (per-row leases): " + walNote
+		_, ok := c.by[own(w)]
+		r := c.pairRatioBest(own(w), minimalOwn...)
+		note := walNote + fmt.Sprintf("; cluster-wide pg_wal_lsn_diff: %.2f", c.pairRatioBest(w, minimal...))
+		switch {
+		case !ok || !minRan:
+			note = "not measured in this run (" + own(w) + " or " + minimalOwn[0] + "/" + minimalOwn[1] + " missing)"
+		case r == 0:
+			note = "this database's WAL could not be read (pg_walinspect missing or the WAL recycled): " + note
+		case d.kind == relayOurs:
+			note = "evidence (per-row leases): " + note
 		}
-		addMax(fmt.Sprintf("WAL per relayed message: %s x%d / minimal relay (best batch)", d.kind, d.relays), c.pairRatioBest(w, minimal...), 1.0, ok && minRan, note)
+		addMax(fmt.Sprintf("WAL per relayed message: %s x%d / minimal relay (best batch)", d.kind, d.relays), r, 1.0, ok && minRan && r > 0, note)
 	}
 	for _, d := range []drainKind{{relayOursLanes, 1, 0}, {relayOursLanes, 4, 0}} {
 		v := versionsName(d.name())
