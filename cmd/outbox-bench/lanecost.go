@@ -4,6 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,7 +32,16 @@ import (
 // round trip). Nothing is published; the outcomes are the only other
 // statements.
 //
+// Beside each, <cell>/cpu: the CPU time the owners' server backends ran
+// during their Claim calls (/proc/<backend pid>/schedstat, read before and
+// after each call: nanoseconds on a CPU, time waiting for one left out), per
+// claimed row. It needs the server on this machine; elsewhere it is 0. On a
+// machine with fewer cores than relays the wall time of x4 includes waiting
+// for a core; the CPU time does not.
+//
 //   - x1: one owner, all 32 lanes.
+//   - x2: two owners, 16 lanes each, claiming concurrently (evidence: as
+//     many relays as this benchmark machine has cores).
 //   - x4: four owners, 8 lanes each, claiming concurrently.
 //   - x4-serial: the same four owners, one claim-and-outcome at a time
 //     (evidence: what the claim costs on a quarter of the lanes without
@@ -53,7 +65,7 @@ func (l laneClaimCase) name() string {
 }
 
 func laneClaimCases(rep int) []laneClaimCase {
-	cs := []laneClaimCase{{1, false}, {4, false}, {4, true}}
+	cs := []laneClaimCase{{1, false}, {4, false}, {2, false}, {4, true}}
 	if rep%2 == 0 {
 		cs[0], cs[1] = cs[1], cs[0]
 	}
@@ -67,41 +79,65 @@ const (
 
 func runLaneClaimCost(ctx context.Context, e *env, cfg Config, c *collector, rep int, payload []byte, logf func(string, ...any)) error {
 	for _, lc := range laneClaimCases(rep) {
-		us, claims, err := laneClaimCell(ctx, e, cfg.LaneClaimRows, cfg.LaneClaimBatch, lc.relays, lc.serial, payload)
+		res, err := laneClaimCell(ctx, e, cfg.LaneClaimRows, cfg.LaneClaimBatch, lc.relays, lc.serial, payload)
 		if err != nil {
 			return fmt.Errorf("%s: %w", lc.name(), err)
 		}
-		c.add("claimcost", lc.name(), "µs/row", us)
-		logf("  %-28s %8.2f µs per claimed row (%d claims)", lc.name(), us, claims)
+		c.add("claimcost", lc.name(), "µs/row", res.wallUS)
+		c.add("claimcost", lc.name()+"/cpu", "µs/row", res.cpuUS)
+		logf("  %-28s %8.2f µs per claimed row, server backend CPU %.2f µs (%d claims)", lc.name(), res.wallUS, res.cpuUS, res.claims)
 	}
 	return nil
 }
 
+// laneClaim is one lane claim cell's result: µs per claimed row of the
+// Claim calls (wall) and of their backends' CPU, and the claims that
+// returned rows.
+type laneClaim struct {
+	wallUS, cpuUS float64
+	claims        int
+}
+
+// backendCPU is the CPU time a server process has run, from
+// /proc/<pid>/schedstat (its first field, nanoseconds).
+func backendCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/schedstat")
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, fmt.Errorf("empty schedstat of %d", pid)
+	}
+	ns, err := strconv.ParseInt(f[0], 10, 64)
+	return time.Duration(ns), err
+}
+
 // laneClaimCell drains a rows-row backlog with relays lane owners as
-// described above and returns the claim statements' time per claimed row,
-// in µs, and the number of claims that returned rows.
-func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial bool, payload []byte) (float64, int, error) {
+// described above.
+func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial bool, payload []byte) (laneClaim, error) {
 	if relays < 1 || probeLanes%relays != 0 {
-		return 0, 0, fmt.Errorf("%d relays do not share %d lanes evenly", relays, probeLanes)
+		return laneClaim{}, fmt.Errorf("%d relays do not share %d lanes evenly", relays, probeLanes)
 	}
 	s, err := e.newSchema(ctx, 2)
 	if err != nil {
-		return 0, 0, err
+		return laneClaim{}, err
 	}
 	defer s.drop()
 	if err := fencing.SetLaneCount(ctx, s.db, probeLanes, forwarder.DefaultMaxAttempts); err != nil {
-		return 0, 0, err
+		return laneClaim{}, err
 	}
 	if err := prefill(ctx, s.db, prefillOutbox, "ob-", rows, payload); err != nil {
-		return 0, 0, err
+		return laneClaim{}, err
 	}
 	total, err := fencing.LaneCount(ctx, s.db)
 	if err != nil {
-		return 0, 0, err
+		return laneClaim{}, err
 	}
 	type owner struct {
 		name  string
-		db    *sql.DB
+		db    *sql.DB // one connection: the same backend throughout
+		pid   int     // its backend; 0 when its CPU cannot be read here
 		lanes []int
 	}
 	owners := make([]*owner, relays)
@@ -115,24 +151,30 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial 
 	for i := range owners {
 		db, err := s.open(1)
 		if err != nil {
-			return 0, 0, err
+			return laneClaim{}, err
 		}
 		owners[i] = &owner{name: fmt.Sprintf("lane-probe-%d", i), db: db}
+		if err := db.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&owners[i].pid); err != nil {
+			return laneClaim{}, err
+		}
+		if _, err := backendCPU(owners[i].pid); err != nil {
+			owners[i].pid = 0 // the server is not on this machine
+		}
 		// Every heartbeat first: each owner's share is then 32/relays.
 		if err := relaymode.BeatFence(ctx, db, owners[i].name, probeLaneTTL, forwarder.DefaultMaxAttempts, fencing.FenceLanes); err != nil {
-			return 0, 0, err
+			return laneClaim{}, err
 		}
 	}
 	for _, o := range owners {
 		if err := fencing.EnterFence(ctx, o.db, o.name, fencing.FenceLanes); err != nil {
-			return 0, 0, err
+			return laneClaim{}, err
 		}
 		st, err := fencing.TakeLanes(ctx, o.db, fencing.LaneParams{Owner: o.name, TTL: probeLaneTTL, MaxAttempts: forwarder.DefaultMaxAttempts})
 		if err != nil {
-			return 0, 0, err
+			return laneClaim{}, err
 		}
 		if len(st.Owned) != probeLanes/relays {
-			return 0, 0, fmt.Errorf("owner %s took %d lanes, want %d", o.name, len(st.Owned), probeLanes/relays)
+			return laneClaim{}, fmt.Errorf("owner %s took %d lanes, want %d", o.name, len(st.Owned), probeLanes/relays)
 		}
 		for _, l := range st.Owned {
 			o.lanes = append(o.lanes, l.Lane)
@@ -144,6 +186,8 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial 
 		mu      sync.Mutex // serial: one claim and its outcome at a time
 		sumMu   sync.Mutex
 		spent   time.Duration
+		cpu     time.Duration
+		noCPU   bool
 		claimed int
 		claims  int
 		wg      sync.WaitGroup
@@ -151,13 +195,15 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial 
 	)
 	for i, o := range owners {
 		wg.Go(func() {
-			var own time.Duration
+			var own, ownCPU time.Duration
 			var n, k int
 			defer func() {
 				sumMu.Lock()
-				spent, claimed, claims = spent+own, claimed+n, claims+k
+				spent, cpu, claimed, claims = spent+own, cpu+ownCPU, claimed+n, claims+k
+				noCPU = noCPU || o.pid == 0
 				sumMu.Unlock()
 			}()
+			var cpu0, cpu1 time.Duration
 			p := probeParams()
 			p.Owner, p.Limit, p.MaxChain, p.LaneCount = o.name, batch, 0, total
 			for turn := 0; ; turn++ {
@@ -170,9 +216,15 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial 
 				if serial {
 					mu.Lock()
 				}
+				if o.pid != 0 {
+					cpu0, _ = backendCPU(o.pid)
+				}
 				start := time.Now()
 				got, err := fencing.Claim(ctx, o.db, p)
 				d := time.Since(start)
+				if o.pid != 0 {
+					cpu1, _ = backendCPU(o.pid)
+				}
 				if err == nil && len(got) > 0 {
 					var res []fencing.Result
 					if res, err = fencing.Apply(ctx, o.db, publishedOutcomes(got)); err == nil {
@@ -195,6 +247,7 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial 
 					return
 				}
 				own += d
+				ownCPU += cpu1 - cpu0
 				n += len(got)
 				k++
 			}
@@ -203,11 +256,15 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial 
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
-			return 0, 0, err
+			return laneClaim{}, err
 		}
 	}
 	if claimed != rows {
-		return 0, 0, fmt.Errorf("%d rows claimed, want %d", claimed, rows)
+		return laneClaim{}, fmt.Errorf("%d rows claimed, want %d", claimed, rows)
 	}
-	return float64(spent.Microseconds()) / float64(claimed), claims, nil
+	res := laneClaim{wallUS: float64(spent.Microseconds()) / float64(claimed), claims: claims}
+	if !noCPU {
+		res.cpuUS = float64(cpu.Microseconds()) / float64(claimed)
+	}
+	return res, nil
 }

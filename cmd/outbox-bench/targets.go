@@ -279,8 +279,16 @@ func laneTargets(cfg Config, c *collector, addMax func(name string, r, need floa
 	note := fmt.Sprintf("claim statement time per claimed row, %d relays claiming concurrently on their own lanes against 1 relay on all of them (batch %d, same backlog)", 4, cfg.LaneClaimBatch)
 	if !ok1 || !ok4 {
 		note = "not measured in this run (" + x1 + " or " + x4 + " missing)"
-	} else if _, ok := c.by[laneClaimSerialName(4)]; ok {
-		note += fmt.Sprintf("; 4 relays one claim at a time: %.2fx", c.pairRatio(laneClaimSerialName(4), x1))
+	} else {
+		if _, ok := c.by[x4+"/cpu"]; ok {
+			note += fmt.Sprintf("; their server backends' CPU per row (schedstat): %.2fx", c.pairRatio(x4+"/cpu", x1+"/cpu"))
+		}
+		if _, ok := c.by[laneClaimName(2)]; ok {
+			note += fmt.Sprintf("; 2 relays: %.2fx", c.pairRatio(laneClaimName(2), x1))
+		}
+		if _, ok := c.by[laneClaimSerialName(4)]; ok {
+			note += fmt.Sprintf("; 4 relays one claim at a time: %.2fx", c.pairRatio(laneClaimSerialName(4), x1))
+		}
 	}
 	addMax("claim per row, lanes: 4 relays / 1 relay", c.pairRatio(x4, x1), 1.2, ok1 && ok4, note)
 }
