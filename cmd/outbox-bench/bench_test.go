@@ -428,7 +428,7 @@ func TestLatencyProxy(t *testing.T) {
 	defer cancel()
 	rep, err := run(ctx, cfg, nil)
 	require.NoError(t, err)
-	require.Len(t, rep.Results, 5)
+	require.Len(t, rep.Results, 6)
 	require.Equal(t, "drain/outbox/x1", rep.Results[0].Name)
 	require.Equal(t, "cpu/outbox/x1", rep.Results[1].Name)
 	require.Equal(t, "versions/outbox/x1", rep.Results[2].Name)
