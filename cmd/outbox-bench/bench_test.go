@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -46,6 +47,8 @@ func tinyConfig(t *testing.T) Config {
 	cfg.SteadyRate, cfg.SteadyKeys, cfg.SteadyWriters = 100, 5, 2
 	cfg.RecoveryBacklog, cfg.Outage = cfg.Backlog, time.Second
 	cfg.WriteKeys = 3
+	cfg.LaneClaimRows, cfg.LaneClaimBatch = 400, 50
+	cfg.SustainedRows, cfg.SustainedRounds = 200, 2
 	return cfg
 }
 
@@ -72,6 +75,9 @@ func TestSmoke(t *testing.T) {
 	rest.Only = []string{"drain", "recovery", "claimcost", "steady"}
 	rest.Drain = []string{"outbox/x1", "watermill-tuned/x1"}
 	parts["rest"] = rest
+	sustained := tinyConfig(t)
+	sustained.Only = []string{"sustained"}
+	parts["sustained"] = sustained
 	for name := range parts {
 		cfg := parts[name]
 		cfg.Out = filepath.Join(t.TempDir(), "results.json")
@@ -114,6 +120,9 @@ func TestSmoke(t *testing.T) {
 			require.Equal(t, 1.0, versions[versionsName(d.name())], d.name())
 		}
 		require.Equal(t, 2.0, versions[versionsName(drainKind{relayOurs, 1, 0}.name())])
+		requireTargets(t, rep, "WAL per relayed message: outbox-lanes x1 / minimal relay (best batch)",
+			"WAL per relayed message: outbox-lanes x4 / minimal relay (best batch)",
+			"row versions per relayed message: outbox-lanes x1", "row versions per relayed message: outbox-lanes x4")
 	})
 	t.Run("write-latency-scale", func(t *testing.T) {
 		rep, _ := smokeCheck(t, parts["write-latency-scale"])
@@ -136,6 +145,14 @@ func TestSmoke(t *testing.T) {
 		require.Zero(t, got[recoveryName(relayWMTuned, "undelivered")], "every message arrives after the outage")
 		require.Positive(t, got[recoveryName(relayOurs, "refused-publishes")], "the outage refused publishes")
 		require.InDelta(t, got[drainName(relayOurs, 1)]/2, got[steadyName(relayOurs, "offered")], 1, "the steady load is half the drain rate")
+		requireTargets(t, rep, "claim per row, lanes: 4 relays / 1 relay")
+	})
+	t.Run("sustained", func(t *testing.T) {
+		rep, _ := smokeCheck(t, parts["sustained"])
+		requireTargets(t, rep, "sustained: outbox nosnapshot, round 2 / round 1", "sustained: outbox-lanes snapshot, round 2 / round 1",
+			"sustained: skiplocked-tuned snapshot, round 2 / round 1")
+		i := slices.IndexFunc(rep.Targets, func(tg Target) bool { return strings.HasPrefix(tg.Name, "sustained:") })
+		require.Contains(t, rep.Targets[i].Note, "server autovacuum = ")
 	})
 }
 
@@ -155,7 +172,7 @@ func expectedResults(cfg Config) []string {
 		if cfg.runs("drain") {
 			want = append(want, d.name(), drainCPUName(d.name()))
 			if d.kind != relayWMDefault && d.kind != relayWMTuned {
-				want = append(want, versionsName(d.name()), versionsName(d.name())+"/hot")
+				want = append(want, versionsName(d.name()), versionsName(d.name())+"/hot", walName(d.name()), walName(d.name())+"/own")
 			}
 		}
 	}
@@ -172,6 +189,18 @@ func expectedResults(cfg Config) []string {
 	for _, cs := range claimCostCases(cfg) {
 		if cfg.runs("claimcost") {
 			want = append(want, claimCostName(cs, "p50"), claimCostName(cs, "p99"))
+		}
+	}
+	for _, lc := range laneClaimCases(1) {
+		if cfg.runs("claimcost") {
+			want = append(want, lc.name(), lc.name()+"/cpu")
+		}
+	}
+	for _, mode := range []string{modeNoSnapshot, modeSnapshot} {
+		for _, k := range sustainedKinds {
+			if cfg.runs("sustained") {
+				want = append(want, sustainedName(k, mode, 1), sustainedName(k, mode, cfg.SustainedRounds))
+			}
 		}
 	}
 	for _, k := range latencyKinds {
@@ -239,7 +268,10 @@ func smokeCheck(t *testing.T, cfg Config) (Report, string) {
 			if strings.HasPrefix(name, "scale/wal-bytes-per-row/") {
 				require.Greater(t, r.Median, 0.0, name)
 			}
-		case r.Group == "recovery" || strings.HasSuffix(name, "/late") || r.Group == "versions" && strings.HasSuffix(name, "/hot"):
+		case r.Group == "recovery" || strings.HasSuffix(name, "/late") || r.Group == "versions" && strings.HasSuffix(name, "/hot") ||
+			r.Group == "wal" && strings.HasSuffix(name, "/own") || strings.HasPrefix(name, "claimcost/lanes/") && strings.HasSuffix(name, "/cpu"):
+			// This database's WAL is 0 where pg_walinspect is missing, the
+			// backends' CPU where the server is on another machine.
 			// HOT versions: none on lanes and for the minimal relay.
 			// Counts that are zero when all goes well; times that are
 			// short on a tiny backlog.
@@ -396,11 +428,13 @@ func TestLatencyProxy(t *testing.T) {
 	defer cancel()
 	rep, err := run(ctx, cfg, nil)
 	require.NoError(t, err)
-	require.Len(t, rep.Results, 4)
+	require.Len(t, rep.Results, 6)
 	require.Equal(t, "drain/outbox/x1", rep.Results[0].Name)
 	require.Equal(t, "cpu/outbox/x1", rep.Results[1].Name)
 	require.Equal(t, "versions/outbox/x1", rep.Results[2].Name)
 	require.Equal(t, 2.0, rep.Results[2].Median, "per-row leases: the lease, then the outcome")
+	require.Equal(t, "wal/outbox/x1", rep.Results[4].Name)
+	require.Positive(t, rep.Results[4].Median)
 	require.Positive(t, rep.Results[0].Median)
 }
 
@@ -441,4 +475,65 @@ func TestKeyedTargets(t *testing.T) {
 	unk := got["claim p99: unkeyed / 100 keys x 500 rows"]
 	require.False(t, unk.Met)
 	require.Contains(t, unk.Note, "not measured")
+}
+
+// The sustained rounds are opt-in: a run without -only leaves them out, and
+// naming the group runs it.
+func TestSustainedOptIn(t *testing.T) {
+	cfg := defaultConfig()
+	require.True(t, cfg.runs("drain"))
+	require.False(t, cfg.runs("sustained"), "sustained runs only when named")
+	cfg.Only = []string{"drain", "sustained"}
+	require.True(t, cfg.runs("sustained"))
+	require.False(t, cfg.runs("write"))
+
+	cfg = tinyConfig(t)
+	cfg.SustainedRounds = 1
+	_, err := run(context.Background(), cfg, nil)
+	require.ErrorContains(t, err, "-sustained-rounds")
+}
+
+// The lane scheme's targets are bounds from above: met at or below the
+// bound, never met when a cell did not run; WAL is judged against the
+// minimal relay's cheaper batch in the same repetition.
+func TestLaneTargets(t *testing.T) {
+	cfg := defaultConfig()
+	c := newCollector()
+	lanes1 := drainKind{relayOursLanes, 1, 0}.name()
+	o := func(n string) string { return n + "/own" }
+	m1, m2 := walName(drainName(relayMinimal, 1)), walName(drainName(relayMinimalTuned, 1))
+	for _, rep := range []map[string]float64{
+		{o(walName(lanes1)): 1600, o(m1): 1500, o(m2): 2000, walName(lanes1): 1600, m1: 1500, m2: 2000,
+			versionsName(lanes1): 1, laneClaimName(1): 100, laneClaimName(4): 110},
+		{o(walName(lanes1)): 1400, o(m1): 1600, o(m2): 1000, walName(lanes1): 9000, m1: 1600, m2: 1000,
+			versionsName(lanes1): 1, laneClaimName(1): 100, laneClaimName(4): 130},
+		{o(walName(lanes1)): 1500, o(m1): 1500, o(m2): 1500, walName(lanes1): 1500, m1: 1500, m2: 1500,
+			versionsName(lanes1): 1.2, laneClaimName(1): 100, laneClaimName(4): 120},
+		{o(walName(lanes1)): 0, o(m1): 1500, o(m2): 0, walName(lanes1): 1500, m1: 1500, m2: 1500,
+			versionsName(lanes1): 1, laneClaimName(1): 100, laneClaimName(4): 120},
+	} {
+		for _, name := range slices.Sorted(maps.Keys(rep)) {
+			c.add("g", name, "u", rep[name])
+		}
+	}
+	got := map[string]Target{}
+	for _, tg := range targets(cfg, c) {
+		got[tg.Name] = tg
+	}
+	wal := got["WAL per relayed message: outbox-lanes x1 / minimal relay (best batch)"]
+	require.True(t, wal.AtMost)
+	require.InDelta(t, 1600.0/1500, wal.Ratio, 1e-9, "this database's WAL per repetition 1.067, 1.4, 1.0 (the fourth not read): median 1.067")
+	require.False(t, wal.Met)
+	require.Contains(t, wal.Note, "cluster-wide pg_wal_lsn_diff: 1.03", "per repetition 1.067, 9, 1.0, 1.0")
+	require.Equal(t, "≤ 1.00", wal.needText())
+	v := got["row versions per relayed message: outbox-lanes x1"]
+	require.Equal(t, 1.0, v.Ratio)
+	require.True(t, v.Met)
+	claim := got["claim per row, lanes: 4 relays / 1 relay"]
+	require.InDelta(t, 1.2, claim.Ratio, 1e-9, "1.1, 1.3, 1.2, 1.2")
+	require.True(t, claim.Met, "1.2 is within <= 1.2")
+	missing := got["row versions per relayed message: outbox-lanes x4"]
+	require.False(t, missing.Met, "a cell that did not run meets nothing, though its ratio 0 is below the bound")
+	require.Contains(t, missing.Note, "not measured")
+	require.NotContains(t, got, "sustained: outbox nosnapshot, round 6 / round 1", "sustained targets only in a run of the group")
 }

@@ -328,6 +328,19 @@ type drainStats struct {
 	// once the relays' backends exited and their counts stopped moving),
 	// and of those the HOT ones; 0 for watermill's relays (another table).
 	versions, hot float64
+	// walPerMsg is the WAL the drain wrote per relayed message:
+	// pg_wal_lsn_diff of pg_current_wal_lsn() read after the fill and its
+	// CHECKPOINT (settle), just before the relays start, and once every
+	// row's terminal write committed, divided by the messages. The LSN is
+	// the cluster's: anything else writing on the server meanwhile is
+	// counted too. 0 for watermill's relays (not measured).
+	walPerMsg float64
+	// walOwnPerMsg is the part of that WAL that is this run's database's
+	// (ownWAL): the server is shared, and other databases' WAL lands in the
+	// same range. 0 when it could not be read (no pg_walinspect, or the
+	// range's segments were recycled by a checkpoint meanwhile).
+	walOwnPerMsg float64
+	walOwnErr    error
 }
 
 // drainCell measures how fast d.relays relays of d.kind drain a backlog of n
@@ -370,6 +383,10 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 		out = oc
 	}
 	settle(ctx, s.db)
+	lsn0, err := walLSN(ctx, s.db)
+	if err != nil {
+		return st, err
+	}
 	cpu0 := processCPU()
 	start := time.Now()
 	r, err := startRelay(sctx, s, d.kind, d.relays, out, false)
@@ -391,7 +408,21 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 		if err := waitPublished(ctx, s, n); err != nil {
 			return st, fmt.Errorf("%s: %w", d.name(), err)
 		}
+		lsn1, err := walLSN(ctx, s.db)
+		if err != nil {
+			return st, fmt.Errorf("%s: %w", d.name(), err)
+		}
+		wal, err := walBetween(ctx, s.db, lsn0, lsn1)
+		if err != nil {
+			return st, fmt.Errorf("%s: %w", d.name(), err)
+		}
+		st.walPerMsg = wal / float64(n)
 		r.stop()
+		if own, err := e.ownWAL(ctx, lsn0, lsn1); err == nil {
+			st.walOwnPerMsg = own / float64(n)
+		} else {
+			st.walOwnErr = err
+		}
 		upd, hot, err := rowVersions(ctx, s, n)
 		if err != nil {
 			return st, fmt.Errorf("%s: %w", d.name(), err)
@@ -407,6 +438,24 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 		}
 	}
 	return st, nil
+}
+
+// walLSN is the server's current WAL insert position.
+func walLSN(ctx context.Context, db *sql.DB) (string, error) {
+	var lsn string
+	if err := db.QueryRowContext(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+		return "", fmt.Errorf("pg_current_wal_lsn: %w", err)
+	}
+	return lsn, nil
+}
+
+// walBetween is the WAL bytes written on the server between two positions.
+func walBetween(ctx context.Context, db *sql.DB, from, to string) (float64, error) {
+	var b float64
+	if err := db.QueryRowContext(ctx, `SELECT pg_wal_lsn_diff($2::pg_lsn, $1::pg_lsn)::float8`, from, to).Scan(&b); err != nil {
+		return 0, fmt.Errorf("pg_wal_lsn_diff: %w", err)
+	}
+	return b, nil
 }
 
 // waitPublished waits until n rows of the schema's outbox are PUBLISHED,

@@ -33,6 +33,10 @@ type env struct {
 	admin  *sql.DB
 	// fillfactor, when non-zero, is set on messaging_outbox in every schema.
 	fillfactor int
+	// dbOID is the bench database's oid; walinspect whether pg_walinspect
+	// could be created in it (ownWAL).
+	dbOID      int64
+	walinspect error
 }
 
 func withDatabase(base, db string) (string, error) {
@@ -70,7 +74,69 @@ func newEnv(ctx context.Context, baseURL string) (*env, error) {
 		e.close()
 		return nil, err
 	}
+	if err := admin.QueryRowContext(ctx, `SELECT oid FROM pg_database WHERE datname = $1`, e.dbName).Scan(&e.dbOID); err != nil {
+		e.close()
+		return nil, err
+	}
+	// pg_walinspect (contrib, PostgreSQL 15+) reads which WAL records were
+	// this database's (ownWAL); without it those cells are 0.
+	if _, err := e.exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_walinspect WITH SCHEMA public"); err != nil {
+		e.walinspect = fmt.Errorf("pg_walinspect: %w", err)
+	}
 	return e, nil
+}
+
+// ownWALSQL sums the WAL records between $1 and $2 that are this database's:
+// those with a block reference to one of its relations ($3: " rel
+// <tablespace>/<database oid>/"), and the commit and abort records of the
+// transactions that wrote such records. Full-page images are in
+// record_length.
+const ownWALSQL = `
+WITH r AS MATERIALIZED (
+    SELECT xid, record_length, block_ref FROM public.pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
+),
+mine AS (SELECT DISTINCT xid FROM r WHERE block_ref LIKE $3 AND xid <> '0'::xid)
+SELECT coalesce(sum(record_length), 0)::float8 FROM r
+ WHERE block_ref LIKE $3 OR (coalesce(block_ref, '') = '' AND xid IN (SELECT xid FROM mine))`
+
+// ownWAL is the WAL this run's database wrote between two positions: the
+// server is shared, and a cluster-wide LSN difference counts every other
+// database's writes in the same range. It errors when pg_walinspect is not
+// available or the range is no longer on disk (a checkpoint recycled it).
+func (e *env) ownWAL(ctx context.Context, from, to string) (float64, error) {
+	if e.walinspect != nil {
+		return 0, e.walinspect
+	}
+	db, err := sql.Open("postgres", e.dbURL)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	// The records up to `to` must be flushed before they can be read (the
+	// WAL writer flushes within wal_writer_delay).
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		var flushed bool
+		if err := db.QueryRowContext(ctx, `SELECT pg_current_wal_flush_lsn() >= $1::pg_lsn`, to).Scan(&flushed); err != nil {
+			return 0, err
+		}
+		if flushed {
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("WAL up to %s not flushed after 5 s", to)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	var b float64
+	pattern := fmt.Sprintf("%% rel %%/%d/%%", e.dbOID)
+	if err := db.QueryRowContext(ctx, ownWALSQL, from, to, pattern).Scan(&b); err != nil {
+		return 0, fmt.Errorf("pg_get_wal_records_info: %w", err)
+	}
+	return b, nil
 }
 
 func (e *env) close() {

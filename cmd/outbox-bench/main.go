@@ -31,6 +31,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
@@ -92,6 +93,15 @@ type Config struct {
 	Outage          time.Duration `json:"outage_ns"`
 	// WriteKeys is the number of ordering keys of the keyed write cells.
 	WriteKeys int `json:"write_keys"`
+	// Lane claim cost (group "claimcost", issue 30): a LaneClaimRows-row
+	// backlog drained by claims of LaneClaimBatch rows with 1 and 4 lane
+	// owners (lanecost.go).
+	LaneClaimRows  int `json:"lane_claim_rows"`
+	LaneClaimBatch int `json:"lane_claim_batch"`
+	// Sustained rounds (group "sustained", opt-in): SustainedRounds
+	// fill-and-drain rounds of SustainedRows rows in one schema.
+	SustainedRows   int `json:"sustained_rows"`
+	SustainedRounds int `json:"sustained_rounds"`
 }
 
 func defaultConfig() Config {
@@ -103,6 +113,7 @@ func defaultConfig() Config {
 		Probes: 30, DrainTimeout: 5 * time.Minute,
 		Keys: []int{1, 10, 100, 1000, 10000}, ParkedBehind: 20000, ClaimKeys: 100, ClaimPerKey: 500, ClaimProbes: 200,
 		SteadyRate: 5000, SteadyKeys: 100, SteadyWriters: 4, RecoveryBacklog: 50000, Outage: 60 * time.Second, WriteKeys: 100,
+		LaneClaimRows: 20000, LaneClaimBatch: forwarder.DefaultBatchSize, SustainedRows: 20000, SustainedRounds: 6,
 	}
 }
 
@@ -153,7 +164,7 @@ func main() {
 	flag.BoolVar(&cfg.Quiet, "quiet", false, "no progress lines")
 	flag.BoolVar(&cfg.WhatIf, "what-if", false, "drain: also run the one-commit-per-batch prototype relay (evidence for BENCHMARKS.md, not the product)")
 	drain := flag.String("drain", "", "comma-separated drain cells to run (e.g. outbox/x1,outbox-noprefetch/x1); default all")
-	only := flag.String("only", "", "comma-separated groups to run (write,drain,latency,steady,idle,scale,retention,claimcost,recovery); default all")
+	only := flag.String("only", "", "comma-separated groups to run (write,drain,latency,steady,idle,scale,retention,claimcost,recovery,sustained); default all but sustained (opt-in: several minutes per repetition)")
 	keys := flag.String("keys", joinInts(cfg.Keys), "drain: ordering-key counts of the keyed drain cells")
 	flag.IntVar(&cfg.ParkedBehind, "parked-behind", cfg.ParkedBehind, "claimcost: rows behind the parked head")
 	flag.IntVar(&cfg.ClaimKeys, "claim-keys", cfg.ClaimKeys, "claimcost: keys of the many-keys case")
@@ -165,6 +176,10 @@ func main() {
 	flag.IntVar(&cfg.RecoveryBacklog, "recovery-backlog", cfg.RecoveryBacklog, "recovery: backlog rows")
 	flag.DurationVar(&cfg.Outage, "outage", cfg.Outage, "recovery: how long the downstream is unavailable")
 	flag.IntVar(&cfg.WriteKeys, "write-keys", cfg.WriteKeys, "write: ordering keys of the keyed write cells")
+	flag.IntVar(&cfg.LaneClaimRows, "lane-claim-rows", cfg.LaneClaimRows, "claimcost: backlog rows of the lane claim cells (claimcost/lanes/x1, x4)")
+	flag.IntVar(&cfg.LaneClaimBatch, "lane-claim-batch", cfg.LaneClaimBatch, "claimcost: rows per claim of the lane claim cells")
+	flag.IntVar(&cfg.SustainedRows, "sustained-rows", cfg.SustainedRows, "sustained: rows filled and drained per round")
+	flag.IntVar(&cfg.SustainedRounds, "sustained-rounds", cfg.SustainedRounds, "sustained: consecutive rounds in one schema (>= 2)")
 	flag.IntVar(&cfg.DBLatencyMs, "db-latency-ms", 0, "delay every reply from the database by this many milliseconds (an in-process toxiproxy): the relays as they run over a network")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	memprofile := flag.String("memprofile", "", "write an allocation profile of the whole run to this file")
@@ -272,6 +287,11 @@ func scaleName(what string, n int) string {
 	return fmt.Sprintf("scale/%s/%d", what, n)
 }
 
+// walName is a drain cell's WAL bytes per relayed message.
+func walName(drain string) string {
+	return "wal/" + strings.TrimPrefix(drain, "drain/")
+}
+
 // drainKinds are the drain scenario's relays (kind, relay count, and the
 // ordering keys of the backlog: 0 for unkeyed rows).
 type drainKind struct {
@@ -318,10 +338,14 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		v    int
 	}{{"-parked-behind", cfg.ParkedBehind}, {"-claim-keys", cfg.ClaimKeys}, {"-claim-per-key", cfg.ClaimPerKey},
 		{"-claim-probes", cfg.ClaimProbes}, {"-steady-writers", cfg.SteadyWriters}, {"-steady-rate", cfg.SteadyRate},
-		{"-recovery-backlog", cfg.RecoveryBacklog}, {"-write-keys", cfg.WriteKeys}} {
+		{"-recovery-backlog", cfg.RecoveryBacklog}, {"-write-keys", cfg.WriteKeys},
+		{"-lane-claim-rows", cfg.LaneClaimRows}, {"-lane-claim-batch", cfg.LaneClaimBatch}, {"-sustained-rows", cfg.SustainedRows}} {
 		if f.v < 1 {
 			return nil, fmt.Errorf("%s must be at least 1, got %d", f.flag, f.v)
 		}
+	}
+	if cfg.SustainedRounds < 2 {
+		return nil, fmt.Errorf("-sustained-rounds must be at least 2, got %d", cfg.SustainedRounds)
 	}
 	if cfg.Outage < 0 {
 		return nil, fmt.Errorf("-outage must not be negative, got %s", cfg.Outage)
@@ -388,8 +412,13 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 			if d.kind != relayWMDefault && d.kind != relayWMTuned {
 				c.add("versions", versionsName(d.name()), "versions/msg", st.versions)
 				c.add("versions", versionsName(d.name())+"/hot", "versions/msg", st.hot)
+				c.add("wal", walName(d.name()), "B/msg", st.walPerMsg)
+				c.add("wal", walName(d.name())+"/own", "B/msg", st.walOwnPerMsg)
+				if st.walOwnErr != nil {
+					logf("  %-28s WAL of this run's database not read (recorded as 0): %v", d.name(), st.walOwnErr)
+				}
 			}
-			logf("  %-28s %10.0f msg/s %7.1f µs CPU/msg %5.2f row versions/msg (%.2f HOT)", d.name(), st.rate, st.cpuUSPerMsg, st.versions, st.hot)
+			logf("  %-28s %10.0f msg/s %7.1f µs CPU/msg %5.2f row versions/msg (%.2f HOT) %6.0f WAL B/msg (%.0f this database's)", d.name(), st.rate, st.cpuUSPerMsg, st.versions, st.hot, st.walPerMsg, st.walOwnPerMsg)
 		}
 		// 2b. Recovery after a downstream outage, and claim cost under
 		// blocked keys.
@@ -400,6 +429,14 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		}
 		if cfg.runs("claimcost") {
 			if err := runClaimCost(ctx, e, cfg, c, rep, r == 1, payload, logf); err != nil {
+				return nil, err
+			}
+			if err := runLaneClaimCost(ctx, e, cfg, c, r, payload, logf); err != nil {
+				return nil, err
+			}
+		}
+		if cfg.runs("sustained") {
+			if err := runSustained(ctx, e, cfg, c, r, payload, timeout(cfg.SustainedRows), logf); err != nil {
 				return nil, err
 			}
 		}
@@ -486,6 +523,17 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	}
 	rep.Results = c.results()
 	rep.Targets = targets(cfg, c)
+	if cfg.runs("sustained") {
+		var av string
+		if err := e.admin.QueryRowContext(ctx, "SHOW autovacuum").Scan(&av); err != nil {
+			return nil, err
+		}
+		for i := range rep.Targets {
+			if strings.HasPrefix(rep.Targets[i].Name, "sustained:") {
+				rep.Targets[i].Note += "; server autovacuum = " + av
+			}
+		}
+	}
 	rep.Finished = time.Now().UTC()
 	rep.Machine.LoadAfter = loadavg()
 	if err := writeReport(cfg.Out, rep); err != nil {
@@ -515,7 +563,12 @@ func (c Config) drainKinds() []drainKind {
 	return out
 }
 
+// runs reports whether the run includes group: every group when -only is
+// not given, except the opt-in ones (sustained), which run only when named.
 func (c Config) runs(group string) bool {
+	if group == "sustained" {
+		return slices.Contains(c.Only, group)
+	}
 	return len(c.Only) == 0 || slices.Contains(c.Only, group)
 }
 
@@ -557,7 +610,7 @@ func printTable(w io.Writer, rep *Report) {
 	}
 	fmt.Fprintf(w, "\n%-62s %8s %8s %s\n", "target", "ratio", "needed", "met")
 	for _, t := range rep.Targets {
-		fmt.Fprintf(w, "%-62s %8.2f %8.2f %s\n", t.Name, t.Ratio, t.Need, yes(t.Met))
+		fmt.Fprintf(w, "%-62s %8.2f %8s %s\n", t.Name, t.Ratio, t.needText(), yes(t.Met))
 	}
 	if len(rep.WAL) > 0 {
 		fmt.Fprintf(w, "\nWAL per row (EXPLAIN ANALYZE WAL, batch of 100, rolled back):\n")

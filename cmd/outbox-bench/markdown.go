@@ -20,7 +20,7 @@ func markdown(rep *Report) string {
 	b.WriteString("\nTarget ratios are the median over repetitions of the ratio taken within each repetition (the two cells ran minutes apart at most).\n")
 	b.WriteString("\n| target | ratio | needed | met | note |\n|---|---:|---:|---|---|\n")
 	for _, t := range rep.Targets {
-		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %s | %s |\n", t.Name, t.Ratio, t.Need, yes(t.Met), t.Note)
+		fmt.Fprintf(&b, "| %s | %.2f | %s | %s | %s |\n", t.Name, t.Ratio, t.needText(), yes(t.Met), t.Note)
 	}
 	if len(rep.WAL) > 0 {
 		b.WriteString("\nWAL per row (EXPLAIN (ANALYZE, WAL), batch of 100, rolled back):\n\n| statement | WAL bytes/row | WAL records/row | FPI | server µs/row |\n|---|---:|---:|---:|---:|\n")

@@ -14,6 +14,44 @@ type Target struct {
 	Need  float64 `json:"need"`  // the ratio the target asks for
 	Met   bool    `json:"met"`
 	Note  string  `json:"note,omitempty"`
+	// AtMost turns the target around: met when Ratio <= Need (a cost the
+	// issue bounds from above, e.g. WAL per message against the minimal
+	// relay's). A target whose cells did not run is never met.
+	AtMost bool `json:"at_most,omitempty"`
+}
+
+// needText is the "needed" column: the bound, with "≤" when it is one from
+// above.
+func (t Target) needText() string {
+	if t.AtMost {
+		return fmt.Sprintf("≤ %.2f", t.Need)
+	}
+	return fmt.Sprintf("%.2f", t.Need)
+}
+
+// pairRatioBest is pairRatio against the best (lowest) of the cells bs in
+// each repetition: a cost of a against the cheapest variant of another
+// relay measured in the same repetition (cells missing from the run, and
+// samples of 0, not measured, are left out; 0 when nothing is left).
+func (c *collector) pairRatioBest(a string, bs ...string) float64 {
+	ra, ok := c.by[a]
+	if !ok {
+		return 0
+	}
+	var rs []float64
+	for i := range ra.Samples {
+		best := 0.0
+		for _, b := range bs {
+			if rb, ok := c.by[b]; ok && i < len(rb.Samples) && rb.Samples[i] > 0 && (best == 0 || rb.Samples[i] < best) {
+				best = rb.Samples[i]
+			}
+		}
+		if best > 0 && ra.Samples[i] > 0 {
+			rs = append(rs, ratio(ra.Samples[i], best))
+		}
+	}
+	slices.Sort(rs)
+	return median(rs)
 }
 
 func ratio(a, b float64) float64 {
@@ -69,6 +107,11 @@ func targets(cfg Config, c *collector) []Target {
 	add("latency p99: watermill tuned / outbox (LISTEN)", c.pairRatio(latencyName(relayWMTuned, "p99"), latencyName(relayOurs, "p99")), 1.0, "ours <= tuned")
 	add("idle load: watermill tuned / outbox", c.pairRatio(idleName(relayWMTuned), idleName(relayOurs)), 10, "xact/s, ours >= 10x lower")
 	keyedTargets(cfg, c, add)
+	addMax := func(name string, r, need float64, measured bool, note string) {
+		out = append(out, Target{Name: name, Ratio: r, Need: need, Met: measured && r <= need, Note: note, AtMost: true})
+	}
+	laneTargets(cfg, c, addMax)
+	sustainedTargets(cfg, c, add)
 	if cfg.WhatIf {
 		add("what-if: prototype 1 commit per batch / outbox x1", c.pairRatio(drainName(relayOneCommit, 1), ours1), 1.0, "a candidate pass shape, not the product")
 	}
@@ -191,4 +234,61 @@ func sortedCopy(v []float64) []float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s
+}
+
+// laneTargets are the lane scheme's cost targets (issue 30), each bounded
+// from above: WAL and row versions per relayed message, and the claim's
+// server time per row with 4 relays against 1.
+func laneTargets(cfg Config, c *collector, addMax func(name string, r, need float64, measured bool, note string)) {
+	// WAL: this run's database's records (pg_walinspect), a cluster-wide
+	// LSN difference beside it in the note (the server is shared).
+	own := func(n string) string { return n + "/own" }
+	minimal := []string{walName(drainName(relayMinimal, 1)), walName(drainName(relayMinimalTuned, 1))}
+	minimalOwn := []string{own(minimal[0]), own(minimal[1])}
+	minRan := slices.ContainsFunc(minimalOwn, func(n string) bool { _, ok := c.by[n]; return ok })
+	walNote := "WAL records of this run's database over the drain (pg_walinspect; after the fill and a CHECKPOINT) / messages, against the minimal relay's lower of batch 100 and 1000 in the same repetition"
+	for _, d := range []drainKind{{relayOursLanes, 1, 0}, {relayOursLanes, 4, 0}, {relayOurs, 1, 0}} {
+		w := walName(d.name())
+		_, ok := c.by[own(w)]
+		r := c.pairRatioBest(own(w), minimalOwn...)
+		note := walNote + fmt.Sprintf("; cluster-wide pg_wal_lsn_diff: %.2f", c.pairRatioBest(w, minimal...))
+		switch {
+		case !ok || !minRan:
+			note = "not measured in this run (" + own(w) + " or " + minimalOwn[0] + "/" + minimalOwn[1] + " missing)"
+		case r == 0:
+			note = "this database's WAL could not be read (pg_walinspect missing or the WAL recycled): " + note
+		case d.kind == relayOurs:
+			note = "evidence (per-row leases): " + note
+		}
+		addMax(fmt.Sprintf("WAL per relayed message: %s x%d / minimal relay (best batch)", d.kind, d.relays), r, 1.0, ok && minRan && r > 0, note)
+	}
+	for _, d := range []drainKind{{relayOursLanes, 1, 0}, {relayOursLanes, 4, 0}} {
+		v := versionsName(d.name())
+		r, ok := c.by[v]
+		val, note := 0.0, "pg_stat_user_tables.n_tup_upd / messages (a count, not a ratio: the median over repetitions)"
+		if ok {
+			val = median(sortedCopy(r.Samples))
+		} else {
+			note = "not measured in this run (" + v + " missing)"
+		}
+		addMax(fmt.Sprintf("row versions per relayed message: %s x%d", d.kind, d.relays), val, 1.1, ok, note)
+	}
+	x1, x4 := laneClaimName(1), laneClaimName(4)
+	_, ok1 := c.by[x1]
+	_, ok4 := c.by[x4]
+	note := fmt.Sprintf("claim statement time per claimed row, %d relays claiming concurrently on their own lanes against 1 relay on all of them (batch %d, same backlog)", 4, cfg.LaneClaimBatch)
+	if !ok1 || !ok4 {
+		note = "not measured in this run (" + x1 + " or " + x4 + " missing)"
+	} else {
+		if _, ok := c.by[x4+"/cpu"]; ok {
+			note += fmt.Sprintf("; their server backends' CPU per row (schedstat): %.2fx", c.pairRatio(x4+"/cpu", x1+"/cpu"))
+		}
+		if _, ok := c.by[laneClaimName(2)]; ok {
+			note += fmt.Sprintf("; 2 relays: %.2fx", c.pairRatio(laneClaimName(2), x1))
+		}
+		if _, ok := c.by[laneClaimSerialName(4)]; ok {
+			note += fmt.Sprintf("; 4 relays one claim at a time: %.2fx", c.pairRatio(laneClaimSerialName(4), x1))
+		}
+	}
+	addMax("claim per row, lanes: 4 relays / 1 relay", c.pairRatio(x4, x1), 1.2, ok1 && ok4, note)
 }
