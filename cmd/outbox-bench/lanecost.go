@@ -136,14 +136,16 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial 
 	}
 	type owner struct {
 		name  string
-		db    *sql.DB // one connection: the same backend throughout
-		pid   int     // its backend; 0 when its CPU cannot be read here
+		db    *sql.DB           // one connection: the same backend throughout
+		q     *fencing.Prepared // the claim and outcome statements prepared on db, as the forwarder runs them
+		pid   int               // its backend; 0 when its CPU cannot be read here
 		lanes []int
 	}
 	owners := make([]*owner, relays)
 	defer func() {
 		for _, o := range owners {
 			if o != nil {
+				_ = o.q.Close()
 				_ = o.db.Close()
 			}
 		}
@@ -153,7 +155,7 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial 
 		if err != nil {
 			return laneClaim{}, err
 		}
-		owners[i] = &owner{name: fmt.Sprintf("lane-probe-%d", i), db: db}
+		owners[i] = &owner{name: fmt.Sprintf("lane-probe-%d", i), db: db, q: fencing.NewPrepared(db)}
 		if err := db.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&owners[i].pid); err != nil {
 			return laneClaim{}, err
 		}
@@ -220,14 +222,14 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial 
 					cpu0, _ = backendCPU(o.pid)
 				}
 				start := time.Now()
-				got, err := fencing.Claim(ctx, o.db, p)
+				got, err := fencing.Claim(ctx, o.q, p)
 				d := time.Since(start)
 				if o.pid != 0 {
 					cpu1, _ = backendCPU(o.pid)
 				}
 				if err == nil && len(got) > 0 {
 					var res []fencing.Result
-					if res, err = fencing.Apply(ctx, o.db, publishedOutcomes(got)); err == nil {
+					if res, err = fencing.Apply(ctx, o.q, publishedOutcomes(got)); err == nil {
 						for j, r := range res {
 							if r != fencing.Applied {
 								err = fmt.Errorf("outcome of %s: %s", got[j].Row.MessageID, r)
