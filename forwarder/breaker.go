@@ -372,7 +372,7 @@ func (f *Forwarder) endHoldOff(dest string) {
 // (outboxctl status), under Run only (a relay with a heartbeat); best effort,
 // a failure is logged.
 func (f *Forwarder) recordBreaker(dest string, open bool, why string) {
-	if f.beatTTL.Load() == 0 {
+	if !f.beat.underRun() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), f.dbTimeout)

@@ -55,12 +55,10 @@ type claimedBatch struct {
 // batch over several keys when there are several), those chains are
 // extended by the room left, so a few hot keys still fill a batch.
 func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) claimedBatch {
-	if ttl := time.Duration(f.beatTTL.Load()); ttl > 0 {
-		if age := time.Since(f.beatEpoch) - time.Duration(f.lastBeat.Load()); age > ttl {
-			return claimedBatch{err: outbox.Errorf(CodeHeartbeatLapsed, "forwarder.claim",
-				"no relay heartbeat succeeded for %s, longer than its lifetime %s: the database may have been switched to CDC meanwhile, so nothing is claimable until a heartbeat succeeds again (check the database connection)",
-				age.Round(time.Millisecond), ttl)}
-		}
+	if age, ttl, lapsed := f.beat.lapsed(); lapsed {
+		return claimedBatch{err: outbox.Errorf(CodeHeartbeatLapsed, "forwarder.claim",
+			"no relay heartbeat succeeded for %s, longer than its lifetime %s: the database may have been switched to CDC meanwhile, so nothing is claimable until a heartbeat succeeds again (check the database connection)",
+			age.Round(time.Millisecond), ttl)}
 	}
 	f.claimMu.Lock()
 	defer f.claimMu.Unlock()

@@ -152,11 +152,11 @@ type Warner interface {
 	Warn(msg string, fields watermill.LogFields)
 }
 
-func (f *Forwarder) warn(msg string, fields watermill.LogFields) {
-	fields = watermill.LogFields{"owner": f.cfg.Owner}.Add(fields)
-	if w, ok := f.baseLogger.(Warner); ok {
+func (e *env) warn(msg string, fields watermill.LogFields) {
+	fields = watermill.LogFields{"owner": e.cfg.Owner}.Add(fields)
+	if w, ok := e.baseLogger.(Warner); ok {
 		w.Warn(msg, fields)
 		return
 	}
-	f.logger.Info(msg, fields.Add(watermill.LogFields{"severity": "warn"}))
+	e.logger.Info(msg, fields.Add(watermill.LogFields{"severity": "warn"}))
 }

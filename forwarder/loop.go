@@ -22,7 +22,7 @@ func (f *Forwarder) stopRequested(ctx context.Context, stopping <-chan struct{})
 	select {
 	case <-stopping:
 	case <-ctx.Done():
-	case <-f.stop:
+	case <-f.life.Stopping():
 	default:
 		return false
 	}
@@ -36,7 +36,7 @@ func (f *Forwarder) stopSignals(ctx context.Context, exit <-chan struct{}) (stop
 	go func() {
 		select {
 		case <-ctx.Done():
-		case <-f.stop:
+		case <-f.life.Stopping():
 		case <-exit:
 		}
 		close(stopping)
@@ -86,16 +86,16 @@ func (f *Forwarder) RunOnce(ctx context.Context) (Report, error) {
 }
 
 // dbNow is the clock passed to SQL: zero (server time) unless injected.
-func (f *Forwarder) dbNow() time.Time {
-	if f.cfg.Now != nil {
-		return f.cfg.Now()
+func (e *env) dbNow() time.Time {
+	if e.cfg.Now != nil {
+		return e.cfg.Now()
 	}
 	return time.Time{}
 }
 
-func (f *Forwarder) localNow() time.Time {
-	if f.cfg.Now != nil {
-		return f.cfg.Now()
+func (e *env) localNow() time.Time {
+	if e.cfg.Now != nil {
+		return e.cfg.Now()
 	}
 	return time.Now()
 }
@@ -117,11 +117,11 @@ func (f *Forwarder) heartbeat(ctx context.Context, stopping <-chan struct{}, ttl
 			// period, when shorter), so a stop never waits an hour-long
 			// HeartbeatInterval for a beat stuck on a silent database.
 			hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(f.cfg.HeartbeatInterval, f.dbTimeout))
-			sent := time.Since(f.beatEpoch)
+			sent := f.beat.since()
 			err := relaymode.BeatFence(hctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts, f.beatFence())
 			cancel()
 			if err == nil {
-				f.lastBeat.Store(int64(sent))
+				f.beat.sent(sent)
 			}
 			if f.cfg.Fence == FenceLanes {
 				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
