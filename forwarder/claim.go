@@ -136,7 +136,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		return buf
 	}
 	from, cursor := f.start.from(), f.start.keyCursor()
-	exclude, probes := f.breakers.forClaim()
+	exclude, probes := f.executor.breakers.forClaim()
 	// Keys this relay published lately are resumed where their chains
 	// ended, without looking for their heads (see chainLog), except on
 	// every walkEvery-th claim, which walks every key.
@@ -229,7 +229,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	var probed map[string]bool
 	for _, dest := range probes {
 		pr := p
-		pr.Limit, pr.MaxChain, pr.Continue, pr.FromSeq = 1, 1, nil, f.breakers.probeFrom(dest)
+		pr.Limit, pr.MaxChain, pr.Continue, pr.FromSeq = 1, 1, nil, f.executor.breakers.probeFrom(dest)
 		pr.ExcludeDestinations, pr.OnlyDestination, pr.NoKeyWalk, pr.NoUnkeyed = nil, dest, false, false
 		rows, perr := claimFn(pr)
 		if perr == nil && len(rows) == 0 && pr.FromSeq > 1 {
@@ -244,12 +244,10 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 			// Nothing of the destination waits (another relay delivered
 			// it, or it was parked): an open breaker has nothing left to
 			// protect. It closes; the next publish there tells again.
-			if f.breakers.success(dest) {
-				f.breakerChanged(dest, false, "")
-			}
+			f.executor.probeNothing(dest)
 			continue
 		}
-		f.breakers.probed(dest, rows[0].Row.Seq)
+		f.executor.breakers.probed(dest, rows[0].Row.Seq)
 		for _, r := range rows {
 			if probed == nil {
 				probed = make(map[string]bool)

@@ -92,18 +92,3 @@ func (f *Forwarder) releaseUnheld(ctx context.Context, cause error) int {
 	}
 	return len(ids)
 }
-
-// claimPaused reports (and records in t) whether too many publishes left
-// behind by their timeout still run for this pass to claim.
-func (f *Forwarder) claimPaused(t *tail) bool {
-	n := f.abandoned.Load()
-	t.rep.AbandonedPublishes = int(n)
-	if n <= int64(f.cfg.MaxAbandoned) {
-		return false
-	}
-	t.rep.ClaimPaused = true
-	f.warn("Outbox relay claims nothing while too many publishes left behind by their timeout still run (the downstream ignores its context)", watermill.LogFields{
-		"abandoned": n, "max_abandoned": f.cfg.MaxAbandoned,
-	})
-	return true
-}

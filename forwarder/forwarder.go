@@ -104,17 +104,16 @@ const tracerName = "github.com/fencedoutbox/watermill-outbox/forwarder"
 type Forwarder struct {
 	*env // the configuration and handles every stage shares
 
-	out    message.Publisher
-	start  claimStart // where each claim starts in the claimable index, and the key walk
-	chains chainLog   // which of this relay's chains were confirmed to their end
-	size   int        // the next claim's size, BatchSize to MaxBatchSize (claim, under claimMu)
+	executor *executor  // publishes, classifies, keeps the breakers
+	start    claimStart // where each claim starts in the claimable index, and the key walk
+	chains   chainLog   // which of this relay's chains were confirmed to their end
+	size     int        // the next claim's size, BatchSize to MaxBatchSize (claim, under claimMu)
 	// pace is the mean time a publish took between the last two claims,
 	// and slowest the slowest destination's lately: paces accumulates every
 	// publish (call.end), and each claim takes them (takePace, under
 	// claimMu) for nextSize and chainMax.
 	pace, slowest time.Duration
 	paces         paces
-	breakers      breakers // per destination: is the downstream down as a whole
 
 	// claimMu makes one claim (with the release after a failed one) run at
 	// a time. held are the rows this relay holds IN_FLIGHT (claimed, outcome
@@ -126,9 +125,8 @@ type Forwarder struct {
 	heldMu  sync.Mutex
 	held    map[string]time.Time
 	// lanes are the lanes this relay owns (FenceLanes), under lanesMu.
-	lanesMu   sync.Mutex
-	lanes     laneKeeper
-	abandoned atomic.Int64
+	lanesMu sync.Mutex
+	lanes   laneKeeper
 	// budgetShift halves the claims' byte budget once per failed claim and
 	// doubles it back once per successful one (guarded by claimMu): a link
 	// too slow to read MaxBatchBytes within DBTimeout still makes progress,
@@ -187,17 +185,12 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 	}
 	f := &Forwarder{
 		env:  e,
-		out:  out,
 		size: cfg.BatchSize,
 		mem:  make(chan *batchMem, keptBatches),
 		beat: &beatGate{epoch: time.Now()},
 		life: startstop.New(),
 	}
-	f.breakers = breakers{
-		threshold: cfg.BreakerThreshold, base: cfg.BreakerProbeBase, max: cfg.BreakerProbeMax,
-		jitter: func(base, ceiling time.Duration, n int) time.Duration { return f.jittered(base, ceiling, n, 2) },
-		now:    f.localNow,
-	}
+	f.executor = newExecutor(e, out, &f.chains, &f.paces, f.beat)
 	return f, nil
 }
 
@@ -417,7 +410,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		// (too many publishes left running) nor after a pass that failed (a
 		// claim the database refused): such a pass runs no probe, so the
 		// probe would stay due and the loop would spin, past the backoff.
-		if next := f.breakers.nextProbe(); !next.IsZero() && delay > 0 && !cur.rep.ClaimPaused && err == nil {
+		if next := f.executor.breakers.nextProbe(); !next.IsZero() && delay > 0 && !cur.rep.ClaimPaused && err == nil {
 			delay = max(0, min(delay, next.Sub(f.localNow())))
 		}
 		woken = false

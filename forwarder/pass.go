@@ -76,7 +76,7 @@ func (t *tail) wait() (Report, error) {
 
 // end finishes a pass: metrics, OnReport, then the waiters.
 func (f *Forwarder) end(t *tail, err error) {
-	t.rep.OpenBreakers = f.breakers.open()
+	t.rep.OpenBreakers = f.executor.breakers.open()
 	t.rep.Duration = time.Since(t.start)
 	t.err = err
 	f.metrics.pass(t.rep.Claimed, err != nil)
@@ -118,14 +118,14 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 			return t, nil
 		default:
 		}
-		if f.claimPaused(t) {
+		if f.executor.claimPaused(t) {
 			behind.wait()
 			f.end(t, nil)
 			return t, nil
 		}
 		b = f.claim(ctx, nil)
 	}
-	t.rep.AbandonedPublishes = max(t.rep.AbandonedPublishes, int(f.abandoned.Load()))
+	t.rep.AbandonedPublishes = max(t.rep.AbandonedPublishes, int(f.executor.leftRunning()))
 	t.rep.ClaimFailures, t.rep.ClaimReleased = b.failures, b.released
 	claimed := b.claimed
 	if b.err != nil || len(claimed) == 0 {
@@ -136,7 +136,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	}
 	t.rep.Claimed = len(claimed)
 	t.full = b.full
-	if prefetch && t.full && f.abandoned.Load() <= int64(f.cfg.MaxAbandoned) {
+	if prefetch && t.full && !f.executor.overloaded() {
 		select {
 		case <-stopping:
 		default:
@@ -200,11 +200,11 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	t.rep.Chains = len(chainOf)
 	b.mem.units = units
 
-	if f.publishAll(units, startBy, stopping, drainExpired) {
+	if f.executor.publishAll(units, startBy, stopping, drainExpired) {
 		b.mem.keep = false
 	}
 	f.chains.endPass()
-	f.passEvidence(items)
+	f.executor.passEvidence(items)
 
 	behind.wait()
 	if next == nil {
