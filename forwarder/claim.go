@@ -386,3 +386,9 @@ func (f *Forwarder) chainMax() int {
 	rows := int(min(f.window()/f.slowest, time.Duration(f.cfg.MaxBatchSize)))
 	return max(f.cfg.BatchSize, rows)
 }
+
+// forget drops the chains of items (see returns).
+func (f *Forwarder) forget(items []*item) { f.chains.forget(items) }
+
+// gaveBack makes the next claim start at the first entry (see returns).
+func (f *Forwarder) gaveBack() { f.start.reset() }

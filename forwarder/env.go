@@ -62,3 +62,19 @@ func (b *beatGate) lapsed() (age, ttl time.Duration, ok bool) {
 
 // underRun reports whether Run holds the gate (a relay with a heartbeat).
 func (b *beatGate) underRun() bool { return b.ttl.Load() != 0 }
+
+// Warner is implemented by loggers that have a warning level; watermill's
+// LoggerAdapter has none, so warnings go to Info with severity=warn
+// otherwise.
+type Warner interface {
+	Warn(msg string, fields watermill.LogFields)
+}
+
+func (e *env) warn(msg string, fields watermill.LogFields) {
+	fields = watermill.LogFields{"owner": e.cfg.Owner}.Add(fields)
+	if w, ok := e.baseLogger.(Warner); ok {
+		w.Warn(msg, fields)
+		return
+	}
+	e.logger.Info(msg, fields.Add(watermill.LogFields{"severity": "warn"}))
+}

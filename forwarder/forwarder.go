@@ -104,10 +104,11 @@ const tracerName = "github.com/fencedoutbox/watermill-outbox/forwarder"
 type Forwarder struct {
 	*env // the configuration and handles every stage shares
 
-	executor *executor  // publishes, classifies, keeps the breakers
-	start    claimStart // where each claim starts in the claimable index, and the key walk
-	chains   chainLog   // which of this relay's chains were confirmed to their end
-	size     int        // the next claim's size, BatchSize to MaxBatchSize (claim, under claimMu)
+	executor  *executor  // publishes, classifies, keeps the breakers
+	completer *completer // writes the outcomes, reports the pass
+	start     claimStart // where each claim starts in the claimable index, and the key walk
+	chains    chainLog   // which of this relay's chains were confirmed to their end
+	size      int        // the next claim's size, BatchSize to MaxBatchSize (claim, under claimMu)
 	// pace is the mean time a publish took between the last two claims,
 	// and slowest the slowest destination's lately: paces accumulates every
 	// publish (call.end), and each claim takes them (takePace, under
@@ -191,6 +192,7 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 		life: startstop.New(),
 	}
 	f.executor = newExecutor(e, out, &f.chains, &f.paces, f.beat)
+	f.completer = &completer{env: e, claims: f, breakers: &f.executor.breakers}
 	return f, nil
 }
 

@@ -74,19 +74,6 @@ func (t *tail) wait() (Report, error) {
 	return t.rep, t.err
 }
 
-// end finishes a pass: metrics, OnReport, then the waiters.
-func (f *Forwarder) end(t *tail, err error) {
-	t.rep.OpenBreakers = f.executor.breakers.open()
-	t.rep.Duration = time.Since(t.start)
-	t.err = err
-	f.metrics.pass(t.rep.Claimed, err != nil)
-	f.metrics.contained(t.rep)
-	if f.cfg.OnReport != nil {
-		f.cfg.OnReport(t.rep)
-	}
-	close(t.done)
-}
-
 // pass claims a batch (or takes the one claimed ahead, pre), publishes it
 // and writes its outcomes. A pass given pre always consumes it, also when
 // stopping (its rows are then released, not published).
@@ -114,13 +101,13 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 		select {
 		case <-stopping:
 			behind.wait()
-			f.end(t, nil)
+			f.completer.end(t, nil)
 			return t, nil
 		default:
 		}
 		if f.executor.claimPaused(t) {
 			behind.wait()
-			f.end(t, nil)
+			f.completer.end(t, nil)
 			return t, nil
 		}
 		b = f.claim(ctx, nil)
@@ -131,7 +118,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	if b.err != nil || len(claimed) == 0 {
 		f.giveMem(b.mem)
 		behind.wait()
-		f.end(t, b.err)
+		f.completer.end(t, b.err)
 		return t, nil
 	}
 	t.rep.Claimed = len(claimed)
@@ -208,10 +195,10 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 
 	behind.wait()
 	if next == nil {
-		f.writeOutcomes(ctx, t, b.mem)
+		f.completer.writeOutcomes(ctx, t, b.mem)
 		return t, nil
 	}
-	go f.writeOutcomes(ctx, t, b.mem)
+	go f.completer.writeOutcomes(ctx, t, b.mem)
 	return t, next
 }
 
