@@ -69,3 +69,8 @@ func (x *executor) probeNothing(dest string) {
 		x.breakerChanged(dest, false, "")
 	}
 }
+
+// The breakers as the claimer sees them (probeSource).
+func (x *executor) forClaim() (exclude, probe []string) { return x.breakers.forClaim() }
+func (x *executor) probeFrom(dest string) int64         { return x.breakers.probeFrom(dest) }
+func (x *executor) probed(dest string, seq int64)       { x.breakers.probed(dest, seq) }

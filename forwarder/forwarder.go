@@ -104,35 +104,12 @@ const tracerName = "github.com/fencedoutbox/watermill-outbox/forwarder"
 type Forwarder struct {
 	*env // the configuration and handles every stage shares
 
-	executor  *executor  // publishes, classifies, keeps the breakers
-	completer *completer // writes the outcomes, reports the pass
-	start     claimStart // where each claim starts in the claimable index, and the key walk
-	chains    chainLog   // which of this relay's chains were confirmed to their end
-	size      int        // the next claim's size, BatchSize to MaxBatchSize (claim, under claimMu)
-	// pace is the mean time a publish took between the last two claims,
-	// and slowest the slowest destination's lately: paces accumulates every
-	// publish (call.end), and each claim takes them (takePace, under
-	// claimMu) for nextSize and chainMax.
-	pace, slowest time.Duration
-	paces         paces
-
-	// claimMu makes one claim (with the release after a failed one) run at
-	// a time. held are the rows this relay holds IN_FLIGHT (claimed, outcome
-	// not yet written), with the local time of their claim: a failed claim
-	// releases every other row of this owner. abandoned counts publishes
-	// left running after their timeout.
-	claimMu sync.Mutex
-	mem     chan *batchMem // finished batches' memory, for the next (keptBatches at most)
-	heldMu  sync.Mutex
-	held    map[string]time.Time
-	// lanes are the lanes this relay owns (FenceLanes), under lanesMu.
-	lanesMu sync.Mutex
-	lanes   laneKeeper
-	// budgetShift halves the claims' byte budget once per failed claim and
-	// doubles it back once per successful one (guarded by claimMu): a link
-	// too slow to read MaxBatchBytes within DBTimeout still makes progress,
-	// down to one row per claim, instead of failing the same claim forever.
-	budgetShift int
+	// The stages of a pass, handing each batch one way: the claimer takes
+	// it, the executor publishes it, the completer writes its outcomes and
+	// hands back to the claimer what the batch held.
+	claimer   *claimer
+	executor  *executor
+	completer *completer
 
 	beat *beatGate // Run's heartbeat, which claims wait for
 
@@ -184,15 +161,18 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 		seed:       seedOf(cfg.Owner),
 		dbTimeout:  cfg.DBTimeout,
 	}
+	beat := &beatGate{epoch: time.Now()}
+	cl := newClaimer(e, beat)
+	x := newExecutor(e, out, &cl.chains, &cl.paces, beat)
+	cl.probes = x
 	f := &Forwarder{
-		env:  e,
-		size: cfg.BatchSize,
-		mem:  make(chan *batchMem, keptBatches),
-		beat: &beatGate{epoch: time.Now()},
-		life: startstop.New(),
+		env:       e,
+		claimer:   cl,
+		executor:  x,
+		completer: &completer{env: e, claims: cl, breakers: &x.breakers},
+		beat:      beat,
+		life:      startstop.New(),
 	}
-	f.executor = newExecutor(e, out, &f.chains, &f.paces, f.beat)
-	f.completer = &completer{env: e, claims: f, breakers: &f.executor.breakers}
 	return f, nil
 }
 
@@ -219,7 +199,7 @@ func (f *Forwarder) Close() error {
 		// Lanes taken by RunOnce calls go back now rather than when their
 		// lease expires.
 		ctx, cancel := context.WithTimeout(context.Background(), f.dbTimeout)
-		f.giveBackLanes(ctx)
+		f.claimer.giveBackLanes(ctx)
 		cancel()
 	}
 	if p, ok := f.q.(*fencing.Prepared); ok {
@@ -268,7 +248,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	f.beat.sent(sent)
 	f.beat.ttl.Store(int64(ttl))
 	defer f.beat.ttl.Store(0)
-	if err := f.enterFence(ctx); err != nil {
+	if err := f.claimer.enterFence(ctx); err != nil {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 		defer cancel()
 		_ = relaymode.Leave(lctx, f.db, f.cfg.Owner)
@@ -282,7 +262,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	defer func() {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 		defer cancel()
-		f.giveBackLanes(lctx)
+		f.claimer.giveBackLanes(lctx)
 		if err := relaymode.Leave(lctx, f.db, f.cfg.Owner); err != nil {
 			f.logger.Error("Relay heartbeat not removed", err, nil)
 		}

@@ -104,7 +104,7 @@ func (e *env) localNow() time.Time {
 // stopping closes. A relay-mode conflict (a CDC switch made while this
 // relay's heartbeat had lapsed) is sent on fatal and ends it; any other
 // failure is logged, and claims stop once beats have failed for longer than
-// their lifetime ttl (Forwarder.claim).
+// their lifetime ttl (claimer.claim).
 func (f *Forwarder) heartbeat(ctx context.Context, stopping <-chan struct{}, ttl time.Duration, fatal chan<- error) {
 	t := time.NewTicker(f.cfg.HeartbeatInterval)
 	defer t.Stop()
@@ -125,7 +125,7 @@ func (f *Forwarder) heartbeat(ctx context.Context, stopping <-chan struct{}, ttl
 			}
 			if f.cfg.Fence == FenceLanes {
 				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
-				f.renewLanes(lctx)
+				f.claimer.renewLanes(lctx)
 				cancel()
 			}
 			if errors.Is(err, relaymode.ErrRelayModeConflict) {

@@ -110,13 +110,13 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 			f.completer.end(t, nil)
 			return t, nil
 		}
-		b = f.claim(ctx, nil)
+		b = f.claimer.claim(ctx, nil)
 	}
 	t.rep.AbandonedPublishes = max(t.rep.AbandonedPublishes, int(f.executor.leftRunning()))
 	t.rep.ClaimFailures, t.rep.ClaimReleased = b.failures, b.released
 	claimed := b.claimed
 	if b.err != nil || len(claimed) == 0 {
-		f.giveMem(b.mem)
+		f.claimer.giveMem(b.mem)
 		behind.wait()
 		f.completer.end(t, b.err)
 		return t, nil
@@ -129,7 +129,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 		default:
 			ch := make(chan claimedBatch, 1) // buffered: the claim never waits for its reader
 			cont := continuations(claimed)
-			go func() { ch <- f.claim(ctx, cont) }()
+			go func() { ch <- f.claimer.claim(ctx, cont) }()
 			next = ch
 		}
 	}
@@ -190,7 +190,7 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	if f.executor.publishAll(units, startBy, stopping, drainExpired) {
 		b.mem.keep = false
 	}
-	f.chains.endPass()
+	f.claimer.endPass()
 	f.executor.passEvidence(items)
 
 	behind.wait()
