@@ -53,38 +53,6 @@ var (
 	ErrOutcomesNotWritten = &outbox.Error{Code: CodeOutcomesNotWritten}
 )
 
-// wakeGap is how long after a pass that a notification started and that
-// claimed nothing (the second such in a row, see wakeLimit) the next woken
-// pass may begin: PollInterval/10 (50 ms by default), never more than
-// 50 ms, so that a relay polling rarely (PollInterval of minutes, leaning on
-// NOTIFY) still wakes at once for each of a few commits while a NOTIFY flood
-// is held to 20 passes/s.
-func wakeGap(poll time.Duration) time.Duration { return min(poll/10, 50*time.Millisecond) }
-
-// wakeLimit holds woken passes back while notifications bring no rows. Any
-// login may NOTIFY the channel, so a flood of notifications must not start a
-// pass each. But a notification that brings no row is also ordinary: one
-// that arrives while a pass runs, for a row that pass claims, starts a pass
-// that finds nothing (notifications arriving meanwhile coalesce into one
-// wake). Held back after such a pass, the next commit's row waited up to
-// the whole gap (a p99 of 30-40 ms at 200 msg/s). So the gap applies from
-// the second woken pass in a row that claimed nothing.
-type wakeLimit struct {
-	empty  int       // woken passes in a row that claimed nothing
-	idleAt time.Time // when the last of them began, once two were in a row
-}
-
-// passed counts a woken pass, begun at wokenAt, that claimed claimed rows.
-func (w *wakeLimit) passed(wokenAt time.Time, claimed int) {
-	if claimed > 0 {
-		w.empty = 0
-		return
-	}
-	if w.empty++; w.empty >= 2 {
-		w.idleAt = wokenAt
-	}
-}
-
 // errReleaseFailed marks the failed release of a batch claimed ahead on the
 // way out; Close returns it like ErrOutcomesNotWritten.
 var errReleaseFailed = errors.New("release failed")

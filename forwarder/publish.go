@@ -1,7 +1,7 @@
-// The executor: workers that publish a pass's units on their own goroutines,
-// with PublishTimeout, the drain deadline and panic recovery, and the
-// classification of each publish into an outcome. It may not claim or write
-// outcomes.
+// The executor's workers: they publish a pass's units on their own
+// goroutines, with PublishTimeout, the drain deadline and panic recovery,
+// and settle each publish (executor.classify, in classify.go, turns it into
+// an outcome). They may not claim or write outcomes.
 
 package forwarder
 
