@@ -68,6 +68,9 @@
 //     lost connection), [ReleaseUnheld] puts back the owner's IN_FLIGHT rows
 //     that the caller does not hold, without spending attempts, instead of
 //     leaving them to their leases' expiry (which spends one each).
+//   - A row put back without an attempt while its destination was
+//     unavailable waits out a hold-off (next_attempt_at); when the
+//     destination is back, [EndHoldOff] makes such rows claimable at once.
 //   - The attempt budget is judged on attempts after the attempt being
 //     recorded (attempts + 1), so the last attempt is not spent twice; the
 //     caller picks [MarkExhausted] instead of [MarkAmbiguous] when

@@ -11,7 +11,7 @@ func TestLoopBackoffJitterIsPerOwnerAndBounded(t *testing.T) {
 	mk := func(owner string) *Forwarder {
 		cfg, err := Config{Owner: owner}.validated()
 		require.NoError(t, err)
-		f := &Forwarder{cfg: cfg}
+		f := &Forwarder{env: &env{cfg: cfg}}
 		f.seed = seedOf(owner)
 		return f
 	}
@@ -48,7 +48,7 @@ func TestDefaultRetryHorizonIsAtLeastAnHour(t *testing.T) {
 	require.Equal(t, 78*time.Minute, shortest.Truncate(time.Minute))
 	require.Equal(t, 157*time.Minute, longest.Truncate(time.Minute))
 	// The delays RetryDelay really draws stay inside those bounds.
-	f := &Forwarder{cfg: c}
+	f := &Forwarder{env: &env{cfg: c}}
 	var drawn time.Duration
 	for attempt := 1; attempt < c.MaxAttempts; attempt++ {
 		drawn += f.RetryDelay("some-message", attempt)

@@ -3,7 +3,7 @@ package forwarder
 import "github.com/fencedoutbox/watermill-outbox/fencing"
 
 // batchMem is the working memory of one batch, kept from a pass for a
-// later one (Forwarder.mem). Per row it is most of what the relay itself
+// later one (claimer.mem). Per row it is most of what the relay itself
 // allocates: the claimed row (its 35 columns, about 800 bytes), its item
 // and its outcome. At BatchSize 100 and beyond these are large allocations,
 // which the Go runtime takes from the page heap and, once free, returns to
@@ -17,7 +17,7 @@ import "github.com/fencedoutbox/watermill-outbox/fencing"
 // left running in a hanging downstream holds its message, not the batch,
 // and touches nothing of the pass when it returns (see workers).
 //
-// The forwarder keeps up to keptBatches of them (Forwarder.mem), not in a
+// The forwarder keeps up to keptBatches of them (claimer.mem), not in a
 // sync.Pool: a pool is emptied by every other garbage collection, and a
 // draining relay collects many times per pass, so a pooled batch was
 // mostly gone by the next claim (an allocation profile of a 1,000-row
@@ -40,9 +40,9 @@ type batchMem struct {
 // in flight, the one claimed ahead, and one being given back.
 const keptBatches = 3
 
-func (f *Forwarder) takeMem() *batchMem {
+func (cl *claimer) takeMem() *batchMem {
 	select {
-	case m := <-f.mem:
+	case m := <-cl.mem:
 		return m
 	default:
 		return &batchMem{keep: true}
@@ -51,7 +51,7 @@ func (f *Forwarder) takeMem() *batchMem {
 
 // giveMem keeps m for a later batch, emptied first: a kept batch pins no
 // payloads, messages or errors.
-func (f *Forwarder) giveMem(m *batchMem) {
+func (cl *claimer) giveMem(m *batchMem) {
 	if m == nil || !m.keep {
 		return
 	}
@@ -64,7 +64,7 @@ func (f *Forwarder) giveMem(m *batchMem) {
 	m.claimed, m.items, m.ptrs, m.units = m.claimed[:0], m.items[:0], m.ptrs[:0], m.units[:0]
 	m.outcomes, m.written = m.outcomes[:0], m.written[:0]
 	select {
-	case f.mem <- m:
+	case cl.mem <- m:
 	default: // keptBatches are kept already
 	}
 }

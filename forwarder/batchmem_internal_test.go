@@ -15,28 +15,28 @@ import (
 // times per pass), emptied, up to keptBatches; a batch with a publish left
 // running is not kept.
 func TestBatchMemoryIsKeptAcrossCollections(t *testing.T) {
-	f := &Forwarder{mem: make(chan *batchMem, keptBatches)}
+	f := &Forwarder{claimer: &claimer{mem: make(chan *batchMem, keptBatches)}}
 	var taken []*batchMem
 	for range keptBatches + 1 {
-		m := f.takeMem()
+		m := f.claimer.takeMem()
 		m.claimed = append(m.claimed, fencing.Claimed{Row: envelope.Row{MessageID: "m", Payload: []byte("p")}})
 		taken = append(taken, m)
 	}
 	for _, m := range taken {
-		f.giveMem(m)
+		f.claimer.giveMem(m)
 	}
-	require.Len(t, f.mem, keptBatches, "one batch more than keptBatches goes to the collector")
+	require.Len(t, f.claimer.mem, keptBatches, "one batch more than keptBatches goes to the collector")
 	runtime.GC()
 	runtime.GC()
 	for range keptBatches {
-		m := f.takeMem()
+		m := f.claimer.takeMem()
 		require.Contains(t, taken, m, "kept across collections")
 		require.Empty(t, m.claimed)
 		require.Equal(t, fencing.Claimed{}, m.claimed[:1][0], "emptied: it pins no payload")
 	}
 
-	left := f.takeMem()
+	left := f.claimer.takeMem()
 	left.keep = false // a publish of this batch was left running
-	f.giveMem(left)
-	require.Empty(t, f.mem)
+	f.claimer.giveMem(left)
+	require.Empty(t, f.claimer.mem)
 }

@@ -270,8 +270,8 @@ func (b *breakers) probed(dest string, seq int64) {
 // put back without an attempt and its breaker opens. Timeouts and panics
 // are not evidence (the broker may have taken those messages), nor is a
 // single message otherwise (a poison message fails alone).
-func (f *Forwarder) passEvidence(items []item) {
-	if !f.cfg.defaultClassifier {
+func (x *executor) passEvidence(items []item) {
+	if !x.cfg.defaultClassifier {
 		return
 	}
 	type tally struct {
@@ -312,10 +312,10 @@ func (f *Forwarder) passEvidence(items []item) {
 		// failure that opened the breaker did, the first time that message
 		// is probed (otherwise a long outage would spend its probes'
 		// budgets; a message probed again spends one).
-		if len(t.failed) < 2 && !(t.failed[0].probe && f.breakers.probeLikeOutage(dest, t.failed[0].claimed.Row.MessageID, t.text)) {
+		if len(t.failed) < 2 && !(t.failed[0].probe && x.breakers.probeLikeOutage(dest, t.failed[0].claimed.Row.MessageID, t.text)) {
 			continue
 		}
-		hold := f.breakers.holdOff(dest, f.cfg.BreakerProbeBase)
+		hold := x.breakers.holdOff(dest, x.cfg.BreakerProbeBase)
 		for _, it := range t.failed {
 			// Back without an attempt, but remembered as possibly taken
 			// (the default classifier cannot tell), and held off so that
@@ -325,24 +325,24 @@ func (f *Forwarder) passEvidence(items []item) {
 				RetryAfter: hold}
 			it.unavailable = true
 		}
-		if f.breakers.trip(dest, t.text) {
-			f.breakerChanged(dest, true, t.text)
+		if x.breakers.trip(dest, t.text) {
+			x.breakerChanged(dest, true, t.text)
 		}
 	}
 }
 
 // breakerChanged reports a breaker's change of state: once per change, never
 // per message.
-func (f *Forwarder) breakerChanged(dest string, open bool, why string) {
-	f.metrics.breaker(dest, open)
-	f.recordBreaker(dest, open, why)
+func (x *executor) breakerChanged(dest string, open bool, why string) {
+	x.metrics.breaker(dest, open)
+	x.recordBreaker(dest, open, why)
 	if open {
-		f.logger.Error("Outbox destination unavailable: breaker open; its rows wait without spending attempts, probing with one row at a time", nil,
+		x.logger.Error("Outbox destination unavailable: breaker open; its rows wait without spending attempts, probing with one row at a time", nil,
 			watermill.LogFields{"destination": dest, "error": why})
 		return
 	}
-	f.logger.Info("Outbox destination available again: breaker closed", watermill.LogFields{"destination": dest})
-	f.endHoldOff(dest)
+	x.logger.Info("Outbox destination available again: breaker closed", watermill.LogFields{"destination": dest})
+	x.endHoldOff(dest)
 }
 
 // endHoldOff makes dest's rows that were put back during its outage
@@ -351,43 +351,37 @@ func (f *Forwarder) breakerChanged(dest string, open bool, why string) {
 // without this a row given back late in a long outage would wait out most
 // of that outage's length again after the downstream is back (measured: a
 // 60 s outage emptied 45.6 s after recovery, 1.8 s of it draining). Best
-// effort: a failure is logged, and the rows come due on their own.
-func (f *Forwarder) endHoldOff(dest string) {
-	ctx, cancel := context.WithTimeout(context.Background(), f.dbTimeout)
+// effort: a failure is logged, and the rows come due on their own. The
+// statement is fencing's (fencing.EndHoldOff).
+func (x *executor) endHoldOff(dest string) {
+	ctx, cancel := context.WithTimeout(context.Background(), x.dbTimeout)
 	defer cancel()
-	now := f.dbNow()
-	var at any
-	if !now.IsZero() {
-		at = now
-	}
-	if _, err := f.db.ExecContext(ctx, `UPDATE messaging_outbox SET next_attempt_at = NULL
- WHERE destination = $1 AND published_at IS NULL AND parked_at IS NULL AND status IN ('PENDING', 'AMBIGUOUS')
-   AND last_failure_code IN ($2, $3) AND next_attempt_at > coalesce($4::timestamptz, now())`,
-		dest, FailureDownstreamUnavailable, FailureDownstreamFailing, at); err != nil {
-		f.logger.Error("Outbox rows held off during an outage not made claimable; they come due on their own", err, watermill.LogFields{"destination": dest})
+	codes := [2]string{FailureDownstreamUnavailable, FailureDownstreamFailing}
+	if _, err := fencing.EndHoldOff(ctx, x.db, dest, codes, x.dbNow()); err != nil {
+		x.logger.Error("Outbox rows held off during an outage not made claimable; they come due on their own", err, watermill.LogFields{"destination": dest})
 	}
 }
 
 // recordBreaker writes the change to messaging_relay_breaker for operators
 // (outboxctl status), under Run only (a relay with a heartbeat); best effort,
 // a failure is logged.
-func (f *Forwarder) recordBreaker(dest string, open bool, why string) {
-	if f.beatTTL.Load() == 0 {
+func (x *executor) recordBreaker(dest string, open bool, why string) {
+	if !x.beat.underRun() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), f.dbTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), x.dbTimeout)
 	defer cancel()
 	var err error
 	if open {
-		_, err = f.db.ExecContext(ctx, `INSERT INTO messaging_relay_breaker (owner, destination, last_error)
+		_, err = x.db.ExecContext(ctx, `INSERT INTO messaging_relay_breaker (owner, destination, last_error)
 VALUES ($1, $2, nullif($3, ''))
 ON CONFLICT (owner, destination) DO UPDATE SET opened_at = now(), last_error = excluded.last_error`,
-			f.cfg.Owner, dest, fencing.CleanText(why, fencing.MaxFailureDetail))
+			x.cfg.Owner, dest, fencing.CleanText(why, fencing.MaxFailureDetail))
 	} else {
-		_, err = f.db.ExecContext(ctx, `DELETE FROM messaging_relay_breaker WHERE owner = $1 AND destination = $2`, f.cfg.Owner, dest)
+		_, err = x.db.ExecContext(ctx, `DELETE FROM messaging_relay_breaker WHERE owner = $1 AND destination = $2`, x.cfg.Owner, dest)
 	}
 	if err != nil {
-		f.logger.Error("Outbox breaker state not recorded for operators", err, watermill.LogFields{"destination": dest, "open": open})
+		x.logger.Error("Outbox breaker state not recorded for operators", err, watermill.LogFields{"destination": dest, "open": open})
 	}
 }
 
@@ -396,7 +390,7 @@ ON CONFLICT (owner, destination) DO UPDATE SET opened_at = now(), last_error = e
 // of every destination it has published to is open. The relay is alive
 // meanwhile (it probes), but not ready.
 func (f *Forwarder) Ready() error {
-	if open, all := f.breakers.allOpen(); all {
+	if open, all := f.executor.breakers.allOpen(); all {
 		names := make([]string, len(open))
 		for i, b := range open {
 			names[i] = b.Destination

@@ -106,7 +106,7 @@ func (l *chainLog) confirmedThrough(key string, seq int64) bool {
 // of the key with a lower seq became claimable since (a transaction that
 // committed after later rows of its key were published, or a redriven
 // row). Such a row waits until a claim that does not resume keys walks
-// them and reaches its key (Forwarder.claim: one claim in walkEvery, which
+// them and reaches its key (claimer.claim: one claim in walkEvery, which
 // walks from the key cursor like every walk).
 func (l *chainLog) positions(busy []fencing.Continuation, limit int) []fencing.Continuation {
 	l.mu.Lock()

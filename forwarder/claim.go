@@ -1,5 +1,5 @@
 // The claim: which rows a pass takes, from which start point, continuing
-// which chains (see Forwarder.claim). It owns the statements that take rows
+// which chains (see claimer.claim). It owns the statements that take rows
 // and nothing that publishes or writes outcomes.
 
 package forwarder
@@ -54,20 +54,18 @@ type claimedBatch struct {
 // short and some chains stopped at the chain cap (a cap that spreads a
 // batch over several keys when there are several), those chains are
 // extended by the room left, so a few hot keys still fill a batch.
-func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) claimedBatch {
-	if ttl := time.Duration(f.beatTTL.Load()); ttl > 0 {
-		if age := time.Since(f.beatEpoch) - time.Duration(f.lastBeat.Load()); age > ttl {
-			return claimedBatch{err: outbox.Errorf(CodeHeartbeatLapsed, "forwarder.claim",
-				"no relay heartbeat succeeded for %s, longer than its lifetime %s: the database may have been switched to CDC meanwhile, so nothing is claimable until a heartbeat succeeds again (check the database connection)",
-				age.Round(time.Millisecond), ttl)}
-		}
+func (cl *claimer) claim(ctx context.Context, cont []fencing.Continuation) claimedBatch {
+	if age, ttl, lapsed := cl.beat.lapsed(); lapsed {
+		return claimedBatch{err: outbox.Errorf(CodeHeartbeatLapsed, "forwarder.claim",
+			"no relay heartbeat succeeded for %s, longer than its lifetime %s: the database may have been switched to CDC meanwhile, so nothing is claimable until a heartbeat succeeds again (check the database connection)",
+			age.Round(time.Millisecond), ttl)}
 	}
-	f.claimMu.Lock()
-	defer f.claimMu.Unlock()
-	f.takePace()
-	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
+	cl.claimMu.Lock()
+	defer cl.claimMu.Unlock()
+	cl.takePace()
+	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cl.dbTimeout)
 	defer cancel()
-	at := f.localNow()
+	at := cl.localNow()
 	// Every statement below may commit on the server and still fail here
 	// (a row the client cannot read, the timeout, the connection lost
 	// while reading). The rows of each one that succeeds are recorded as
@@ -78,18 +76,18 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	defer func() {
 		switch {
 		case failures > 0:
-			f.budgetShift = min(f.budgetShift+1, 40)
-		case f.budgetShift > 0:
-			f.budgetShift--
+			cl.budgetShift = min(cl.budgetShift+1, 40)
+		case cl.budgetShift > 0:
+			cl.budgetShift--
 		}
 	}()
-	maxBytes := max(1, f.cfg.MaxBatchBytes>>f.budgetShift)
+	maxBytes := max(1, cl.cfg.MaxBatchBytes>>cl.budgetShift)
 	// Every statement appends its rows to buf, the batch's memory; the
 	// batch is buf in seq order (merged after each statement).
-	mem := f.takeMem()
+	mem := cl.takeMem()
 	buf := mem.claimed[:0]
-	if cap(buf) < f.size {
-		buf = make([]fencing.Claimed, 0, f.size)
+	if cap(buf) < cl.size {
+		buf = make([]fencing.Claimed, 0, cl.size)
 	}
 	// Every statement has a byte budget (MaxBytes >= 1: the first
 	// statement's is at least one byte, and the statements that complete a
@@ -98,10 +96,10 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	// goes out alone).
 	var lanes []int
 	var laneCount int
-	if f.cfg.Fence == FenceLanes {
+	if cl.cfg.Fence == FenceLanes {
 		var err error
-		if lanes, laneCount, err = f.claimLanes(dbctx); err != nil || len(lanes) == 0 {
-			f.giveMem(mem)
+		if lanes, laneCount, err = cl.claimLanes(dbctx); err != nil || len(lanes) == 0 {
+			cl.giveMem(mem)
 			return claimedBatch{claimedAt: at, err: err}
 		}
 	}
@@ -118,31 +116,31 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		if lanes != nil {
 			// What the earlier statements of this claim took is held now:
 			// not claimed again, and recorded on the lanes with the rest.
-			p.Lanes, p.LaneCount, p.Held = lanes, laneCount, f.heldIDs()
+			p.Lanes, p.LaneCount, p.Held = lanes, laneCount, cl.heldIDs()
 		}
-		if buf, err = fencing.ClaimAppend(dbctx, f.q, buf, p); err != nil {
+		if buf, err = fencing.ClaimAppend(dbctx, cl.q, buf, p); err != nil {
 			if !errors.Is(err, fencing.ErrInvalidArgument) {
 				failures++
 				if lanes == nil { // a lane claim writes no row: nothing to release
-					released += f.releaseUnheld(ctx, err)
+					released += cl.releaseUnheld(ctx, err)
 				}
 			}
 			return nil, err
 		}
 		rows := buf[n:len(buf):len(buf)]
-		f.hold(rows, at)
+		cl.hold(rows, at)
 		return rows, nil
 	}
 	merge := func() []fencing.Claimed {
 		buf = mergeBySeq(buf)
 		return buf
 	}
-	from, cursor := f.start.from(), f.start.keyCursor()
-	exclude, probes := f.breakers.forClaim()
+	from, cursor := cl.start.from(), cl.start.keyCursor()
+	exclude, probes := cl.probes.forClaim()
 	// Keys this relay published lately are resumed where their chains
 	// ended, without looking for their heads (see chainLog), except on
 	// every walkEvery-th claim, which walks every key.
-	full := f.start.fullWalkDue()
+	full := cl.start.fullWalkDue()
 	var resume []fencing.Continuation
 	// One key's chain is published one message at a time, so a claim
 	// takes at most chainMax rows of a key (walked, continued or
@@ -150,33 +148,33 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	// Concurrency-th of the batch per key, so that a batch spreads over
 	// several keys when there are several; chains cut there are extended
 	// below when the batch is still short.
-	limit := f.size
-	maxChain := min(f.chainMax(), limit)
-	chainCap := min(max(1, (limit+f.cfg.Concurrency-1)/f.cfg.Concurrency), maxChain)
+	limit := cl.size
+	maxChain := min(cl.chainMax(), limit)
+	chainCap := min(max(1, (limit+cl.cfg.Concurrency-1)/cl.cfg.Concurrency), maxChain)
 	if !full {
-		resume = f.chains.positions(cont, 2*limit)
+		resume = cl.chains.positions(cont, 2*limit)
 	}
 	walk := full
 	if len(cont)+len(resume) == 0 && !full {
-		walk = f.start.walkDue()
+		walk = cl.start.walkDue()
 	}
 	p := fencing.ClaimParams{
-		Owner: f.cfg.Owner, Limit: limit, Lease: f.cfg.LeaseDuration,
-		MaxAttempts: f.cfg.MaxAttempts, Policy: f.cfg.OrderingPolicy, Now: f.dbNow(),
+		Owner: cl.cfg.Owner, Limit: limit, Lease: cl.cfg.LeaseDuration,
+		MaxAttempts: cl.cfg.MaxAttempts, Policy: cl.cfg.OrderingPolicy, Now: cl.dbNow(),
 		FromSeq: from, KeyCursor: cursor, MaxChain: chainCap, MaxContinued: maxChain, Continue: append(cont[:len(cont):len(cont)], resume...),
 		ExcludeDestinations: exclude, NoKeyWalk: !walk, MaxBytes: maxBytes,
 	}
 	claimed, err := claimFn(p)
 	if err != nil {
-		f.start.record(p.FromSeq, p.Limit, nil, err)
-		f.giveMem(mem)
+		cl.start.record(p.FromSeq, p.Limit, nil, err)
+		cl.giveMem(mem)
 		return claimedBatch{claimedAt: at, err: err, failures: failures, released: released}
 	}
 	// What is left of the byte budget for the statements that complete the
 	// batch (payloads only, as the client sees them: headers are small).
 	budget := func() int64 { return maxBytes - payloadBytes(claimed) }
 	if walk {
-		f.start.walked(fencing.NextKeyCursor(cursor, claimed, cont), hasKeyed(claimed))
+		cl.start.walked(fencing.NextKeyCursor(cursor, claimed, cont), hasKeyed(claimed))
 	}
 	unkeyedFrom := p.FromSeq
 	if p.FromSeq > 0 && len(claimed) < p.Limit && budget() > 0 {
@@ -192,12 +190,12 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		if berr != nil {
 			// The rows claimed above the start are held and go on; record
 			// makes the next claim start at the first entry.
-			f.logger.Error("Outbox claim below the start point failed", berr, watermill.LogFields{"held": len(claimed)})
+			cl.logger.Error("Outbox claim below the start point failed", berr, watermill.LogFields{"held": len(claimed)})
 		}
 		claimed = merge()
 		unkeyedFrom = 0 // this batch looked at the whole index
 	}
-	f.start.record(unkeyedFrom, p.Limit, claimed, nil)
+	cl.start.record(unkeyedFrom, p.Limit, claimed, nil)
 	if !walk && len(claimed) < p.Limit && budget() > 0 {
 		// The batch is short without looking at keys: walk them for the
 		// rest before calling it short, so that a short batch still means
@@ -208,9 +206,9 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		keyed.MaxBytes, keyed.StrictBytes = budget(), len(claimed) > 0
 		rows, kerr := claimFn(keyed)
 		if kerr != nil {
-			f.logger.Error("Outbox claim of keyed rows failed", kerr, watermill.LogFields{"held": len(claimed)})
+			cl.logger.Error("Outbox claim of keyed rows failed", kerr, watermill.LogFields{"held": len(claimed)})
 		} else {
-			f.start.walked(fencing.NextKeyCursor(cursor, rows, nil), len(rows) > 0)
+			cl.start.walked(fencing.NextKeyCursor(cursor, rows, nil), len(rows) > 0)
 			claimed = merge()
 		}
 	}
@@ -221,7 +219,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		more.MaxContinued = maxChain - chainCap // a capped chain holds chainCap rows already
 		more.NoKeyWalk, more.NoUnkeyed, more.FromSeq, more.MaxBytes, more.StrictBytes = true, true, 0, budget(), true
 		if _, xerr := claimFn(more); xerr != nil {
-			f.logger.Error("Outbox claim extending chains failed", xerr, watermill.LogFields{"held": len(claimed)})
+			cl.logger.Error("Outbox claim extending chains failed", xerr, watermill.LogFields{"held": len(claimed)})
 		} else {
 			claimed = merge()
 		}
@@ -231,7 +229,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	var probed map[string]bool
 	for _, dest := range probes {
 		pr := p
-		pr.Limit, pr.MaxChain, pr.Continue, pr.FromSeq = 1, 1, nil, f.breakers.probeFrom(dest)
+		pr.Limit, pr.MaxChain, pr.Continue, pr.FromSeq = 1, 1, nil, cl.probes.probeFrom(dest)
 		pr.ExcludeDestinations, pr.OnlyDestination, pr.NoKeyWalk, pr.NoUnkeyed = nil, dest, false, false
 		rows, perr := claimFn(pr)
 		if perr == nil && len(rows) == 0 && pr.FromSeq > 1 {
@@ -239,19 +237,17 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 			rows, perr = claimFn(pr)
 		}
 		if perr != nil {
-			f.logger.Error("Outbox breaker probe claim failed", perr, watermill.LogFields{"destination": dest})
+			cl.logger.Error("Outbox breaker probe claim failed", perr, watermill.LogFields{"destination": dest})
 			continue
 		}
 		if len(rows) == 0 {
 			// Nothing of the destination waits (another relay delivered
 			// it, or it was parked): an open breaker has nothing left to
 			// protect. It closes; the next publish there tells again.
-			if f.breakers.success(dest) {
-				f.breakerChanged(dest, false, "")
-			}
+			cl.probes.probeNothing(dest)
 			continue
 		}
-		f.breakers.probed(dest, rows[0].Row.Seq)
+		cl.probes.probed(dest, rows[0].Row.Seq)
 		for _, r := range rows {
 			if probed == nil {
 				probed = make(map[string]bool)
@@ -268,10 +264,10 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		after[c.Key] = c.AfterSeq
 	}
 	n := len(claimed) - len(probed)
-	f.size = f.nextSize(limit, n)
+	cl.size = cl.nextSize(limit, n)
 	mem.claimed = claimed
 	return claimedBatch{claimed: claimed, claimedAt: at, after: after, probes: probed, failures: failures, released: released,
-		full: f.full(claimed, n, limit), mem: mem}
+		full: cl.full(claimed, n, limit), mem: mem}
 }
 
 // capped are the continuations of the chains the walk found that stopped at
@@ -343,27 +339,27 @@ func mergeBySeq(buf []fencing.Claimed) []fencing.Claimed {
 // attempt. And before any publish was timed (no pace yet: the claim ahead
 // is made before the first batch's publishes end) a claim grows only from
 // BatchSize, once.
-func (f *Forwarder) nextSize(limit, n int) int {
-	window := f.window()
+func (cl *claimer) nextSize(limit, n int) int {
+	window := cl.window()
 	fits := func(size int) bool {
-		serial := max(f.cfg.BatchSize, (size+f.cfg.Concurrency-1)/f.cfg.Concurrency)
-		return f.pace*time.Duration(serial) <= window
+		serial := max(cl.cfg.BatchSize, (size+cl.cfg.Concurrency-1)/cl.cfg.Concurrency)
+		return cl.pace*time.Duration(serial) <= window
 	}
-	grown := min(2*limit, f.cfg.MaxBatchSize)
+	grown := min(2*limit, cl.cfg.MaxBatchSize)
 	switch {
-	case n >= limit && grown > limit && fits(grown) && (f.pace > 0 || limit == f.cfg.BatchSize):
+	case n >= limit && grown > limit && fits(grown) && (cl.pace > 0 || limit == cl.cfg.BatchSize):
 		return grown
 	case n < limit/2 || !fits(limit):
-		return max(f.cfg.BatchSize, limit/2)
+		return max(cl.cfg.BatchSize, limit/2)
 	}
 	return limit
 }
 
 // takePace updates pace and slowest from the publishes timed since the
 // last claim (none: they stay).
-func (f *Forwarder) takePace() {
-	if mean, slowest := f.paces.take(); mean > 0 {
-		f.pace, f.slowest = mean, max(slowest, mean)
+func (cl *claimer) takePace() {
+	if mean, slowest := cl.paces.take(); mean > 0 {
+		cl.pace, cl.slowest = mean, max(slowest, mean)
 	}
 }
 
@@ -372,8 +368,8 @@ func (f *Forwarder) takePace() {
 // PublishTimeout after the claim), half of which a claim made ahead may
 // spend waiting for the batch before it, and within a quarter of the
 // lease.
-func (f *Forwarder) window() time.Duration {
-	return min(f.cfg.LeaseDuration/4, (f.cfg.LeaseDuration-f.cfg.PublishTimeout-f.cfg.PublishTimeout/2)/2)
+func (cl *claimer) window() time.Duration {
+	return min(cl.cfg.LeaseDuration/4, (cl.cfg.LeaseDuration-cl.cfg.PublishTimeout-cl.cfg.PublishTimeout/2)/2)
 }
 
 // chainMax is the most rows of one key a claim takes. A chain goes out
@@ -383,10 +379,19 @@ func (f *Forwarder) window() time.Duration {
 // before any publish was timed. A hot key on a fast downstream is then
 // claimed a thousand rows at a time, and one on a slow downstream in
 // chains its pace can publish before their leases end.
-func (f *Forwarder) chainMax() int {
-	if f.slowest <= 0 {
-		return f.cfg.BatchSize
+func (cl *claimer) chainMax() int {
+	if cl.slowest <= 0 {
+		return cl.cfg.BatchSize
 	}
-	rows := int(min(f.window()/f.slowest, time.Duration(f.cfg.MaxBatchSize)))
-	return max(f.cfg.BatchSize, rows)
+	rows := int(min(cl.window()/cl.slowest, time.Duration(cl.cfg.MaxBatchSize)))
+	return max(cl.cfg.BatchSize, rows)
 }
+
+// forget drops the chains of items (see returns).
+func (cl *claimer) forget(items []*item) { cl.chains.forget(items) }
+
+// endPass ends a pass for the chain log (chainLog.endPass).
+func (cl *claimer) endPass() { cl.chains.endPass() }
+
+// gaveBack makes the next claim start at the first entry (see returns).
+func (cl *claimer) gaveBack() { cl.start.reset() }

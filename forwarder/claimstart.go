@@ -25,7 +25,7 @@ const rescanEvery = 16
 //
 // Nothing is skipped for good. A claim that comes back short of a full
 // batch from its start point claims the rest from the first entry at once
-// (Forwarder.claim), so a short batch still means the whole index had no
+// (claimer.claim), so a short batch still means the whole index had no
 // more; after it, after a failed claim, after a pass that gave rows back
 // (released or unavailable: PENDING again, below the start point), and on
 // every rescanEvery-th claim, claims start at the first entry again. While
@@ -48,7 +48,7 @@ type claimStart struct {
 }
 
 // walkEvery is how many claims may skip the walk over ordering keys while
-// the last walk found none (see Forwarder.claim): a key's first row waits
+// the last walk found none (see claimer.claim): a key's first row waits
 // for at most this many full batches of unkeyed rows.
 const walkEvery = 8
 

@@ -1,8 +1,12 @@
 package forwarder
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
 )
 
 // Outcome is what a publish attempt achieved, as far as the relay can tell.
@@ -150,4 +154,54 @@ func MarkUnavailable(err error) error { return &unavailable{err: err} }
 func IsUnavailable(err error) bool {
 	var u *unavailable
 	return errors.As(err, &u)
+}
+
+// classify sets it's outcome from the publish result s.
+func (x *executor) classify(it *item, s sent) {
+	row := &it.claimed.Row
+	attempt := row.Attempts + 1
+	it.err = s.err
+	var v Verdict
+	switch {
+	case s.code != "":
+		v = Verdict{Outcome: Ambiguous, Code: s.code}
+	case s.err == nil:
+		v = Verdict{Outcome: Confirmed}
+	default:
+		v = x.cfg.Classifier(s.err)
+	}
+	switch v.Outcome {
+	case Confirmed:
+		it.outcome = fencing.Outcome{To: envelope.StatusPublished}
+		return
+	case Rejected:
+		it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: cmp.Or(v.Code, FailurePublishRejected), Detail: errText(s.err)}
+		return
+	case Unavailable:
+		// The downstream as a whole did not take it: back without an
+		// attempt, held off so that probes take other rows; the breaker,
+		// not the budget, deals with the outage.
+		it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: cmp.Or(v.Code, FailureDownstreamUnavailable), Detail: errText(s.err),
+			RetryAfter: x.breakers.holdOff(row.Destination, x.cfg.BreakerProbeBase)}
+		it.unavailable = true
+		return
+	case Ambiguous:
+		v.Code = cmp.Or(v.Code, FailurePublishError)
+	default:
+		// Loud, but never silent: the row is written AMBIGUOUS (the safe
+		// reading of "we do not know") and the pass reports the error.
+		it.unknown = true
+		v.Code = FailureUnknownOutcome
+	}
+	if attempt >= x.cfg.MaxAttempts {
+		it.outcome = fencing.Outcome{To: envelope.StatusExhausted, Code: v.Code, Detail: errText(s.err)}
+		return
+	}
+	// The delay, not a local deadline: the outcome statement adds it to the
+	// clock the claim compares with (Config.Now, or the database's now()),
+	// so host clock skew neither removes nor stretches the backoff.
+	it.outcome = fencing.Outcome{
+		To: envelope.StatusAmbiguous, Code: v.Code, Detail: errText(s.err),
+		RetryAfter: x.retryDelay(row.MessageID, attempt),
+	}
 }

@@ -15,14 +15,39 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 )
 
+// completer is the last stage of a pass: it writes the outcomes the
+// executor settled (fencing.Apply, retried), reports and logs each row,
+// ends the pass (metrics, OnReport) and hands back to the claimer what the
+// batch no longer holds.
+type completer struct {
+	*env
+	claims   returns   // the claimer
+	breakers *breakers // the executor's: the open ones go in each report
+}
+
+// returns is what the completer hands back to the claimer once a batch's
+// outcomes are written (or failed to be).
+type returns interface {
+	// unhold forgets the rows whose outcomes were written.
+	unhold(outcomes []fencing.Outcome)
+	// forget drops the chains of items whose outcomes were not written, or
+	// were stale: no claim may resume their keys behind them.
+	forget(items []*item)
+	// gaveBack says rows went back PENDING (released, unavailable), below
+	// where the claims start.
+	gaveBack()
+	// giveMem takes the batch's memory back.
+	giveMem(m *batchMem)
+}
+
 // writeOutcomes writes the outcomes of a pass's items, logs and counts them,
 // ends the pass and gives the batch's memory back.
-func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, mem *batchMem) {
-	defer f.giveMem(mem)
+func (c *completer) writeOutcomes(ctx context.Context, t *tail, mem *batchMem) {
+	defer c.claims.giveMem(mem)
 	items := mem.items
 	outcomes, written := mem.outcomes[:0], mem.written[:0]
 	defer func() { mem.outcomes, mem.written = outcomes, written }()
-	now := f.dbNow() // one clock for the batch: Apply writes it as one instant
+	now := c.dbNow() // one clock for the batch: Apply writes it as one instant
 	for i := range items {
 		it := &items[i]
 		if it.claimed.Held() {
@@ -36,9 +61,9 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, mem *batchMem) {
 	// may have taken longer than dbTimeout, and an outcome written on an
 	// expired context would be lost (the rows would be published again
 	// after their leases expire, until EXHAUSTED).
-	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
+	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.dbTimeout)
 	defer cancel()
-	results, err := f.apply(dbctx, outcomes)
+	results, err := c.apply(dbctx, outcomes)
 	if err != nil {
 		ids, tokens := make([]string, len(outcomes)), make([]int64, len(outcomes))
 		for i, o := range outcomes {
@@ -51,14 +76,14 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, mem *batchMem) {
 		}
 		// Their keys may not be resumed behind these rows: they are not
 		// PUBLISHED, and once their leases expire they are claimable again.
-		f.chains.forget(written)
-		f.logger.Error("Outbox outcomes not written: these rows stay IN_FLIGHT until their leases expire and are then claimed again, so those already published may be published twice", err, watermill.LogFields{
+		c.claims.forget(written)
+		c.logger.Error("Outbox outcomes not written: these rows stay IN_FLIGHT until their leases expire and are then claimed again, so those already published may be published twice", err, watermill.LogFields{
 			"rows": len(outcomes), "message_ids": ids, "lease_tokens": tokens, "unrecorded_publishes": t.rep.UnrecordedPublishes,
 		})
-		f.end(t, outbox.Wrap(CodeOutcomesNotWritten, "forwarder.pass", err, fmt.Sprintf("write outcomes of %d rows", len(outcomes))))
+		c.end(t, outbox.Wrap(CodeOutcomesNotWritten, "forwarder.pass", err, fmt.Sprintf("write outcomes of %d rows", len(outcomes))))
 		return
 	}
-	f.unhold(outcomes)
+	c.claims.unhold(outcomes)
 	var stale map[*item]bool
 	for i, r := range results {
 		if r == fencing.Stale {
@@ -75,10 +100,10 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, mem *batchMem) {
 		row := &it.claimed.Row
 		verdict := it.verdict()
 		if stale[it] {
-			f.chains.forget([]*item{it})
+			c.claims.forget([]*item{it})
 			rep.Stale++
-			f.metrics.message("stale", row.Destination)
-			f.warn("Outbox lease lost before the outcome was written: possible duplicate publication", watermill.LogFields{
+			c.metrics.message("stale", row.Destination)
+			c.warn("Outbox lease lost before the outcome was written: possible duplicate publication", watermill.LogFields{
 				"message_id": row.MessageID, "owner": it.claimed.Lease.Owner,
 				"lease_token": it.claimed.Lease.Token, "destination": row.Destination, "outcome": verdict,
 			})
@@ -101,13 +126,13 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, mem *batchMem) {
 		if verdict == "published" && (row.Attempts > 0 || row.LastFailureCode == FailureDownstreamFailing) {
 			rep.PossibleDuplicates++
 		}
-		f.metrics.message(verdict, row.Destination)
+		c.metrics.message(verdict, row.Destination)
 		if it.unknown && unknown == nil {
 			unknown = outbox.Errorf(CodeUnknownOutcome, "forwarder.pass",
 				"the classifier returned an unknown outcome for row %s; it was recorded as AMBIGUOUS; fix the classifier to return Confirmed, Rejected or Ambiguous", row.MessageID)
 		}
 		if verdict == "ambiguous" || verdict == "failed" || (verdict == "exhausted" && it.claimed.Held()) {
-			f.logger.Info("Outbox publish not confirmed", watermill.LogFields{
+			c.logger.Info("Outbox publish not confirmed", watermill.LogFields{
 				"message_id": row.MessageID, "destination": row.Destination, "outcome": verdict,
 				"code": it.outcome.Code, "attempt": row.Attempts + 1, "lease_token": it.claimed.Lease.Token,
 				"retry_in": it.outcome.RetryAfter, "error": fmt.Sprint(it.err),
@@ -115,9 +140,9 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, mem *batchMem) {
 		}
 	}
 	if rep.Released+rep.Unavailable > 0 {
-		f.start.reset() // PENDING again, below where the claims start
+		c.claims.gaveBack() // PENDING again, below where the claims start
 	}
-	f.end(t, unknown)
+	c.end(t, unknown)
 }
 
 // apply writes the outcomes, trying again twice on a database error: the
@@ -126,14 +151,14 @@ func (f *Forwarder) writeOutcomes(ctx context.Context, t *tail, mem *batchMem) {
 // retry never applies half a batch twice. (If the first try committed but its
 // answer was lost, the retry reports the rows stale: a false alarm on the
 // safe side.)
-func (f *Forwarder) apply(ctx context.Context, outcomes []fencing.Outcome) ([]fencing.Result, error) {
+func (c *completer) apply(ctx context.Context, outcomes []fencing.Outcome) ([]fencing.Result, error) {
 	var err error
 	for try := range 3 {
 		var res []fencing.Result
-		if res, err = fencing.Apply(ctx, f.q, outcomes); err == nil || errors.Is(err, fencing.ErrInvalidArgument) {
+		if res, err = fencing.Apply(ctx, c.q, outcomes); err == nil || errors.Is(err, fencing.ErrInvalidArgument) {
 			return res, err
 		}
-		f.logger.Error("Writing outcomes failed", err, watermill.LogFields{"try": try + 1, "rows": len(outcomes)})
+		c.logger.Error("Writing outcomes failed", err, watermill.LogFields{"try": try + 1, "rows": len(outcomes)})
 		t := time.NewTimer(time.Duration(try+1) * 100 * time.Millisecond)
 		select {
 		case <-ctx.Done():
@@ -145,18 +170,15 @@ func (f *Forwarder) apply(ctx context.Context, outcomes []fencing.Outcome) ([]fe
 	return nil, err
 }
 
-// Warner is implemented by loggers that have a warning level; watermill's
-// LoggerAdapter has none, so warnings go to Info with severity=warn
-// otherwise.
-type Warner interface {
-	Warn(msg string, fields watermill.LogFields)
-}
-
-func (f *Forwarder) warn(msg string, fields watermill.LogFields) {
-	fields = watermill.LogFields{"owner": f.cfg.Owner}.Add(fields)
-	if w, ok := f.baseLogger.(Warner); ok {
-		w.Warn(msg, fields)
-		return
+// end finishes a pass: metrics, OnReport, then the waiters.
+func (c *completer) end(t *tail, err error) {
+	t.rep.OpenBreakers = c.breakers.open()
+	t.rep.Duration = time.Since(t.start)
+	t.err = err
+	c.metrics.pass(t.rep.Claimed, err != nil)
+	c.metrics.contained(t.rep)
+	if c.cfg.OnReport != nil {
+		c.cfg.OnReport(t.rep)
 	}
-	f.logger.Info(msg, fields.Add(watermill.LogFields{"severity": "warn"}))
+	close(t.done)
 }

@@ -11,15 +11,17 @@ import (
 
 // Containment (see the package documentation): what the relay does so that
 // one failed claim, one huge batch or one hanging downstream costs no other
-// row an attempt, and no unbounded memory or goroutines. Forwarder.claim and
-// Forwarder.pass call these.
+// row an attempt, and no unbounded memory or goroutines. The claimer's
+// share of it is here: the batch's fullness, the rows it holds and the
+// release after a failed claim (the executor pauses claims while too many
+// publishes are left running: executor.claimPaused).
 
 // full reports whether a claim of size limit that took n rows (breaker
 // probes not counted) was cut by its size or (about: the statement counts
 // headers too, as stored) by the byte budget, so more may be claimable at
 // once.
-func (f *Forwarder) full(claimed []fencing.Claimed, n, limit int) bool {
-	return n >= limit || payloadBytes(claimed) >= f.cfg.MaxBatchBytes/2
+func (cl *claimer) full(claimed []fencing.Claimed, n, limit int) bool {
+	return n >= limit || payloadBytes(claimed) >= cl.cfg.MaxBatchBytes/2
 }
 
 func payloadBytes(claimed []fencing.Claimed) int64 {
@@ -33,38 +35,38 @@ func payloadBytes(claimed []fencing.Claimed) int64 {
 // hold records the rows a claim returned IN_FLIGHT as this relay's, and
 // forgets rows recorded more than a lease ago (their outcome write failed
 // and their leases have expired since).
-func (f *Forwarder) hold(rows []fencing.Claimed, at time.Time) {
-	f.heldMu.Lock()
-	defer f.heldMu.Unlock()
-	if f.held == nil {
-		f.held = make(map[string]time.Time)
+func (cl *claimer) hold(rows []fencing.Claimed, at time.Time) {
+	cl.heldMu.Lock()
+	defer cl.heldMu.Unlock()
+	if cl.held == nil {
+		cl.held = make(map[string]time.Time)
 	}
-	for id, when := range f.held {
-		if at.Sub(when) > f.cfg.LeaseDuration {
-			delete(f.held, id)
+	for id, when := range cl.held {
+		if at.Sub(when) > cl.cfg.LeaseDuration {
+			delete(cl.held, id)
 		}
 	}
 	for _, c := range rows {
 		if c.Held() {
-			f.held[c.Row.MessageID] = at
+			cl.held[c.Row.MessageID] = at
 		}
 	}
 }
 
 // unhold forgets the rows whose outcomes were written.
-func (f *Forwarder) unhold(outcomes []fencing.Outcome) {
-	f.heldMu.Lock()
-	defer f.heldMu.Unlock()
+func (cl *claimer) unhold(outcomes []fencing.Outcome) {
+	cl.heldMu.Lock()
+	defer cl.heldMu.Unlock()
 	for _, o := range outcomes {
-		delete(f.held, o.Lease.MessageID)
+		delete(cl.held, o.Lease.MessageID)
 	}
 }
 
-func (f *Forwarder) heldIDs() []string {
-	f.heldMu.Lock()
-	defer f.heldMu.Unlock()
-	ids := make([]string, 0, len(f.held))
-	for id := range f.held {
+func (cl *claimer) heldIDs() []string {
+	cl.heldMu.Lock()
+	defer cl.heldMu.Unlock()
+	ids := make([]string, 0, len(cl.held))
+	for id := range cl.held {
 		ids = append(ids, id)
 	}
 	return ids
@@ -77,33 +79,18 @@ func (f *Forwarder) heldIDs() []string {
 // exactly the failed statement's rows), without spending attempts, best
 // effort: when the release fails too, the leases expire as before. It
 // returns how many rows it released.
-func (f *Forwarder) releaseUnheld(ctx context.Context, cause error) int {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
+func (cl *claimer) releaseUnheld(ctx context.Context, cause error) int {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cl.dbTimeout)
 	defer cancel()
-	ids, err := fencing.ReleaseUnheld(rctx, f.db, f.cfg.Owner, f.heldIDs())
+	ids, err := fencing.ReleaseUnheld(rctx, cl.db, cl.cfg.Owner, cl.heldIDs())
 	if err != nil {
-		f.logger.Error("Outbox rows of a failed claim not released; they are claimed again when their leases expire", err, watermill.LogFields{"claim_error": cause.Error()})
+		cl.logger.Error("Outbox rows of a failed claim not released; they are claimed again when their leases expire", err, watermill.LogFields{"claim_error": cause.Error()})
 		return 0
 	}
 	if len(ids) > 0 {
-		f.warn("Outbox claim failed after it was sent; the rows it held were released without spending attempts", watermill.LogFields{
+		cl.warn("Outbox claim failed after it was sent; the rows it held were released without spending attempts", watermill.LogFields{
 			"rows": len(ids), "message_ids": ids, "claim_error": cause.Error(),
 		})
 	}
 	return len(ids)
-}
-
-// claimPaused reports (and records in t) whether too many publishes left
-// behind by their timeout still run for this pass to claim.
-func (f *Forwarder) claimPaused(t *tail) bool {
-	n := f.abandoned.Load()
-	t.rep.AbandonedPublishes = int(n)
-	if n <= int64(f.cfg.MaxAbandoned) {
-		return false
-	}
-	t.rep.ClaimPaused = true
-	f.warn("Outbox relay claims nothing while too many publishes left behind by their timeout still run (the downstream ignores its context)", watermill.LogFields{
-		"abandoned": n, "max_abandoned": f.cfg.MaxAbandoned,
-	})
-	return true
 }

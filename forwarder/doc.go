@@ -237,4 +237,25 @@
 // Each publish runs in a span
 // "outbox.publish <destination>" that continues the trace stored in the row;
 // the message handed to the publisher carries that span in its context.
+//
+// # Inside
+//
+// A Forwarder composes three stages, each an unexported type owning its
+// state behind its own locks, that hand each batch one way:
+//
+//   - the claimer (claimer.go) takes a batch: the lanes or the per-row
+//     claims, the claim's size and byte budget, where it starts, the chains
+//     it continues or resumes, the claim made ahead, the rows the relay
+//     holds and the release after a failed claim, the batches' memory;
+//   - the executor (executor.go) publishes it: the workers, PublishTimeout
+//     and the drain deadline, publishes left running, the classification
+//     of each publish, the breakers and their probes;
+//   - the completer (complete.go) writes its outcomes (retried), reports
+//     and logs each row, ends the pass, and hands back to the claimer what
+//     the batch held (rows, chains, memory).
+//
+// A pass (pass.go) runs the three in turn; Run (forwarder.go) loops over
+// passes, with the heartbeat, the wake-ups and the drain on the way out, its
+// start and stop being internal/startstop's. The forwarder writes
+// messaging_outbox only through package fencing.
 package forwarder

@@ -12,10 +12,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/trace"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
+	"github.com/fencedoutbox/watermill-outbox/internal/startstop"
 	"github.com/fencedoutbox/watermill-outbox/migrations/schema"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
@@ -53,38 +53,6 @@ var (
 	ErrOutcomesNotWritten = &outbox.Error{Code: CodeOutcomesNotWritten}
 )
 
-// wakeGap is how long after a pass that a notification started and that
-// claimed nothing (the second such in a row, see wakeLimit) the next woken
-// pass may begin: PollInterval/10 (50 ms by default), never more than
-// 50 ms, so that a relay polling rarely (PollInterval of minutes, leaning on
-// NOTIFY) still wakes at once for each of a few commits while a NOTIFY flood
-// is held to 20 passes/s.
-func wakeGap(poll time.Duration) time.Duration { return min(poll/10, 50*time.Millisecond) }
-
-// wakeLimit holds woken passes back while notifications bring no rows. Any
-// login may NOTIFY the channel, so a flood of notifications must not start a
-// pass each. But a notification that brings no row is also ordinary: one
-// that arrives while a pass runs, for a row that pass claims, starts a pass
-// that finds nothing (notifications arriving meanwhile coalesce into one
-// wake). Held back after such a pass, the next commit's row waited up to
-// the whole gap (a p99 of 30-40 ms at 200 msg/s). So the gap applies from
-// the second woken pass in a row that claimed nothing.
-type wakeLimit struct {
-	empty  int       // woken passes in a row that claimed nothing
-	idleAt time.Time // when the last of them began, once two were in a row
-}
-
-// passed counts a woken pass, begun at wokenAt, that claimed claimed rows.
-func (w *wakeLimit) passed(wokenAt time.Time, claimed int) {
-	if claimed > 0 {
-		w.empty = 0
-		return
-	}
-	if w.empty++; w.empty >= 2 {
-		w.idleAt = wokenAt
-	}
-}
-
 // errReleaseFailed marks the failed release of a batch claimed ahead on the
 // way out; Close returns it like ErrOutcomesNotWritten.
 var errReleaseFailed = errors.New("release failed")
@@ -102,70 +70,25 @@ const tracerName = "github.com/fencedoutbox/watermill-outbox/forwarder"
 // watermill publisher. Create it with New, run it with Run (or a Router via
 // RouterPlugin), stop it with Close.
 type Forwarder struct {
-	db     *sql.DB
-	q      fencing.DBTX // db, or its prepared form for the claim and outcome statements
-	out    message.Publisher
-	logger watermill.LoggerAdapter
-	cfg    Config
+	*env // the configuration and handles every stage shares
 
-	baseLogger watermill.LoggerAdapter // as given, for the optional Warner
-	tracer     trace.Tracer
-	metrics    *metrics
-	seed       uint64 // from the owner: per-relay jitter, deterministic per owner
-	dbTimeout  time.Duration
-	start      claimStart // where each claim starts in the claimable index, and the key walk
-	chains     chainLog   // which of this relay's chains were confirmed to their end
-	size       int        // the next claim's size, BatchSize to MaxBatchSize (claim, under claimMu)
-	// pace is the mean time a publish took between the last two claims,
-	// and slowest the slowest destination's lately: paces accumulates every
-	// publish (call.end), and each claim takes them (takePace, under
-	// claimMu) for nextSize and chainMax.
-	pace, slowest time.Duration
-	paces         paces
-	breakers      breakers // per destination: is the downstream down as a whole
+	// The stages of a pass, handing each batch one way: the claimer takes
+	// it, the executor publishes it, the completer writes its outcomes and
+	// hands back to the claimer what the batch held.
+	claimer   *claimer
+	executor  *executor
+	completer *completer
 
-	// claimMu makes one claim (with the release after a failed one) run at
-	// a time. held are the rows this relay holds IN_FLIGHT (claimed, outcome
-	// not yet written), with the local time of their claim: a failed claim
-	// releases every other row of this owner. abandoned counts publishes
-	// left running after their timeout.
-	claimMu sync.Mutex
-	mem     chan *batchMem // finished batches' memory, for the next (keptBatches at most)
-	heldMu  sync.Mutex
-	held    map[string]time.Time
-	// lanes are the lanes this relay owns (FenceLanes), under lanesMu.
-	lanesMu   sync.Mutex
-	lanes     laneKeeper
-	abandoned atomic.Int64
-	// budgetShift halves the claims' byte budget once per failed claim and
-	// doubles it back once per successful one (guarded by claimMu): a link
-	// too slow to read MaxBatchBytes within DBTimeout still makes progress,
-	// down to one row per claim, instead of failing the same claim forever.
-	budgetShift int
+	beat *beatGate // Run's heartbeat, which claims wait for
 
-	// Claims of Run wait for a fresh heartbeat: once it has lapsed,
-	// relaymode.Enable may switch the database to CDC, and a relay still
-	// claiming would race the connector. lastBeat is when the last successful
-	// Beat was sent (time since beatEpoch, monotonic; the database's
-	// expires_at counts from later); beatTTL is zero outside Run (no gate).
-	beatEpoch time.Time
-	lastBeat  atomic.Int64
-	beatTTL   atomic.Int64
-
-	mu      sync.Mutex
-	started bool
-	closed  bool
-
-	stop     chan struct{}
-	stopOnce sync.Once
-	running  chan struct{}
-	done     chan struct{}
-	// drainErr is what Run returned when the drain on its way out failed to
-	// write outcomes; Close returns it. Written before done is closed.
-	drainErr error
-	// routerErr is what Run returned under RouterPlugin (guarded by mu; see
-	// RouterErr in router.go).
-	routerErr error
+	// life is Run's start and stop: Run once, Close idempotent, also before
+	// Run, and waiting for Run. What Run leaves it (Finish) is what Close
+	// returns: the error of a drain on the way out that failed to write
+	// outcomes.
+	life *startstop.Life
+	// routerErr is what Run returned under RouterPlugin (see RouterErr in
+	// router.go).
+	routerErr atomic.Pointer[error]
 }
 
 // New builds a forwarder. It refuses a nil database or publisher and any
@@ -198,24 +121,25 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 	if !cfg.DisablePreparedStatements {
 		q = fencing.NewPrepared(db)
 	}
-	f := &Forwarder{
-		db: db, q: q, out: out, cfg: cfg, metrics: m,
+	e := &env{
+		db: db, q: q, cfg: cfg, metrics: m,
 		logger:     logger.With(watermill.LogFields{"owner": cfg.Owner}),
 		baseLogger: logger,
 		tracer:     tp.Tracer(tracerName),
 		seed:       seedOf(cfg.Owner),
 		dbTimeout:  cfg.DBTimeout,
-		size:       cfg.BatchSize,
-		mem:        make(chan *batchMem, keptBatches),
-		beatEpoch:  time.Now(),
-		stop:       make(chan struct{}),
-		running:    make(chan struct{}),
-		done:       make(chan struct{}),
 	}
-	f.breakers = breakers{
-		threshold: cfg.BreakerThreshold, base: cfg.BreakerProbeBase, max: cfg.BreakerProbeMax,
-		jitter: func(base, ceiling time.Duration, n int) time.Duration { return f.jittered(base, ceiling, n, 2) },
-		now:    f.localNow,
+	beat := &beatGate{epoch: time.Now()}
+	cl := newClaimer(e, beat)
+	x := newExecutor(e, out, &cl.chains, &cl.paces, beat)
+	cl.probes = x
+	f := &Forwarder{
+		env:       e,
+		claimer:   cl,
+		executor:  x,
+		completer: &completer{env: e, claims: cl, breakers: &x.breakers},
+		beat:      beat,
+		life:      startstop.New(),
 	}
 	return f, nil
 }
@@ -227,7 +151,7 @@ func (f *Forwarder) Owner() string { return f.cfg.Owner }
 func (f *Forwarder) Config() Config { return f.cfg }
 
 // Running is closed once Run has passed its start-up checks and polls.
-func (f *Forwarder) Running() chan struct{} { return f.running }
+func (f *Forwarder) Running() chan struct{} { return f.life.Running() }
 
 // Close stops the loop and waits for Run to return. The pass in progress is
 // drained: publishes already started get up to DrainTimeout to finish,
@@ -238,20 +162,12 @@ func (f *Forwarder) Running() chan struct{} { return f.running }
 // expire). Safe to call twice, or before Run (Run then returns
 // FORWARDER_CLOSED).
 func (f *Forwarder) Close() error {
-	f.mu.Lock()
-	f.closed = true
-	started := f.started
-	f.mu.Unlock()
-	f.stopOnce.Do(func() { close(f.stop) })
-	var err error
-	if started {
-		<-f.done
-		err = f.drainErr
-	} else {
+	started, err := f.life.Close()
+	if !started {
 		// Lanes taken by RunOnce calls go back now rather than when their
 		// lease expires.
 		ctx, cancel := context.WithTimeout(context.Background(), f.dbTimeout)
-		f.giveBackLanes(ctx)
+		f.claimer.giveBackLanes(ctx)
 		cancel()
 	}
 	if p, ok := f.q.(*fencing.Prepared); ok {
@@ -271,22 +187,20 @@ func (f *Forwarder) Close() error {
 // (errors.Is ErrOutcomesNotWritten for the former), and so does Close:
 // those rows stay IN_FLIGHT until their leases expire.
 func (f *Forwarder) Run(ctx context.Context) (err error) {
-	f.mu.Lock()
-	switch {
-	case f.closed:
-		f.mu.Unlock()
+	switch err := f.life.Start(); {
+	case errors.Is(err, startstop.ErrClosed):
 		return outbox.Errorf(CodeClosed, "forwarder.Run", "the forwarder was closed; create a new one")
-	case f.started:
-		f.mu.Unlock()
+	case err != nil:
 		return outbox.Errorf(CodeAlreadyRunning, "forwarder.Run", "Run was already called on this forwarder")
 	}
-	f.started = true
-	f.mu.Unlock()
-	defer close(f.done)
 	defer func() {
+		// What Close returns: the drain on the way out that failed to
+		// write outcomes (or to release the batch claimed ahead).
+		var drainErr error
 		if errors.Is(err, ErrOutcomesNotWritten) || errors.Is(err, errReleaseFailed) {
-			f.drainErr = err
+			drainErr = err
 		}
+		f.life.Finish(drainErr)
 	}()
 
 	// An unmigrated search_path is named with its remedy, not a raw 42P01.
@@ -295,14 +209,14 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	}
 
 	ttl := 3 * f.cfg.HeartbeatInterval
-	sent := time.Since(f.beatEpoch)
+	sent := f.beat.since()
 	if err := relaymode.BeatFence(ctx, f.db, f.cfg.Owner, ttl, f.cfg.MaxAttempts, f.beatFence()); err != nil {
 		return err
 	}
-	f.lastBeat.Store(int64(sent))
-	f.beatTTL.Store(int64(ttl))
-	defer f.beatTTL.Store(0)
-	if err := f.enterFence(ctx); err != nil {
+	f.beat.sent(sent)
+	f.beat.ttl.Store(int64(ttl))
+	defer f.beat.ttl.Store(0)
+	if err := f.claimer.enterFence(ctx); err != nil {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 		defer cancel()
 		_ = relaymode.Leave(lctx, f.db, f.cfg.Owner)
@@ -316,7 +230,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	defer func() {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.dbTimeout)
 		defer cancel()
-		f.giveBackLanes(lctx)
+		f.claimer.giveBackLanes(lctx)
 		if err := relaymode.Leave(lctx, f.db, f.cfg.Owner); err != nil {
 			f.logger.Error("Relay heartbeat not removed", err, nil)
 		}
@@ -345,7 +259,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	}()
 
 	wake := f.listen(stopping, &bg)
-	close(f.running)
+	f.life.SetRunning()
 	f.logger.Info("Outbox forwarder running", watermill.LogFields{
 		"batch_size": f.cfg.BatchSize, "max_batch_size": f.cfg.MaxBatchSize, "concurrency": f.cfg.Concurrency, "ordering_policy": f.cfg.OrderingPolicy.String(),
 		"listen": f.cfg.ListenURL != "",
@@ -438,7 +352,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		}
 		select {
 		case err := <-fatal:
-			f.stopOnce.Do(func() { close(f.stop) })
+			f.life.Stop()
 			return err
 		default:
 		}
@@ -446,7 +360,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		// (too many publishes left running) nor after a pass that failed (a
 		// claim the database refused): such a pass runs no probe, so the
 		// probe would stay due and the loop would spin, past the backoff.
-		if next := f.breakers.nextProbe(); !next.IsZero() && delay > 0 && !cur.rep.ClaimPaused && err == nil {
+		if next := f.executor.breakers.nextProbe(); !next.IsZero() && delay > 0 && !cur.rep.ClaimPaused && err == nil {
 			delay = max(0, min(delay, next.Sub(f.localNow())))
 		}
 		woken = false
@@ -463,7 +377,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		woken, stop, err = f.sleep(delay, wakeCh, stopping, fatal, limit.idleAt)
 		switch {
 		case err != nil:
-			f.stopOnce.Do(func() { close(f.stop) })
+			f.life.Stop()
 			return err
 		case stop:
 			f.logger.Info("Outbox forwarder stopped", nil)

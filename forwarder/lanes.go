@@ -27,27 +27,27 @@ type laneKeeper struct {
 
 // laneRenewEvery is how often a relay renews its lanes: a third of their
 // lease, so two renewals may fail before a lane can be taken.
-func (f *Forwarder) laneRenewEvery() time.Duration { return f.cfg.LeaseDuration / 3 }
+func (cl *claimer) laneRenewEvery() time.Duration { return cl.cfg.LeaseDuration / 3 }
 
 // claimLanes returns the lanes a claim may read now, in the order to serve
 // them, and the table's lane count, renewing the lanes first when due. It
 // returns no lanes when the relay owns none, or when it could not renew them
 // for so long that another relay may have taken them.
-func (f *Forwarder) claimLanes(ctx context.Context) ([]int, int, error) {
-	f.lanesMu.Lock()
-	defer f.lanesMu.Unlock()
-	k := &f.lanes
+func (cl *claimer) claimLanes(ctx context.Context) ([]int, int, error) {
+	cl.lanesMu.Lock()
+	defer cl.lanesMu.Unlock()
+	k := &cl.lanes
 	if !k.entered {
-		if err := fencing.EnterFence(ctx, f.db, f.cfg.Owner, fencing.FenceLanes); err != nil {
+		if err := fencing.EnterFence(ctx, cl.db, cl.cfg.Owner, fencing.FenceLanes); err != nil {
 			return nil, 0, err
 		}
 		k.entered = true
 	}
 	now := time.Now()
-	if now.Sub(k.renewedAt) >= f.laneRenewEvery() || (len(k.owned) < k.share && now.Sub(k.tried) >= f.cfg.PollInterval) || k.total == 0 {
-		f.renewLanesLocked(ctx)
+	if now.Sub(k.renewedAt) >= cl.laneRenewEvery() || (len(k.owned) < k.share && now.Sub(k.tried) >= cl.cfg.PollInterval) || k.total == 0 {
+		cl.renewLanesLocked(ctx)
 	}
-	if time.Since(k.renewedAt) >= f.cfg.LeaseDuration/2 {
+	if time.Since(k.renewedAt) >= cl.cfg.LeaseDuration/2 {
 		return nil, k.total, nil // not renewed for half a lease: claim nothing until a renewal succeeds
 	}
 	lanes := make([]int, 0, len(k.owned))
@@ -64,32 +64,32 @@ func (f *Forwarder) claimLanes(ctx context.Context) ([]int, int, error) {
 }
 
 // renewLanes renews the relay's lanes (the heartbeat calls it).
-func (f *Forwarder) renewLanes(ctx context.Context) {
-	f.lanesMu.Lock()
-	defer f.lanesMu.Unlock()
-	if f.lanes.entered {
-		f.renewLanesLocked(ctx)
+func (cl *claimer) renewLanes(ctx context.Context) {
+	cl.lanesMu.Lock()
+	defer cl.lanesMu.Unlock()
+	if cl.lanes.entered {
+		cl.renewLanesLocked(ctx)
 	}
 }
 
 // renewLanesLocked renews the owned lanes and takes more up to the fair
 // share in one statement, marks lanes over the share for giving back, and
 // gives back those it holds nothing in any more.
-func (f *Forwarder) renewLanesLocked(ctx context.Context) {
-	k := &f.lanes
+func (cl *claimer) renewLanesLocked(ctx context.Context) {
+	k := &cl.lanes
 	sent := time.Now()
 	k.tried = sent
-	st, err := fencing.TakeLanes(ctx, f.db, fencing.LaneParams{Owner: f.cfg.Owner, TTL: f.cfg.LeaseDuration, MaxAttempts: f.cfg.MaxAttempts})
+	st, err := fencing.TakeLanes(ctx, cl.db, fencing.LaneParams{Owner: cl.cfg.Owner, TTL: cl.cfg.LeaseDuration, MaxAttempts: cl.cfg.MaxAttempts})
 	if err != nil {
-		f.logger.Error("Outbox lanes not renewed; claims stop once they were not renewed for half a lease", err, nil)
+		cl.logger.Error("Outbox lanes not renewed; claims stop once they were not renewed for half a lease", err, nil)
 		return
 	}
 	k.owned, k.share, k.total, k.renewedAt = st.Owned, st.Share, st.Total, sent
 	if len(st.Taken) > 0 {
-		f.logger.Info("Outbox lanes taken", watermill.LogFields{"lanes": st.Taken, "owned": len(st.Owned), "share": st.Share})
+		cl.logger.Info("Outbox lanes taken", watermill.LogFields{"lanes": st.Taken, "owned": len(st.Owned), "share": st.Share})
 	}
 	if st.Charged > 0 {
-		f.warn("Outbox lanes taken over from a relay whose lease expired: the rows it held without an outcome were charged an attempt", watermill.LogFields{
+		cl.warn("Outbox lanes taken over from a relay whose lease expired: the rows it held without an outcome were charged an attempt", watermill.LogFields{
 			"charged": st.Charged, "exhausted": st.Parked,
 		})
 	}
@@ -105,49 +105,49 @@ func (f *Forwarder) renewLanesLocked(ctx context.Context) {
 			if k.draining == nil {
 				k.draining = make(map[int]time.Time)
 			}
-			k.draining[k.owned[i].Lane] = f.localNow() // the clock f.held is stamped with
+			k.draining[k.owned[i].Lane] = cl.localNow() // the clock cl.held is stamped with
 		}
 	}
 	var back []int
 	for l, since := range k.draining {
-		if !f.heldSince(since) {
+		if !cl.heldSince(since) {
 			back = append(back, l)
 		}
 	}
 	if len(back) == 0 {
 		return
 	}
-	gone, err := fencing.GiveBackLanes(ctx, f.db, f.cfg.Owner, back)
+	gone, err := fencing.GiveBackLanes(ctx, cl.db, cl.cfg.Owner, back)
 	if err != nil {
-		f.logger.Error("Outbox lanes over the share not given back; they are tried again at the next renewal", err, nil)
+		cl.logger.Error("Outbox lanes over the share not given back; they are tried again at the next renewal", err, nil)
 		return
 	}
 	for _, l := range gone {
 		delete(k.draining, l)
 	}
 	k.owned = slices.DeleteFunc(k.owned, func(o fencing.LaneLease) bool { return slices.Contains(gone, o.Lane) })
-	f.logger.Info("Outbox lanes given back to share them with other relays", watermill.LogFields{"lanes": gone, "owned": len(k.owned), "share": k.share})
+	cl.logger.Info("Outbox lanes given back to share them with other relays", watermill.LogFields{"lanes": gone, "owned": len(k.owned), "share": k.share})
 }
 
 // giveBackLanes gives every lane back (the relay stops, after its drain).
-func (f *Forwarder) giveBackLanes(ctx context.Context) {
-	f.lanesMu.Lock()
-	defer f.lanesMu.Unlock()
-	if !f.lanes.entered || len(f.lanes.owned) == 0 {
+func (cl *claimer) giveBackLanes(ctx context.Context) {
+	cl.lanesMu.Lock()
+	defer cl.lanesMu.Unlock()
+	if !cl.lanes.entered || len(cl.lanes.owned) == 0 {
 		return
 	}
-	if _, err := fencing.GiveBackLanes(ctx, f.db, f.cfg.Owner, nil); err != nil {
-		f.logger.Error("Outbox lanes not given back; other relays take them when their lease expires", err, nil)
+	if _, err := fencing.GiveBackLanes(ctx, cl.db, cl.cfg.Owner, nil); err != nil {
+		cl.logger.Error("Outbox lanes not given back; other relays take them when their lease expires", err, nil)
 		return
 	}
-	f.lanes.owned, f.lanes.draining = nil, nil
+	cl.lanes.owned, cl.lanes.draining = nil, nil
 }
 
 // heldSince reports whether the relay holds a row claimed at or before t.
-func (f *Forwarder) heldSince(t time.Time) bool {
-	f.heldMu.Lock()
-	defer f.heldMu.Unlock()
-	for _, at := range f.held {
+func (cl *claimer) heldSince(t time.Time) bool {
+	cl.heldMu.Lock()
+	defer cl.heldMu.Unlock()
+	for _, at := range cl.held {
 		if !at.After(t) {
 			return true
 		}
@@ -158,24 +158,24 @@ func (f *Forwarder) heldSince(t time.Time) bool {
 // enterFence makes the relay's fence scheme the fleet's, refusing with
 // FENCE_SCHEME_CONFLICT while a live relay of the other runs (Run, after
 // its first heartbeat).
-func (f *Forwarder) enterFence(ctx context.Context) error {
-	if f.cfg.Fence == FenceRows {
-		return fencing.EnterFence(ctx, f.db, f.cfg.Owner, fencing.FenceRows)
+func (cl *claimer) enterFence(ctx context.Context) error {
+	if cl.cfg.Fence == FenceRows {
+		return fencing.EnterFence(ctx, cl.db, cl.cfg.Owner, fencing.FenceRows)
 	}
-	f.lanesMu.Lock()
-	defer f.lanesMu.Unlock()
-	if err := fencing.EnterFence(ctx, f.db, f.cfg.Owner, fencing.FenceLanes); err != nil {
+	cl.lanesMu.Lock()
+	defer cl.lanesMu.Unlock()
+	if err := fencing.EnterFence(ctx, cl.db, cl.cfg.Owner, fencing.FenceLanes); err != nil {
 		return err
 	}
-	f.lanes.entered = true
-	f.renewLanesLocked(ctx)
+	cl.lanes.entered = true
+	cl.renewLanesLocked(ctx)
 	return nil
 }
 
 // beatFence is the scheme the relay's heartbeat names ("" for per-row
 // leases, as relays built before lanes leave it).
-func (f *Forwarder) beatFence() string {
-	if f.cfg.Fence == FenceLanes {
+func (e *env) beatFence() string {
+	if e.cfg.Fence == FenceLanes {
 		return fencing.FenceLanes
 	}
 	return ""

@@ -74,19 +74,6 @@ func (t *tail) wait() (Report, error) {
 	return t.rep, t.err
 }
 
-// end finishes a pass: metrics, OnReport, then the waiters.
-func (f *Forwarder) end(t *tail, err error) {
-	t.rep.OpenBreakers = f.breakers.open()
-	t.rep.Duration = time.Since(t.start)
-	t.err = err
-	f.metrics.pass(t.rep.Claimed, err != nil)
-	f.metrics.contained(t.rep)
-	if f.cfg.OnReport != nil {
-		f.cfg.OnReport(t.rep)
-	}
-	close(t.done)
-}
-
 // pass claims a batch (or takes the one claimed ahead, pre), publishes it
 // and writes its outcomes. A pass given pre always consumes it, also when
 // stopping (its rows are then released, not published).
@@ -114,35 +101,35 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 		select {
 		case <-stopping:
 			behind.wait()
-			f.end(t, nil)
+			f.completer.end(t, nil)
 			return t, nil
 		default:
 		}
-		if f.claimPaused(t) {
+		if f.executor.claimPaused(t) {
 			behind.wait()
-			f.end(t, nil)
+			f.completer.end(t, nil)
 			return t, nil
 		}
-		b = f.claim(ctx, nil)
+		b = f.claimer.claim(ctx, nil)
 	}
-	t.rep.AbandonedPublishes = max(t.rep.AbandonedPublishes, int(f.abandoned.Load()))
+	t.rep.AbandonedPublishes = max(t.rep.AbandonedPublishes, int(f.executor.leftRunning()))
 	t.rep.ClaimFailures, t.rep.ClaimReleased = b.failures, b.released
 	claimed := b.claimed
 	if b.err != nil || len(claimed) == 0 {
-		f.giveMem(b.mem)
+		f.claimer.giveMem(b.mem)
 		behind.wait()
-		f.end(t, b.err)
+		f.completer.end(t, b.err)
 		return t, nil
 	}
 	t.rep.Claimed = len(claimed)
 	t.full = b.full
-	if prefetch && t.full && f.abandoned.Load() <= int64(f.cfg.MaxAbandoned) {
+	if prefetch && t.full && !f.executor.overloaded() {
 		select {
 		case <-stopping:
 		default:
 			ch := make(chan claimedBatch, 1) // buffered: the claim never waits for its reader
 			cont := continuations(claimed)
-			go func() { ch <- f.claim(ctx, cont) }()
+			go func() { ch <- f.claimer.claim(ctx, cont) }()
 			next = ch
 		}
 	}
@@ -200,18 +187,18 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	t.rep.Chains = len(chainOf)
 	b.mem.units = units
 
-	if f.publishAll(units, startBy, stopping, drainExpired) {
+	if f.executor.publishAll(units, startBy, stopping, drainExpired) {
 		b.mem.keep = false
 	}
-	f.chains.endPass()
-	f.passEvidence(items)
+	f.claimer.endPass()
+	f.executor.passEvidence(items)
 
 	behind.wait()
 	if next == nil {
-		f.writeOutcomes(ctx, t, b.mem)
+		f.completer.writeOutcomes(ctx, t, b.mem)
 		return t, nil
 	}
-	go f.writeOutcomes(ctx, t, b.mem)
+	go f.completer.writeOutcomes(ctx, t, b.mem)
 	return t, next
 }
 

@@ -1,7 +1,7 @@
-// The executor: workers that publish a pass's units on their own goroutines,
-// with PublishTimeout, the drain deadline and panic recovery, and the
-// classification of each publish into an outcome. It may not claim or write
-// outcomes.
+// The executor's workers: they publish a pass's units on their own
+// goroutines, with PublishTimeout, the drain deadline and panic recovery,
+// and settle each publish (executor.classify, in classify.go, turns it into
+// an outcome). They may not claim or write outcomes.
 
 package forwarder
 
@@ -48,7 +48,7 @@ type unit struct {
 // unit and goes on taking units. The goroutine left behind ends when the
 // publisher returns, touching nothing of the pass.
 type workers struct {
-	f        *Forwarder
+	x        *executor
 	units    []unit
 	taken    atomic.Int64
 	wg       sync.WaitGroup // one per worker, whichever goroutine carries it
@@ -66,9 +66,9 @@ type workers struct {
 
 // publishAll publishes units and returns once each has its outcomes, and
 // whether a publish was left running.
-func (f *Forwarder) publishAll(units []unit, startBy time.Time, stopping, drainExpired <-chan struct{}) (leftBehind bool) {
-	n := min(f.cfg.Concurrency, len(units))
-	w := &workers{f: f, units: units, startBy: startBy, stopping: stopping, calls: make([]atomic.Pointer[call], n)}
+func (x *executor) publishAll(units []unit, startBy time.Time, stopping, drainExpired <-chan struct{}) (leftBehind bool) {
+	n := min(x.cfg.Concurrency, len(units))
+	w := &workers{x: x, units: units, startBy: startBy, stopping: stopping, calls: make([]atomic.Pointer[call], n)}
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
@@ -114,9 +114,9 @@ type chainState struct {
 // a publish was left behind: the caller's goroutine must then return at
 // once, the unit and the worker carry on in the goroutine that took over.
 func (w *workers) publishUnit(slot int, u *unit, from int, st chainState) bool {
-	f := w.f
+	x := w.x
 	if from == 0 {
-		st.cut = u.after > 0 && !f.chains.confirmedThrough(u.key, u.after)
+		st.cut = u.after > 0 && !x.chains.confirmedThrough(u.key, u.after)
 	}
 	for i := from; i < len(u.items); i++ {
 		it := u.items[i]
@@ -128,7 +128,7 @@ func (w *workers) publishUnit(slot int, u *unit, from int, st chainState) bool {
 			}
 		case it.msg == nil:
 			st.cut = true // parked by the claim, or unreadable: the key stops here
-		case !it.probe && f.breakers.isOpen(dest):
+		case !it.probe && x.breakers.isOpen(dest):
 			// The breaker opened while this batch was out: give the row
 			// back untouched, it costs no attempt.
 			it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: FailureDownstreamUnavailable,
@@ -146,7 +146,7 @@ func (w *workers) publishUnit(slot int, u *unit, from int, st chainState) bool {
 		if st.cut {
 			st.through = 0
 		}
-		f.chains.record(u.key, st.through, st.throughID)
+		x.chains.record(u.key, st.through, st.throughID)
 	}
 	return true
 }
@@ -154,25 +154,25 @@ func (w *workers) publishUnit(slot int, u *unit, from int, st chainState) bool {
 // settle gives it the outcome of s and updates its chain's state and its
 // destination's breaker.
 func (w *workers) settle(it *item, s sent, st chainState) chainState {
-	f := w.f
+	x := w.x
 	if !s.started {
 		it.outcome = fencing.Outcome{To: envelope.StatusPending}
 		st.cut = true
 		return st
 	}
-	f.classify(it, s)
+	x.classify(it, s)
 	dest := it.claimed.Row.Destination
 	switch {
 	case it.outcome.To == envelope.StatusPublished:
 		st.through, st.throughID = it.claimed.Row.Seq, it.claimed.Row.MessageID
-		if f.breakers.success(dest) {
-			f.breakerChanged(dest, false, "")
+		if x.breakers.success(dest) {
+			x.breakerChanged(dest, false, "")
 		}
 	case it.unavailable, it.err != nil && it.outcome.To != envelope.StatusFailed:
 		// No answer about the message: unavailable, ambiguous, timed
 		// out. (A rejection is the broker answering.)
-		if f.breakers.failure(dest, it.claimed.Row.MessageID, errText(it.err)) {
-			f.breakerChanged(dest, true, errText(it.err))
+		if x.breakers.failure(dest, it.claimed.Row.MessageID, errText(it.err)) {
+			x.breakerChanged(dest, true, errText(it.err))
 		}
 		st.cut = true
 	default:
@@ -225,7 +225,7 @@ type call struct {
 // the publisher returns: by then a new goroutine has taken the worker's
 // place (c.expire), and the caller must return at once.
 func (w *workers) publish(c *call) (sent, bool) {
-	f, it := w.f, c.u.items[c.at]
+	x, it := w.x, c.u.items[c.at]
 	row := &it.claimed.Row
 	select {
 	case <-w.stopping:
@@ -235,11 +235,11 @@ func (w *workers) publish(c *call) (sent, bool) {
 	// Not started, and given back without an attempt: the drain deadline
 	// passed, the lease would not outlive the publish, or more publishes
 	// than MaxAbandoned are already left running in a hanging downstream.
-	if w.drained.Load() || f.localNow().After(w.startBy) || f.abandoned.Load() > int64(f.cfg.MaxAbandoned) {
+	if w.drained.Load() || x.localNow().After(w.startBy) || x.overloaded() {
 		return sent{}, true
 	}
 	attempt := row.Attempts + 1
-	ctx, span := f.tracer.Start(it.msg.Context(), "outbox.publish "+row.Destination, trace.WithSpanKind(trace.SpanKindProducer))
+	ctx, span := x.tracer.Start(it.msg.Context(), "outbox.publish "+row.Destination, trace.WithSpanKind(trace.SpanKindProducer))
 	if span.IsRecording() { // built only for a span that keeps them: this runs once per message
 		span.SetAttributes(
 			attribute.String("messaging.message.id", row.MessageID),
@@ -248,24 +248,24 @@ func (w *workers) publish(c *call) (sent, bool) {
 			attribute.Int64("outbox.lease_token", row.LeaseToken),
 		)
 	}
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
+	ctx, cancel := context.WithTimeout(ctx, x.cfg.PublishTimeout)
 	defer cancel()
 	it.msg.SetContext(ctx)
 
 	c.span, c.began, c.cancel = span, time.Now(), cancel
 	w.calls[c.slot].Store(c)
-	c.timer = time.AfterFunc(f.cfg.PublishTimeout, c.expire)
+	c.timer = time.AfterFunc(x.cfg.PublishTimeout, c.expire)
 	if w.drained.Load() {
 		// The drain deadline passed before this call was registered: it
 		// is settled as timed out and the worker handed on, and the
 		// publish never starts (Close may have returned already).
 		c.expire()
-		f.abandoned.Add(-1) // counted as left running by expire: it never ran
+		x.abandoned.Add(-1) // counted as left running by expire: it never ran
 		return sent{}, false
 	}
-	err := publishRecovering(f.out, row.Destination, it.msg)
+	err := publishRecovering(x.out, row.Destination, it.msg)
 	if !c.state.CompareAndSwap(running, returned) {
-		f.abandoned.Add(-1) // a publish left behind has returned
+		x.abandoned.Add(-1) // a publish left behind has returned
 		return sent{}, false
 	}
 	c.timer.Stop()
@@ -283,14 +283,14 @@ func (w *workers) publish(c *call) (sent, bool) {
 // units after it.
 func (c *call) expire() {
 	w := c.w
-	w.f.abandoned.Add(1) // before the swap: the publisher may return right after it
+	w.x.abandoned.Add(1) // before the swap: the publisher may return right after it
 	if !c.state.CompareAndSwap(running, leftBehind) {
-		w.f.abandoned.Add(-1)
+		w.x.abandoned.Add(-1)
 		return
 	}
 	w.leftBehind.Store(true)
 	c.cancel() // a publisher that honours its context stops sending
-	s := sent{started: true, code: FailurePublishTimeout, err: fmt.Errorf("publish did not return within %s", w.f.cfg.PublishTimeout)}
+	s := sent{started: true, code: FailurePublishTimeout, err: fmt.Errorf("publish did not return within %s", w.x.cfg.PublishTimeout)}
 	if w.drained.Load() {
 		s.err = errDrainExpired
 	}
@@ -306,8 +306,8 @@ func (c *call) expire() {
 func (c *call) end(s sent) {
 	row := &c.u.items[c.at].claimed.Row
 	took := time.Since(c.began)
-	c.w.f.metrics.published(row.Destination, took)
-	c.w.f.paces.add(row.Destination, took)
+	c.w.x.metrics.published(row.Destination, took)
+	c.w.x.paces.add(row.Destination, took)
 	if s.err != nil {
 		c.span.RecordError(s.err)
 		c.span.SetStatus(codes.Error, cmp.Or(s.code, "publish failed"))
@@ -328,53 +328,3 @@ func publishRecovering(out message.Publisher, topic string, msg *message.Message
 type panicError struct{ value any }
 
 func (p *panicError) Error() string { return fmt.Sprintf("downstream publisher panicked: %v", p.value) }
-
-// classify sets it's outcome from the publish result s.
-func (f *Forwarder) classify(it *item, s sent) {
-	row := &it.claimed.Row
-	attempt := row.Attempts + 1
-	it.err = s.err
-	var v Verdict
-	switch {
-	case s.code != "":
-		v = Verdict{Outcome: Ambiguous, Code: s.code}
-	case s.err == nil:
-		v = Verdict{Outcome: Confirmed}
-	default:
-		v = f.cfg.Classifier(s.err)
-	}
-	switch v.Outcome {
-	case Confirmed:
-		it.outcome = fencing.Outcome{To: envelope.StatusPublished}
-		return
-	case Rejected:
-		it.outcome = fencing.Outcome{To: envelope.StatusFailed, Code: cmp.Or(v.Code, FailurePublishRejected), Detail: errText(s.err)}
-		return
-	case Unavailable:
-		// The downstream as a whole did not take it: back without an
-		// attempt, held off so that probes take other rows; the breaker,
-		// not the budget, deals with the outage.
-		it.outcome = fencing.Outcome{To: envelope.StatusPending, Code: cmp.Or(v.Code, FailureDownstreamUnavailable), Detail: errText(s.err),
-			RetryAfter: f.breakers.holdOff(row.Destination, f.cfg.BreakerProbeBase)}
-		it.unavailable = true
-		return
-	case Ambiguous:
-		v.Code = cmp.Or(v.Code, FailurePublishError)
-	default:
-		// Loud, but never silent: the row is written AMBIGUOUS (the safe
-		// reading of "we do not know") and the pass reports the error.
-		it.unknown = true
-		v.Code = FailureUnknownOutcome
-	}
-	if attempt >= f.cfg.MaxAttempts {
-		it.outcome = fencing.Outcome{To: envelope.StatusExhausted, Code: v.Code, Detail: errText(s.err)}
-		return
-	}
-	// The delay, not a local deadline: the outcome statement adds it to the
-	// clock the claim compares with (Config.Now, or the database's now()),
-	// so host clock skew neither removes nor stretches the backoff.
-	it.outcome = fencing.Outcome{
-		To: envelope.StatusAmbiguous, Code: v.Code, Detail: errText(s.err),
-		RetryAfter: f.RetryDelay(row.MessageID, attempt),
-	}
-}

@@ -16,19 +16,23 @@ import (
 // relay's owner, the message id and the attempt: replicas spread their
 // retries differently, and a given owner always computes the same delay.
 func (f *Forwarder) RetryDelay(messageID string, attempt int) time.Duration {
+	return f.env.retryDelay(messageID, attempt)
+}
+
+func (e *env) retryDelay(messageID string, attempt int) time.Duration {
 	h := fnv.New64a()
-	_, _ = h.Write([]byte(f.cfg.Owner))
+	_, _ = h.Write([]byte(e.cfg.Owner))
 	_, _ = h.Write([]byte{0})
 	_, _ = h.Write([]byte(messageID))
 	_, _ = h.Write([]byte{0})
 	_, _ = h.Write([]byte(strconv.Itoa(attempt)))
-	return spread(exp(f.cfg.BackoffBase, f.cfg.BackoffMax, attempt), h.Sum64())
+	return spread(exp(e.cfg.BackoffBase, e.cfg.BackoffMax, attempt), h.Sum64())
 }
 
 // jittered is the loop's own backoff (idle passes, failing passes), seeded
 // by the owner so replicas do not poll in lockstep.
-func (f *Forwarder) jittered(base, ceiling time.Duration, n int, salt uint64) time.Duration {
-	x := f.seed ^ (uint64(n) * 0x9E3779B97F4A7C15) ^ (salt << 32)
+func (e *env) jittered(base, ceiling time.Duration, n int, salt uint64) time.Duration {
+	x := e.seed ^ (uint64(n) * 0x9E3779B97F4A7C15) ^ (salt << 32)
 	x ^= x >> 33
 	x *= 0xff51afd7ed558ccd
 	x ^= x >> 33

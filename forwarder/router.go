@@ -41,9 +41,10 @@ func (f *Forwarder) RouterPlugin() message.RouterPlugin {
 // says why the relay closed it (errors.Is ErrRelayModeConflict from package
 // relaymode, for instance).
 func (f *Forwarder) RouterErr() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.routerErr
+	if err := f.routerErr.Load(); err != nil {
+		return *err
+	}
+	return nil
 }
 
 // lifecycle adapts the forwarder to the router's handler lifecycle: Subscribe
@@ -60,9 +61,7 @@ func (l lifecycle) Subscribe(ctx context.Context, _ string) (<-chan *message.Mes
 	go func() {
 		err := l.f.Run(ctx)
 		if err != nil {
-			l.f.mu.Lock()
-			l.f.routerErr = err
-			l.f.mu.Unlock()
+			l.f.routerErr.Store(&err)
 		}
 		// The handler stops once ch is closed; the router's Close waits for
 		// it, so ch is closed first.
