@@ -270,7 +270,7 @@ func (b *breakers) probed(dest string, seq int64) {
 // put back without an attempt and its breaker opens. Timeouts and panics
 // are not evidence (the broker may have taken those messages), nor is a
 // single message otherwise (a poison message fails alone).
-func (f *Forwarder) passEvidence(items []item) {
+func (f *Forwarder) passEvidence(items []item, changes *breakerChanges) {
 	if !f.cfg.defaultClassifier {
 		return
 	}
@@ -326,23 +326,64 @@ func (f *Forwarder) passEvidence(items []item) {
 			it.unavailable = true
 		}
 		if f.breakers.trip(dest, t.text) {
-			f.breakerChanged(dest, true, t.text)
+			f.breakerChanged(dest, true, t.text, changes)
 		}
 	}
 }
 
 // breakerChanged reports a breaker's change of state: once per change, never
-// per message.
-func (f *Forwarder) breakerChanged(dest string, open bool, why string) {
+// per message. The metric and the log are at once; the database writes are
+// added to into, written by writeBreakers after the publishes of the pass (or
+// at the end of the claim) that saw the change.
+func (f *Forwarder) breakerChanged(dest string, open bool, why string, into *breakerChanges) {
 	f.metrics.breaker(dest, open)
-	f.recordBreaker(dest, open, why)
+	into.add(breakerChange{dest: dest, open: open, why: why})
 	if open {
 		f.logger.Error("Outbox destination unavailable: breaker open; its rows wait without spending attempts, probing with one row at a time", nil,
 			watermill.LogFields{"destination": dest, "error": why})
 		return
 	}
 	f.logger.Info("Outbox destination available again: breaker closed", watermill.LogFields{"destination": dest})
-	f.endHoldOff(dest)
+}
+
+// breakerChange is one breaker's change of state, to be written.
+type breakerChange struct {
+	dest string
+	open bool
+	why  string
+}
+
+// breakerChanges collects the breaker changes of one pass (its workers add
+// theirs concurrently) or of one claim, in the order they happened.
+type breakerChanges struct {
+	mu   sync.Mutex
+	list []breakerChange
+}
+
+func (c *breakerChanges) add(ch breakerChange) {
+	c.mu.Lock()
+	c.list = append(c.list, ch)
+	c.mu.Unlock()
+}
+
+// writeBreakers writes changes in order under ctx: one deadline for all of
+// them, however many destinations changed (a pass gives them 2 x
+// DBTimeout, a claim what is left of its own DBTimeout), so a stop waits
+// for them once, not once per destination (StopBound). For each change the
+// breaker row (recordBreaker) and, on closing, the rows held off during the
+// outage (endHoldOff). Best effort: a write that fails or finds the
+// deadline passed is logged, and the next is tried.
+func (f *Forwarder) writeBreakers(ctx context.Context, changes *breakerChanges) {
+	changes.mu.Lock()
+	list := changes.list
+	changes.list = nil
+	changes.mu.Unlock()
+	for _, ch := range list {
+		f.recordBreaker(ctx, ch.dest, ch.open, ch.why)
+		if !ch.open {
+			f.endHoldOff(ctx, ch.dest)
+		}
+	}
 }
 
 // endHoldOff makes dest's rows that were put back during its outage
@@ -352,9 +393,7 @@ func (f *Forwarder) breakerChanged(dest string, open bool, why string) {
 // of that outage's length again after the downstream is back (measured: a
 // 60 s outage emptied 45.6 s after recovery, 1.8 s of it draining). Best
 // effort: a failure is logged, and the rows come due on their own.
-func (f *Forwarder) endHoldOff(dest string) {
-	ctx, cancel := context.WithTimeout(context.Background(), f.dbTimeout)
-	defer cancel()
+func (f *Forwarder) endHoldOff(ctx context.Context, dest string) {
 	now := f.dbNow()
 	var at any
 	if !now.IsZero() {
@@ -371,12 +410,10 @@ func (f *Forwarder) endHoldOff(dest string) {
 // recordBreaker writes the change to messaging_relay_breaker for operators
 // (outboxctl status), under Run only (a relay with a heartbeat); best effort,
 // a failure is logged.
-func (f *Forwarder) recordBreaker(dest string, open bool, why string) {
+func (f *Forwarder) recordBreaker(ctx context.Context, dest string, open bool, why string) {
 	if f.beatTTL.Load() == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), f.dbTimeout)
-	defer cancel()
 	var err error
 	if open {
 		_, err = f.db.ExecContext(ctx, `INSERT INTO messaging_relay_breaker (owner, destination, last_error)

@@ -229,6 +229,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 	// A probe per open breaker whose probe is due: one row of its
 	// destination, keyed or not.
 	var probed map[string]bool
+	var changes breakerChanges
 	for _, dest := range probes {
 		pr := p
 		pr.Limit, pr.MaxChain, pr.Continue, pr.FromSeq = 1, 1, nil, f.breakers.probeFrom(dest)
@@ -247,7 +248,7 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 			// it, or it was parked): an open breaker has nothing left to
 			// protect. It closes; the next publish there tells again.
 			if f.breakers.success(dest) {
-				f.breakerChanged(dest, false, "")
+				f.breakerChanged(dest, false, "", &changes)
 			}
 			continue
 		}
@@ -260,6 +261,9 @@ func (f *Forwarder) claim(ctx context.Context, cont []fencing.Continuation) clai
 		}
 		claimed = merge()
 	}
+	// Written under the claim's own deadline, shared with its statements:
+	// however many breakers closed, the claim takes no longer (StopBound).
+	f.writeBreakers(dbctx, &changes)
 	var after map[string]int64
 	for _, c := range p.Continue {
 		if after == nil {

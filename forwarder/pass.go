@@ -200,11 +200,17 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	t.rep.Chains = len(chainOf)
 	b.mem.units = units
 
-	if f.publishAll(units, startBy, stopping, drainExpired) {
+	var changes breakerChanges
+	if f.publishAll(units, startBy, stopping, drainExpired, &changes) {
 		b.mem.keep = false
 	}
 	f.chains.endPass()
-	f.passEvidence(items)
+	f.passEvidence(items, &changes)
+	// The pass's breaker changes, however many destinations changed, share
+	// one deadline: a stop waits for them once (StopBound).
+	bctx, bcancel := context.WithTimeout(context.Background(), 2*f.dbTimeout)
+	f.writeBreakers(bctx, &changes)
+	bcancel()
 
 	behind.wait()
 	if next == nil {

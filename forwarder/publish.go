@@ -58,6 +58,9 @@ type workers struct {
 	// to leave them all behind at once.
 	calls   []atomic.Pointer[call]
 	drained atomic.Bool
+	// changes collects the breaker changes the workers saw, written once the
+	// pass's publishes are over (writeBreakers).
+	changes *breakerChanges
 	// leftBehind: a publish of this pass was left running; its goroutine
 	// read the pass's items and may still be inside the publisher, so the
 	// batch's memory is not kept for another (see batchMem).
@@ -66,9 +69,9 @@ type workers struct {
 
 // publishAll publishes units and returns once each has its outcomes, and
 // whether a publish was left running.
-func (f *Forwarder) publishAll(units []unit, startBy time.Time, stopping, drainExpired <-chan struct{}) (leftBehind bool) {
+func (f *Forwarder) publishAll(units []unit, startBy time.Time, stopping, drainExpired <-chan struct{}, changes *breakerChanges) (leftBehind bool) {
 	n := min(f.cfg.Concurrency, len(units))
-	w := &workers{f: f, units: units, startBy: startBy, stopping: stopping, calls: make([]atomic.Pointer[call], n)}
+	w := &workers{f: f, units: units, startBy: startBy, stopping: stopping, calls: make([]atomic.Pointer[call], n), changes: changes}
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
@@ -166,13 +169,13 @@ func (w *workers) settle(it *item, s sent, st chainState) chainState {
 	case it.outcome.To == envelope.StatusPublished:
 		st.through, st.throughID = it.claimed.Row.Seq, it.claimed.Row.MessageID
 		if f.breakers.success(dest) {
-			f.breakerChanged(dest, false, "")
+			f.breakerChanged(dest, false, "", w.changes)
 		}
 	case it.unavailable, it.err != nil && it.outcome.To != envelope.StatusFailed:
 		// No answer about the message: unavailable, ambiguous, timed
 		// out. (A rejection is the broker answering.)
 		if f.breakers.failure(dest, it.claimed.Row.MessageID, errText(it.err)) {
-			f.breakerChanged(dest, true, errText(it.err))
+			f.breakerChanged(dest, true, errText(it.err), w.changes)
 		}
 		st.cut = true
 	default:
