@@ -147,9 +147,11 @@ func (r *Relay) Close() error {
 // (CDC_UNDELIVERED_ROWS), a message cannot be delivered
 // (CDC_PUBLISH_FAILED, OUTBOX_CORRUPT_ROW), the heartbeat lapses
 // (CDC_HEARTBEAT_LAPSED) or a connection fails. Whatever it returns, the
-// rows it published are marked PUBLISHED (unless the database is
-// unreachable), the slot has confirmed only transactions whose every message
-// the publisher accepted, and its heartbeat is removed.
+// rows it published are marked PUBLISHED (unless the database does not
+// answer within DBTimeout; a publish a stop left behind after DrainTimeout
+// is not marked), the slot has confirmed only transactions whose every
+// message the publisher accepted, and its heartbeat is removed (within
+// DBTimeout). A stop takes at most [Config.StopBound].
 func (r *Relay) Run(ctx context.Context) error {
 	r.mu.Lock()
 	switch {
