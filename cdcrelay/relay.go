@@ -330,6 +330,12 @@ func (r *Relay) session(ctx context.Context, start pglogrepl.LSN, db querier, st
 	// Whatever ended the session, what the downstream accepted is marked, so
 	// neither a restarted relay nor the forwarders publish it again: within
 	// DBTimeout, also after ctx has ended.
+	// A mark that already failed during a stop is not tried again: the stop
+	// gave marking its DBTimeout (Config.StopBound).
+	if ctx.Err() != nil && s.markFailed && len(s.published) > 0 {
+		r.logger.Error("CDC relay stopped without marking published rows; they are published again by the next Run", nil, watermill.LogFields{"rows": len(s.published)})
+		return err
+	}
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.DBTimeout)
 	defer cancel()
 	if merr := s.markPublished(mctx); merr != nil && err == nil {

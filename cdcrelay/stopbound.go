@@ -22,11 +22,15 @@ import "time"
 //     publish, the wait for a busy slot) runs under Run's context and ends
 //     with it. No further message is published: max(DrainTimeout,
 //     DBTimeout);
-//   - the last standby status update and CopyDone, one deadline on the
-//     replication connection for both: DBTimeout;
 //   - marking the rows the downstream accepted PUBLISHED (both marking
 //     statements and the wait for the streamed transaction between them
-//     share it): DBTimeout;
+//     share it): DBTimeout. Either the mark of a transaction whose last
+//     publish ended (not cut by the stop: the transaction is then
+//     confirmed below), or, when the stop cut a transaction short, the
+//     mark of what was published of it; a mark that failed during the
+//     stop is not tried again;
+//   - the last standby status update and CopyDone, one deadline on the
+//     replication connection for both: DBTimeout;
 //   - closing the replication connection: DBTimeout;
 //   - removing the heartbeat: DBTimeout.
 //

@@ -66,6 +66,9 @@ type stream struct {
 	xid       uint32    // the transaction being streamed
 	batch     []pending // inserts of the current transaction not yet published
 	published []string  // ids the downstream accepted, not yet marked PUBLISHED
+	// markFailed: a mark failed; after a stop it is not tried again
+	// (the stop gave marking its DBTimeout, StopBound).
+	markFailed bool
 }
 
 type pending struct {
@@ -193,8 +196,12 @@ func (s *stream) handleLogical(ctx context.Context, wal []byte) error {
 		if m.TransactionEndLSN > s.confirmed {
 			s.confirmed = m.TransactionEndLSN
 		}
-		if err := s.sendStatus(); err != nil {
-			return err
+		// Once the stop has begun the status goes with the CopyDone that
+		// ends the stream (report), under one deadline.
+		if ctx.Err() == nil {
+			if err := s.sendStatus(); err != nil {
+				return err
+			}
 		}
 		if s.stopAt != 0 && s.confirmed >= s.stopAt {
 			return errDrained
@@ -271,9 +278,17 @@ func (s *stream) flush(ctx context.Context) error {
 		s.published = append(s.published, p.row.MessageID)
 	}
 	s.batch = s.batch[:0]
-	mctx, cancel := context.WithTimeout(ctx, s.r.cfg.DBTimeout)
+	// Not cut by a stop that began meanwhile: once marked, the transaction
+	// is confirmed by the stop's last status update, and a consumer that
+	// does not mark (a connector handed over from) would otherwise see it
+	// again.
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.r.cfg.DBTimeout)
 	defer cancel()
-	return s.markPublished(mctx)
+	if err := s.markPublished(mctx); err != nil {
+		s.markFailed = true
+		return err
+	}
+	return nil
 }
 
 // markPublished records the rows the downstream accepted as PUBLISHED, so
