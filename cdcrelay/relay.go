@@ -174,21 +174,29 @@ func (r *Relay) Run(ctx context.Context) error {
 		close(done)
 	}()
 
-	if r.behind != nil {
-		// A publish the last stop left running: nothing is published
-		// before it has returned.
-		select {
-		case <-r.behind:
-			r.behind = nil
-		case <-ctx.Done():
-			return nil
-		}
+	if !r.waitBehind(ctx) {
+		return nil
 	}
 	err := r.run(ctx)
 	if ctx.Err() != nil && !isRefusal(err) {
 		return nil // closed or cancelled: a clean stop
 	}
 	return err
+}
+
+// waitBehind waits for a publish the last stop left running (DrainTimeout):
+// nothing is published before it has returned. False when ctx ended first.
+func (r *Relay) waitBehind(ctx context.Context) bool {
+	if r.behind == nil {
+		return true
+	}
+	select {
+	case <-r.behind:
+		r.behind = nil
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 func isRefusal(err error) bool { return outbox.CodeOf(err) != "" }
