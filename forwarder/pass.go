@@ -208,9 +208,11 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	f.passEvidence(items, &changes)
 	// The pass's breaker changes, however many destinations changed, share
 	// one deadline: a stop waits for them once (StopBound).
-	bctx, bcancel := context.WithTimeout(context.Background(), 2*f.dbTimeout)
-	f.writeBreakers(bctx, &changes)
-	bcancel()
+	if len(changes.list) > 0 { // the workers are done: no lock needed
+		bctx, bcancel := context.WithTimeout(context.Background(), 2*f.dbTimeout)
+		f.writeBreakers(bctx, &changes)
+		bcancel()
+	}
 
 	behind.wait()
 	if next == nil {
