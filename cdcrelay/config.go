@@ -31,7 +31,13 @@ const (
 	DefaultRetryInitial      = 100 * time.Millisecond
 	DefaultRetryMax          = 10 * time.Second
 	DefaultSlotBusyWait      = 5 * time.Second
+	DefaultDBTimeout         = 5 * time.Second
+	DefaultDrainTimeout      = 10 * time.Second
 )
+
+// MaxStopTimeout is the largest DBTimeout and DrainTimeout [Config.Validate]
+// accepts.
+const MaxStopTimeout = time.Hour
 
 // Config configures a [Relay]. Zero values are documented per field.
 type Config struct {
@@ -128,6 +134,23 @@ type Config struct {
 	RetryInitial time.Duration
 	RetryMax     time.Duration
 
+	// DBTimeout bounds each statement and replication-protocol exchange a
+	// stop waits for: the last standby status update and CopyDone (one
+	// deadline for both), marking the rows the downstream accepted (both
+	// marking statements and the wait between them), closing the
+	// replication connection, removing the heartbeat, and the cleanup of a
+	// slot whose creation failed. Marking while streaming has the same
+	// bound. Zero means 5s. See [Config.StopBound].
+	DBTimeout time.Duration
+
+	// DrainTimeout is how long Close (or the end of Run's context) waits for
+	// a publish in progress. A publish still running then is left behind:
+	// its row is not marked and its transaction not confirmed, so the next
+	// Run publishes the message again (the downstream may then have it
+	// twice; consumers deduplicate by message id). A later Run of the same
+	// Relay waits for it before it streams. Zero means 10s.
+	DrainTimeout time.Duration
+
 	// MaxPublishAttempts bounds the attempts for one message. When they are
 	// spent Run returns CDC_PUBLISH_FAILED without confirming the message's
 	// transaction, so the next Run delivers it again. Zero means retry
@@ -152,6 +175,8 @@ func (c Config) withDefaults() Config {
 	c.PublicationName = cmp.Or(c.PublicationName, DefaultPublicationName)
 	c.StandbyTimeout = cmp.Or(c.StandbyTimeout, DefaultStandbyTimeout)
 	c.SlotBusyWait = cmp.Or(c.SlotBusyWait, DefaultSlotBusyWait)
+	c.DBTimeout = cmp.Or(c.DBTimeout, DefaultDBTimeout)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
 	c.RetryInitial = cmp.Or(c.RetryInitial, DefaultRetryInitial)
 	c.RetryMax = cmp.Or(c.RetryMax, max(DefaultRetryMax, c.RetryInitial))
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
@@ -204,8 +229,13 @@ func (c Config) replicationConfig() (*pgconn.Config, error) {
 			return invalid("%s %q must match ^[a-z_][a-z0-9_]{0,62}$ (PostgreSQL slot-name rules)", f.what, f.v)
 		}
 	}
-	if c.StandbyTimeout < 0 || c.RetryInitial < 0 || c.RetryMax < 0 || c.SlotBusyWait < 0 || c.HeartbeatInterval < 0 || c.HeartbeatTTL < 0 || c.BatchSize < 0 || c.LagWarnEvery < 0 {
-		return invalid("StandbyTimeout, SlotBusyWait, RetryInitial, RetryMax, HeartbeatInterval, HeartbeatTTL, BatchSize and LagWarnEvery must not be negative")
+	if c.StandbyTimeout < 0 || c.RetryInitial < 0 || c.RetryMax < 0 || c.SlotBusyWait < 0 || c.HeartbeatInterval < 0 || c.HeartbeatTTL < 0 || c.BatchSize < 0 || c.LagWarnEvery < 0 || c.DBTimeout < 0 || c.DrainTimeout < 0 {
+		return invalid("StandbyTimeout, SlotBusyWait, RetryInitial, RetryMax, HeartbeatInterval, HeartbeatTTL, BatchSize, LagWarnEvery, DBTimeout and DrainTimeout must not be negative")
+	}
+	// StopBound must be a duration: DrainTimeout + 4 x DBTimeout must not
+	// overflow (checked without computing it).
+	if c.DBTimeout > MaxStopTimeout || c.DrainTimeout > MaxStopTimeout {
+		return invalid("DBTimeout (%s) and DrainTimeout (%s) must be at most %s: a stop waits for them (StopBound)", c.DBTimeout, c.DrainTimeout, MaxStopTimeout)
 	}
 	// Not TTL < 2*Interval: that product overflows for a huge interval.
 	if c.HeartbeatInterval > c.HeartbeatTTL/2 {

@@ -51,6 +51,11 @@ func TestConfigValidate(t *testing.T) {
 		"negative retry initial":  func(c *Config) { c.RetryInitial = -time.Second },
 		"negative retry max":      func(c *Config) { c.RetryMax = -time.Second },
 		"negative lag warn every": func(c *Config) { c.LagWarnEvery = -time.Second },
+		"negative db timeout":     func(c *Config) { c.DBTimeout = -time.Second },
+		"negative drain timeout":  func(c *Config) { c.DrainTimeout = -time.Second },
+		// StopBound would wrap around to a negative bound.
+		"huge db timeout":    func(c *Config) { c.DBTimeout = math.MaxInt64 },
+		"huge drain timeout": func(c *Config) { c.DrainTimeout = MaxStopTimeout + 1 },
 		// 2*HeartbeatInterval used to wrap around: these passed, and the
 		// relay never renewed its heartbeat while it went on publishing.
 		"max interval, default ttl": func(c *Config) { c.HeartbeatInterval = math.MaxInt64 },
@@ -67,6 +72,10 @@ func TestConfigValidate(t *testing.T) {
 		"negative retry initial":    "must not be negative",
 		"negative retry max":        "must not be negative",
 		"negative lag warn every":   "must not be negative",
+		"negative db timeout":       "must not be negative",
+		"negative drain timeout":    "must not be negative",
+		"huge db timeout":           "must be at most 1h0m0s",
+		"huge drain timeout":        "must be at most 1h0m0s",
 		"max interval, default ttl": "at least twice HeartbeatInterval",
 		"max interval, 15s ttl":     "at least twice HeartbeatInterval",
 		"interval just past half":   "at least twice HeartbeatInterval",
@@ -112,4 +121,25 @@ func TestConfigHeartbeatNearOverflow(t *testing.T) {
 	require.Equal(t, time.Duration(math.MaxInt64), twice(math.MaxInt64/2+1))
 	require.Equal(t, time.Duration(math.MinInt64), twice(math.MinInt64/2-1))
 	require.Equal(t, -2*time.Second, twice(-time.Second))
+}
+
+func TestStopBoundAddsUpTheStopsTimeouts(t *testing.T) {
+	base := Config{ConnString: "postgres://u@127.0.0.1:5432/db", DB: &sql.DB{}}
+	for _, c := range []struct {
+		name      string
+		db, drain time.Duration
+		want      time.Duration
+	}{
+		{"defaults", 0, 0, DefaultDrainTimeout + 4*DefaultDBTimeout},
+		{"drain longer than a statement", time.Second, 3 * time.Second, 3*time.Second + 4*time.Second},
+		// A status write in progress at the stop takes DBTimeout when it is
+		// the longer of the two.
+		{"a statement longer than the drain", 2 * time.Second, time.Second, 2*time.Second + 4*2*time.Second},
+		{"the largest accepted", MaxStopTimeout, MaxStopTimeout, 5 * MaxStopTimeout},
+	} {
+		cfg := base
+		cfg.DBTimeout, cfg.DrainTimeout = c.db, c.drain
+		require.NoError(t, cfg.Validate(), c.name)
+		require.Equal(t, c.want, cfg.StopBound(), c.name)
+	}
 }

@@ -137,6 +137,20 @@
 // outbox is idle the relay confirms the server's keepalive position between
 // transactions, so an idle slot does not hold WAL.
 //
+// # Stopping
+//
+// Close (or the end of Run's context) returns within [Config.StopBound],
+// max(DrainTimeout, DBTimeout) + 4 x DBTimeout: a publish in progress gets
+// DrainTimeout and is then left behind (its row is not marked and its
+// transaction not confirmed: the next Run publishes it again, and a later
+// Run of the same Relay waits for it first); nothing more is published.
+// Then, each within DBTimeout, the last status update and CopyDone, the mark
+// of what the downstream accepted, closing the replication connection and
+// removing the heartbeat. A step that runs into its timeout is given up: an
+// unwritten mark means those messages are published again, an unremoved
+// heartbeat keeps `outboxctl debezium disable` refusing until it expires
+// (TestCloseReturnsWithinStopBound).
+//
 // # Connections
 //
 // Config.ConnString is a replication connection (replication=database is

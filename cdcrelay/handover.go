@@ -73,6 +73,9 @@ func (r *Relay) HandOverToPolling(ctx context.Context, by string) error {
 		r.mu.Unlock()
 	}()
 
+	if !r.waitBehind(ctx) {
+		return ctx.Err()
+	}
 	if err := relaymode.RequireMode(ctx, r.cfg.DB, relaymode.ModeCDC, op, "nothing to hand over"); err != nil {
 		return err
 	}

@@ -92,6 +92,9 @@ type Relay struct {
 	lastBeat time.Time // when the last successful heartbeat was sent
 	lastWarn time.Time
 	failing  failure // the message the downstream keeps refusing, across sessions
+	// behind gets the result of a publish a stop left running (DrainTimeout):
+	// the next Run waits for it, so a Relay never has two publishes at once.
+	behind <-chan published
 }
 
 // failure counts the attempts of the message being retried: a refused
@@ -119,10 +122,11 @@ func New(cfg Config, out message.Publisher, logger watermill.LoggerAdapter) (*Re
 	return &Relay{cfg: cfg.withDefaults(), pc: pc, out: out, logger: logger}, nil
 }
 
-// Close stops Run (the message being published is finished or abandoned;
-// what was published is marked PUBLISHED, and a transaction is confirmed only
-// if every message of it was published) and waits for it to return. Safe to
-// call twice, or before Run.
+// Close stops Run (the message being published is finished within
+// DrainTimeout or left behind; what was published is marked PUBLISHED, and a
+// transaction is confirmed only if every message of it was published) and
+// waits for it to return: at most [Config.StopBound]. Safe to call twice, or
+// before Run.
 func (r *Relay) Close() error {
 	r.mu.Lock()
 	r.closed = true
@@ -143,9 +147,11 @@ func (r *Relay) Close() error {
 // (CDC_UNDELIVERED_ROWS), a message cannot be delivered
 // (CDC_PUBLISH_FAILED, OUTBOX_CORRUPT_ROW), the heartbeat lapses
 // (CDC_HEARTBEAT_LAPSED) or a connection fails. Whatever it returns, the
-// rows it published are marked PUBLISHED (unless the database is
-// unreachable), the slot has confirmed only transactions whose every message
-// the publisher accepted, and its heartbeat is removed.
+// rows it published are marked PUBLISHED (unless the database does not
+// answer within DBTimeout; a publish a stop left behind after DrainTimeout
+// is not marked), the slot has confirmed only transactions whose every
+// message the publisher accepted, and its heartbeat is removed (within
+// DBTimeout). A stop takes at most [Config.StopBound].
 func (r *Relay) Run(ctx context.Context) error {
 	r.mu.Lock()
 	switch {
@@ -168,11 +174,29 @@ func (r *Relay) Run(ctx context.Context) error {
 		close(done)
 	}()
 
+	if !r.waitBehind(ctx) {
+		return nil
+	}
 	err := r.run(ctx)
 	if ctx.Err() != nil && !isRefusal(err) {
 		return nil // closed or cancelled: a clean stop
 	}
 	return err
+}
+
+// waitBehind waits for a publish the last stop left running (DrainTimeout):
+// nothing is published before it has returned. False when ctx ended first.
+func (r *Relay) waitBehind(ctx context.Context) bool {
+	if r.behind == nil {
+		return true
+	}
+	select {
+	case <-r.behind:
+		r.behind = nil
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 func isRefusal(err error) bool { return outbox.CodeOf(err) != "" }
@@ -277,8 +301,9 @@ func (r *Relay) ensureBeat(ctx context.Context) error {
 	return nil
 }
 
+// leave removes the heartbeat, within DBTimeout also after ctx has ended.
 func (r *Relay) leave(ctx context.Context) {
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.DBTimeout)
 	defer cancel()
 	if err := relaymode.Leave(lctx, r.cfg.DB, r.cfg.Owner); err != nil {
 		r.logger.Error("CDC relay heartbeat not removed; Disable refuses until it expires", err, watermill.LogFields{"ttl": r.cfg.HeartbeatTTL})
@@ -311,22 +336,31 @@ func (r *Relay) session(ctx context.Context, start pglogrepl.LSN, db querier, st
 		s.report() // the next session starts where this one ended
 	}
 	// Whatever ended the session, what the downstream accepted is marked, so
-	// neither a restarted relay nor the forwarders publish it again.
-	if merr := s.markPublished(ctx); merr != nil && err == nil {
+	// neither a restarted relay nor the forwarders publish it again: within
+	// DBTimeout, also after ctx has ended.
+	// A mark that already failed during a stop is not tried again: the stop
+	// gave marking its DBTimeout (Config.StopBound).
+	if ctx.Err() != nil && s.markFailed && len(s.published) > 0 {
+		r.logger.Error("CDC relay stopped without marking published rows; they are published again by the next Run", nil, watermill.LogFields{"rows": len(s.published)})
+		return err
+	}
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.DBTimeout)
+	defer cancel()
+	if merr := s.markPublished(mctx); merr != nil && err == nil {
 		err = merr
 	}
 	return err
 }
 
 // connectReplication opens a replication connection (Config.ConnString);
-// closeConn closes it within 5 s, also after ctx has ended.
+// closeConn closes it within DBTimeout, also after ctx has ended.
 func (r *Relay) connectReplication(ctx context.Context) (conn *pgconn.PgConn, closeConn func(), err error) {
 	conn, err = pgconn.ConnectConfig(ctx, r.pc)
 	if err != nil {
 		return nil, nil, fmt.Errorf("cdcrelay: connect for replication: %w", redact.Error(err, r.cfg.ConnString))
 	}
 	return conn, func() {
-		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.DBTimeout)
 		defer ccancel()
 		_ = conn.Close(cctx)
 	}, nil

@@ -347,7 +347,8 @@ func (r *Relay) createSlot(ctx context.Context) error {
 	if err != nil {
 		// Do not leave a slot whose boundary is unknown or whose older rows
 		// would be skipped.
-		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		// One DBTimeout for the three, also after ctx has ended (StopBound).
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.DBTimeout)
 		defer dcancel()
 		_ = conn.Close(dctx)
 		if _, derr := r.cfg.DB.ExecContext(dctx, sqlDropSlot, r.cfg.SlotName); derr != nil {

@@ -66,6 +66,9 @@ type stream struct {
 	xid       uint32    // the transaction being streamed
 	batch     []pending // inserts of the current transaction not yet published
 	published []string  // ids the downstream accepted, not yet marked PUBLISHED
+	// markFailed: a mark failed; after a stop it is not tried again
+	// (the stop gave marking its DBTimeout, StopBound).
+	markFailed bool
 }
 
 type pending struct {
@@ -73,12 +76,23 @@ type pending struct {
 	msg *message.Message
 }
 
+// loop streams until ctx ends or a step fails. Once ctx has ended
+// (whatever the step in progress returned, unless a refusal) the stop is
+// clean: the confirmed position is reported and the stream ended (report).
 func (s *stream) loop(ctx context.Context) error {
+	err := s.receive(ctx)
+	if ctx.Err() != nil && !isRefusal(err) && !errors.Is(err, errDrained) {
+		s.report()
+		return nil
+	}
+	return err
+}
+
+func (s *stream) receive(ctx context.Context) error {
 	standby := s.r.cfg.StandbyTimeout
 	s.nextStatus = time.Now().Add(standby)
 	for {
 		if ctx.Err() != nil {
-			s.report()
 			return nil
 		}
 		if err := s.r.ensureBeat(ctx); err != nil {
@@ -99,7 +113,6 @@ func (s *stream) loop(ctx context.Context) error {
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
-				s.report()
 				return nil
 			}
 			if pgconn.Timeout(err) {
@@ -183,8 +196,12 @@ func (s *stream) handleLogical(ctx context.Context, wal []byte) error {
 		if m.TransactionEndLSN > s.confirmed {
 			s.confirmed = m.TransactionEndLSN
 		}
-		if err := s.sendStatus(); err != nil {
-			return err
+		// Once the stop has begun the status goes with the CopyDone that
+		// ends the stream (report), under one deadline.
+		if ctx.Err() == nil {
+			if err := s.sendStatus(); err != nil {
+				return err
+			}
 		}
 		if s.stopAt != 0 && s.confirmed >= s.stopAt {
 			return errDrained
@@ -261,20 +278,29 @@ func (s *stream) flush(ctx context.Context) error {
 		s.published = append(s.published, p.row.MessageID)
 	}
 	s.batch = s.batch[:0]
-	return s.markPublished(ctx)
+	// Not cut by a stop that began meanwhile: once marked, the transaction
+	// is confirmed by the stop's last status update, and a consumer that
+	// does not mark (a connector handed over from) would otherwise see it
+	// again.
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.r.cfg.DBTimeout)
+	defer cancel()
+	if err := s.markPublished(mctx); err != nil {
+		s.markFailed = true
+		return err
+	}
+	return nil
 }
 
 // markPublished records the rows the downstream accepted as PUBLISHED, so
 // neither a restarted relay (it skips them) nor the forwarders after a
 // switch back to POLLING publish them again. It runs before the transaction
 // is confirmed and when a session ends for any reason (with a fresh context
-// on a clean stop).
-func (s *stream) markPublished(ctx context.Context) error {
+// on a clean stop); mctx bounds it (DBTimeout), the wait between the two
+// statements included.
+func (s *stream) markPublished(mctx context.Context) error {
 	if len(s.published) == 0 {
 		return nil
 	}
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
 	mark := func() (int64, error) {
 		res, err := s.db.ExecContext(mctx, sqlMarkPublished, pq.Array(s.published), "cdc:"+s.r.cfg.SlotName)
 		if err != nil {
@@ -345,13 +371,21 @@ func (s *stream) waitXact(ctx context.Context) error {
 // again from the confirmed position, skipping what is marked, so the refused
 // message is the next one published. After MaxPublishAttempts it returns
 // CDC_PUBLISH_FAILED. msg is the row's message, built for this attempt.
+// Nothing is published once ctx has ended, and a publish in progress then
+// gets DrainTimeout (Relay.publish).
 func (s *stream) deliver(ctx context.Context, row envelope.Row, msg *message.Message) error {
+	if ctx.Err() != nil {
+		return ctx.Err() // stopping: nothing more is published
+	}
 	cfg := s.r.cfg
 	f := &s.r.failing
 	if f.id != row.MessageID {
 		*f = failure{id: row.MessageID, delay: cfg.RetryInitial}
 	}
-	err := s.r.out.Publish(row.Destination, msg)
+	returned, err := s.r.publish(ctx, row.Destination, msg)
+	if !returned {
+		return ctx.Err() // left behind: not marked, its transaction not confirmed
+	}
 	if err == nil {
 		*f = failure{}
 		return nil
@@ -370,7 +404,66 @@ func (s *stream) deliver(ctx context.Context, row envelope.Row, msg *message.Mes
 	return errRetry
 }
 
+// published is what out.Publish returned, or the value it panicked with.
+type published struct {
+	err      error
+	panicked any
+}
+
+// publish runs out.Publish on a goroutine of its own and waits for it. Once
+// ctx has ended it waits DrainTimeout more, then leaves it running
+// (returned false) for the next Run to wait for (Relay.behind). A panic in
+// the publisher is raised again here, as if it had been called directly.
+func (r *Relay) publish(ctx context.Context, topic string, msg *message.Message) (returned bool, err error) {
+	done := make(chan published, 1)
+	go func() {
+		var p published
+		defer func() {
+			if v := recover(); v != nil {
+				p.panicked = v
+			}
+			done <- p
+		}()
+		p.err = r.out.Publish(topic, msg)
+	}()
+	var p published
+	select {
+	case p = <-done:
+	case <-ctx.Done():
+		t := time.NewTimer(r.cfg.DrainTimeout)
+		defer t.Stop()
+		select {
+		case p = <-done:
+		case <-t.C:
+			r.behind = done
+			r.logger.Error("CDC relay stopped with a publish still running after DrainTimeout; its message is published again by the next Run", nil,
+				watermill.LogFields{"message_id": msg.UUID, "topic": topic, "drain_timeout": r.cfg.DrainTimeout})
+			return false, nil
+		}
+	}
+	if p.panicked != nil {
+		panic(p.panicked)
+	}
+	return true, p.err
+}
+
+// sendStatus sends the confirmed position while streaming: within
+// DBTimeout, since a write to a server that stopped reading blocks and
+// pglogrepl takes no context (the stop waits for one in progress).
 func (s *stream) sendStatus() error {
+	err := s.sendStatusBy(time.Now().Add(s.r.cfg.DBTimeout))
+	if derr := s.conn.Conn().SetWriteDeadline(time.Time{}); err == nil && derr != nil {
+		err = fmt.Errorf("cdcrelay: standby status update: %w", derr)
+	}
+	return err
+}
+
+// sendStatusBy sends the confirmed position; the write ends by deadline.
+func (s *stream) sendStatusBy(deadline time.Time) error {
+	if err := s.conn.Conn().SetWriteDeadline(deadline); err != nil {
+		return fmt.Errorf("cdcrelay: standby status update: %w", err)
+	}
+	// The context is not used by pglogrepl: the deadline bounds the write.
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: s.confirmed})
 	if err != nil {
 		return fmt.Errorf("cdcrelay: standby status update: %w", err)
@@ -380,26 +473,24 @@ func (s *stream) sendStatus() error {
 }
 
 // report sends the final position on a clean stop and ends the stream with
-// CopyDone, best effort. The walsender answers CopyDone only after it has
-// handled every message sent before it, so once the answer arrives the slot
-// holds the position just sent. Closing the connection without it can lose
-// that position: a walsender blocked writing to a client that stopped
-// reading exits on the reset without reading what the client sent last, and
-// the next session (or a handover) would deliver the last transactions
-// again.
+// CopyDone, best effort, within DBTimeout for both. The walsender answers
+// CopyDone only after it has handled every message sent before it, so once
+// the answer arrives the slot holds the position just sent. Closing the
+// connection without it can lose that position: a walsender blocked writing
+// to a client that stopped reading exits on the reset without reading what
+// the client sent last, and the next session (or a handover) would deliver
+// the last transactions again.
 func (s *stream) report() {
-	// Neither the status nor the wait for the answer has a context of its
-	// own (SendStandbyCopyDone reads until ReadyForQuery): the deadline
-	// bounds both, so a server that is gone (a partition) cannot hold Close.
-	if err := s.conn.Conn().SetDeadline(time.Now().Add(copyDoneTimeout)); err != nil {
+	// Neither has a context (pglogrepl takes none, and SendStandbyCopyDone
+	// reads until ReadyForQuery): the deadline on the connection bounds the
+	// status, the CopyDone and the wait for the answer together, so a
+	// server that is gone (a partition) cannot hold Close.
+	deadline := time.Now().Add(s.r.cfg.DBTimeout)
+	if err := s.conn.Conn().SetDeadline(deadline); err != nil {
 		return
 	}
-	if s.confirmed != s.reported && s.sendStatus() != nil {
+	if s.confirmed != s.reported && s.sendStatusBy(deadline) != nil {
 		return
 	}
 	_, _ = pglogrepl.SendStandbyCopyDone(context.Background(), s.conn)
 }
-
-// copyDoneTimeout bounds the wait for the walsender's answer to CopyDone on
-// a clean stop.
-const copyDoneTimeout = 5 * time.Second

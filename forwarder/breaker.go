@@ -332,17 +332,62 @@ func (x *executor) passEvidence(items []item) {
 }
 
 // breakerChanged reports a breaker's change of state: once per change, never
-// per message.
+// per message. The metric and the log are at once; the database writes wait
+// in x.changes for writeBreakers, after the publishes of the pass (or at the
+// end of the claim) that saw the change.
 func (x *executor) breakerChanged(dest string, open bool, why string) {
 	x.metrics.breaker(dest, open)
-	x.recordBreaker(dest, open, why)
+	x.changes.add(breakerChange{dest: dest, open: open, why: why})
 	if open {
 		x.logger.Error("Outbox destination unavailable: breaker open; its rows wait without spending attempts, probing with one row at a time", nil,
 			watermill.LogFields{"destination": dest, "error": why})
 		return
 	}
 	x.logger.Info("Outbox destination available again: breaker closed", watermill.LogFields{"destination": dest})
-	x.endHoldOff(dest)
+}
+
+// breakerChange is one breaker's change of state, to be written.
+type breakerChange struct {
+	dest string
+	open bool
+	why  string
+}
+
+// breakerChanges collects breaker changes not written yet, in the order they
+// happened (a pass's workers and a claim's probes add theirs concurrently).
+type breakerChanges struct {
+	mu   sync.Mutex
+	list []breakerChange
+}
+
+func (c *breakerChanges) add(ch breakerChange) {
+	c.mu.Lock()
+	c.list = append(c.list, ch)
+	c.mu.Unlock()
+}
+
+func (c *breakerChanges) take() []breakerChange {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	list := c.list
+	c.list = nil
+	return list
+}
+
+// writeBreakers writes the changes not written yet, in order, under ctx: one
+// deadline for all of them however many destinations changed (a pass gives
+// them 2 x DBTimeout, a claim what is left of its own DBTimeout), so a stop
+// waits for them once, not once per destination (StopBound). For each
+// change the breaker row (recordBreaker) and, on closing, the rows held off
+// during the outage (endHoldOff). Best effort: a write that fails or finds
+// the deadline passed is logged, and the next is tried.
+func (x *executor) writeBreakers(ctx context.Context) {
+	for _, ch := range x.changes.take() {
+		x.recordBreaker(ctx, ch.dest, ch.open, ch.why)
+		if !ch.open {
+			x.endHoldOff(ctx, ch.dest)
+		}
+	}
 }
 
 // endHoldOff makes dest's rows that were put back during its outage
@@ -353,9 +398,7 @@ func (x *executor) breakerChanged(dest string, open bool, why string) {
 // 60 s outage emptied 45.6 s after recovery, 1.8 s of it draining). Best
 // effort: a failure is logged, and the rows come due on their own. The
 // statement is fencing's (fencing.EndHoldOff).
-func (x *executor) endHoldOff(dest string) {
-	ctx, cancel := context.WithTimeout(context.Background(), x.dbTimeout)
-	defer cancel()
+func (x *executor) endHoldOff(ctx context.Context, dest string) {
 	codes := [2]string{FailureDownstreamUnavailable, FailureDownstreamFailing}
 	if _, err := fencing.EndHoldOff(ctx, x.db, dest, codes, x.dbNow()); err != nil {
 		x.logger.Error("Outbox rows held off during an outage not made claimable; they come due on their own", err, watermill.LogFields{"destination": dest})
@@ -365,12 +408,10 @@ func (x *executor) endHoldOff(dest string) {
 // recordBreaker writes the change to messaging_relay_breaker for operators
 // (outboxctl status), under Run only (a relay with a heartbeat); best effort,
 // a failure is logged.
-func (x *executor) recordBreaker(dest string, open bool, why string) {
+func (x *executor) recordBreaker(ctx context.Context, dest string, open bool, why string) {
 	if !x.beat.underRun() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), x.dbTimeout)
-	defer cancel()
 	var err error
 	if open {
 		_, err = x.db.ExecContext(ctx, `INSERT INTO messaging_relay_breaker (owner, destination, last_error)

@@ -174,6 +174,14 @@ func chainsUnderFaults(t *testing.T, fence forwarder.Fence) {
 		require.NoError(t, err)
 		r := running{f: f, done: make(chan error, 1)}
 		go func() { r.done <- f.Run(context.Background()) }()
+		// Running before it may be closed: a Close that came first would
+		// make Run return FORWARDER_CLOSED (seen on a busy machine). A Run
+		// that failed at start-up is left in done for the check.
+		select {
+		case <-f.Running():
+		case err := <-r.done:
+			r.done <- err
+		}
 		return r
 	}
 	relays := []running{start(), start(), start(), start()}

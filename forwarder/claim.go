@@ -256,6 +256,9 @@ func (cl *claimer) claim(ctx context.Context, cont []fencing.Continuation) claim
 		}
 		claimed = merge()
 	}
+	// Written under the claim's own deadline, shared with its statements:
+	// however many breakers closed, the claim takes no longer (StopBound).
+	cl.probes.writeBreakers(dbctx)
 	var after map[string]int64
 	for _, c := range p.Continue {
 		if after == nil {

@@ -9,6 +9,7 @@
 package forwarder
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -59,6 +60,8 @@ type probeSource interface {
 	probed(dest string, seq int64)
 	// probeNothing: the probe found no row of dest.
 	probeNothing(dest string)
+	// writeBreakers writes the breaker changes not written yet under ctx.
+	writeBreakers(ctx context.Context)
 }
 
 func newClaimer(e *env, beat *beatGate) *claimer {

@@ -27,6 +27,8 @@ type executor struct {
 	chains    *chainLog // the claimer's
 	paces     *paces    // the claimer's pace feed: every publish's time
 	beat      *beatGate // breakers are recorded for operators under Run only
+	// changes are the breaker changes not written yet (writeBreakers).
+	changes breakerChanges
 }
 
 func newExecutor(e *env, out message.Publisher, chains *chainLog, p *paces, beat *beatGate) *executor {

@@ -192,6 +192,11 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	}
 	f.claimer.endPass()
 	f.executor.passEvidence(items)
+	// The pass's breaker changes, however many destinations changed, share
+	// one deadline: a stop waits for them once (StopBound).
+	bctx, bcancel := context.WithTimeout(context.Background(), 2*f.dbTimeout)
+	f.executor.writeBreakers(bctx)
+	bcancel()
 
 	behind.wait()
 	if next == nil {

@@ -10,15 +10,17 @@ import "time"
 //
 // It adds up the longest path through the stop:
 //
-//   - the pass in progress publishes for at most DrainTimeout; a worker
-//     whose publish returned may still record its destination's breaker
-//     change (the breaker row, and on closing the rows held off during the
-//     outage): 2 x DBTimeout;
+//   - the pass in progress publishes for at most DrainTimeout; then it
+//     writes the breaker changes its publishes caused (the breaker rows,
+//     and on closing the rows held off during the outage), all of them,
+//     however many destinations changed, under one deadline: 2 x DBTimeout
+//     (TestCloseReturnsWithinStopBoundWhenManyBreakersChange);
 //   - the outcome write of that pass, and the final one that releases the
 //     batch claimed ahead (written after it, in pass order): 2 x DBTimeout.
 //     The previous pass's outcome write and the claim ahead (a claim's
-//     statements share one DBTimeout, then the release of what a failed
-//     statement may hold: 2 x DBTimeout) began before the stop and run
+//     statements, and the breakers its probes closed, share one
+//     DBTimeout, then the release of what a failed statement may hold: 2 x
+//     DBTimeout) began before the stop and run
 //     meanwhile: DBTimeout is at most half of LeaseDuration, and
 //     DrainTimeout plus the writes above covers them;
 //   - a heartbeat sent just before the stop may take its own timeout,
