@@ -145,10 +145,10 @@ demo:
 	@url="$$(scripts/ensure-db.sh)"; \
 	cd examples && OUTBOX_DATABASE_URL="$${OUTBOX_DATABASE_URL:-$$url}" $(GO) run ./orders
 
-## bench: the side-by-side benchmark (writes BENCHMARKS.md data to .bench/)
+## bench: the side-by-side benchmark (writes BENCHMARKS.md data to .bench/, its charts to docs/bench/)
 bench:
 	@url="$$(scripts/ensure-db.sh)"; \
-	cd cmd/outbox-bench && OUTBOX_TEST_DATABASE_URL="$$url" $(GO) run . -out ../../.bench/results.json
+	cd cmd/outbox-bench && OUTBOX_TEST_DATABASE_URL="$$url" $(GO) run . -out ../../.bench/results.json -charts ../../docs/bench
 
 ## bench-console: every console page's p95 on a 1,000,000-row outbox while a relay drains beside it (docs/CONSOLE.md)
 bench-console:

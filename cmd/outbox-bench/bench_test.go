@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"encoding/xml"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -536,4 +538,54 @@ func TestLaneTargets(t *testing.T) {
 	require.False(t, missing.Met, "a cell that did not run meets nothing, though its ratio 0 is below the bound")
 	require.Contains(t, missing.Note, "not measured")
 	require.NotContains(t, got, "sustained: outbox nosnapshot, round 6 / round 1", "sustained targets only in a run of the group")
+}
+
+// The charts draw what ran, each as well-formed SVG: every target with a
+// measured ratio (coloured met or missed, a tick at the ratio needed), no
+// target whose cells did not run, and every drain cell.
+func TestChartsDrawWhatRan(t *testing.T) {
+	rep := &Report{Config: Config{Reps: 3},
+		Targets: []Target{
+			{Name: "drain: outbox x1 / minimal <relay>", Ratio: 0.82, Need: 0.9},
+			{Name: "row versions & more", Ratio: 1.0, Need: 1.1, AtMost: true, Met: true},
+			{Name: "not run", Ratio: 0, Need: 1},
+		},
+		Results: []Result{
+			{Name: "drain/outbox/x1", Group: "drain", Unit: "msg/s", Median: 20000, Min: 18000, Max: 21000, Spread: 0.15},
+			{Name: "cpu/outbox/x1", Group: "drain", Unit: "µs/msg", Median: 25},
+			{Name: "write/publisher/w1/b1", Group: "write", Unit: "msg/s", Median: 900},
+		},
+	}
+	charts := chartFiles(rep)
+	require.Len(t, charts, 2)
+	for name, svg := range charts {
+		d := xml.NewDecoder(strings.NewReader(svg))
+		for {
+			_, err := d.Token()
+			if err == io.EOF {
+				break
+			}
+			require.NoError(t, err, "%s is well-formed XML", name)
+		}
+	}
+	tg := charts["targets.svg"]
+	require.Contains(t, tg, "drain: outbox x1 / minimal &lt;relay&gt;")
+	require.Contains(t, tg, "row versions &amp; more")
+	require.NotContains(t, tg, "not run")
+	require.Contains(t, tg, "0.82 (need 0.90 missed)")
+	require.Contains(t, tg, "1.00 (need ≤ 1.10 met)")
+	require.Contains(t, tg, `fill="#c0413b"`, "a missed target is red")
+	require.Contains(t, tg, `fill="#3a9a4a"`, "a met one green")
+	dr := charts["drain.svg"]
+	require.Contains(t, dr, "drain/outbox/x1")
+	require.Contains(t, dr, "20000 msg/s (15% spread)")
+	require.NotContains(t, dr, "cpu/outbox/x1")
+	require.NotContains(t, dr, "write/publisher")
+
+	dir := t.TempDir()
+	require.NoError(t, writeCharts(dir, rep))
+	got, err := os.ReadFile(filepath.Join(dir, "targets.svg"))
+	require.NoError(t, err)
+	require.Equal(t, tg, string(got))
+	require.Empty(t, chartFiles(&Report{}), "nothing ran: no chart")
 }

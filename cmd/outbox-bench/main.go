@@ -39,6 +39,7 @@ import (
 type Config struct {
 	URL            string        `json:"-"`
 	Out            string        `json:"out"`
+	Charts         string        `json:"charts,omitempty"` // directory for the SVG charts; empty: none
 	Reps           int           `json:"reps"`
 	PayloadBytes   int           `json:"payload_bytes"`
 	Writers        []int         `json:"writers"`
@@ -147,6 +148,7 @@ func main() {
 	flag.IntVar(&cfg.Fillfactor, "fillfactor", 0, "override messaging_outbox's fillfactor (10-100) in every schema of the run (0: the migration's)")
 	flag.StringVar(&cfg.URL, "db", cfg.URL, "PostgreSQL URL (default: OUTBOX_TEST_DATABASE_URL or the local test server); the run creates and drops its own database there")
 	flag.StringVar(&cfg.Out, "out", cfg.Out, "result file (JSON)")
+	flag.StringVar(&cfg.Charts, "charts", "", "also draw the targets and drain cells as SVG charts into this directory (make bench: docs/bench)")
 	flag.IntVar(&cfg.Reps, "reps", cfg.Reps, "repetitions (>= 3 for a median and a spread)")
 	flag.IntVar(&cfg.PayloadBytes, "payload", cfg.PayloadBytes, "payload bytes per message")
 	writers := flag.String("writers", joinInts(cfg.Writers), "write side: concurrent writers")
@@ -542,6 +544,11 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	md := strings.TrimSuffix(cfg.Out, filepath.Ext(cfg.Out)) + ".md"
 	if err := os.WriteFile(md, []byte(markdown(rep)), 0o644); err != nil {
 		return nil, err
+	}
+	if cfg.Charts != "" {
+		if err := writeCharts(cfg.Charts, rep); err != nil {
+			return nil, err
+		}
 	}
 	return rep, nil
 }
