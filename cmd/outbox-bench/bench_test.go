@@ -589,3 +589,39 @@ func TestChartsDrawWhatRan(t *testing.T) {
 	require.Equal(t, tg, string(got))
 	require.Empty(t, chartFiles(&Report{}), "nothing ran: no chart")
 }
+
+// Issue 30's drain targets compare with the minimal relay's faster batch in
+// each repetition, and its CPU with the lower of the two.
+func TestLaneDrainTargets(t *testing.T) {
+	c := newCollector()
+	ours, lanes := drainName(relayOurs, 1), drainName(relayOursLanes, 1)
+	m1, m2 := drainName(relayMinimal, 1), drainName(relayMinimalTuned, 1)
+	for _, rep := range []map[string]float64{
+		{ours: 27000, lanes: 24000, m1: 23000, m2: 38000, drainCPUName(lanes): 27, drainCPUName(m1): 23, drainCPUName(m2): 15,
+			drainName(relayOursLanes, 4): 25000},
+		{ours: 30000, lanes: 30000, m1: 40000, m2: 30000, drainCPUName(lanes): 30, drainCPUName(m1): 20, drainCPUName(m2): 25,
+			drainName(relayOursLanes, 4): 27000},
+		{ours: 20000, lanes: 20000, m1: 20000, m2: 10000, drainCPUName(lanes): 20, drainCPUName(m1): 20, drainCPUName(m2): 30,
+			drainName(relayOursLanes, 4): 22000},
+	} {
+		for _, name := range slices.Sorted(maps.Keys(rep)) {
+			c.add("drain", name, "u", rep[name])
+		}
+	}
+	got := map[string]Target{}
+	for _, tg := range targets(defaultConfig(), c) {
+		got[tg.Name] = tg
+	}
+	d := got["drain: outbox-lanes x1 / minimal relay (best batch)"]
+	require.InDelta(t, 0.75, d.Ratio, 1e-9, "per repetition 24/38, 30/40, 20/20: median 0.75")
+	require.False(t, d.Met)
+	require.InDelta(t, 0.75, got["drain: outbox x1 / minimal relay (best batch)"].Ratio, 1e-9, "27/38, 30/40, 1.0: median 0.75")
+	cpu := got["relay CPU per message: outbox-lanes x1 / minimal relay (lower of batch 100 and 1000)"]
+	require.True(t, cpu.AtMost)
+	require.InDelta(t, 1.5, cpu.Ratio, 1e-9, "27/15=1.8, 30/20=1.5, 20/20=1.0: median 1.5")
+	require.True(t, cpu.Met)
+	x4 := got["drain: outbox-lanes x4 / outbox-lanes x1"]
+	require.InDelta(t, 25.0/24, x4.Ratio, 1e-9, "25/24, 0.9, 1.1: median 1.04")
+	require.True(t, x4.Met)
+	require.Zero(t, got["drain: outbox-lanes-k100 x4 / outbox-lanes-k100 x1"].Ratio, "not run")
+}

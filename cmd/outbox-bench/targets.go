@@ -111,6 +111,7 @@ func targets(cfg Config, c *collector) []Target {
 		out = append(out, Target{Name: name, Ratio: r, Need: need, Met: measured && r <= need, Note: note, AtMost: true})
 	}
 	laneTargets(cfg, c, addMax)
+	laneDrainTargets(c, add, addMax)
 	sustainedTargets(cfg, c, add)
 	if cfg.WhatIf {
 		add("what-if: prototype 1 commit per batch / outbox x1", c.pairRatio(drainName(relayOneCommit, 1), ours1), 1.0, "a candidate pass shape, not the product")
@@ -291,4 +292,55 @@ func laneTargets(cfg Config, c *collector, addMax func(name string, r, need floa
 		}
 	}
 	addMax("claim per row, lanes: 4 relays / 1 relay", c.pairRatio(x4, x1), 1.2, ok1 && ok4, note)
+}
+
+// pairRatioFastest is pairRatio against the fastest (highest) of the cells
+// bs in each repetition: a rate of a against the best variant of another
+// relay measured in the same repetition (0 when nothing was measured).
+func (c *collector) pairRatioFastest(a string, bs ...string) float64 {
+	ra, ok := c.by[a]
+	if !ok {
+		return 0
+	}
+	var rs []float64
+	for i := range ra.Samples {
+		best := 0.0
+		for _, b := range bs {
+			if rb, ok := c.by[b]; ok && i < len(rb.Samples) {
+				best = max(best, rb.Samples[i])
+			}
+		}
+		if best > 0 && ra.Samples[i] > 0 {
+			rs = append(rs, ratio(ra.Samples[i], best))
+		}
+	}
+	if len(rs) == 0 {
+		return 0
+	}
+	slices.Sort(rs)
+	return median(rs)
+}
+
+// laneDrainTargets are issue 30's drain targets, for both fence schemes:
+// the drain at defaults against the minimal relay at its best batch (batch
+// 100 or 1000, whichever was faster in that repetition; 0.9 required, 1.0
+// the goal), 4 relays against 1 (unkeyed and 100 keys), and the relay's CPU
+// per message against the minimal relay's lower one.
+func laneDrainTargets(c *collector, add func(name string, r, need float64, note string), addMax func(name string, r, need float64, measured bool, note string)) {
+	minimal := []string{drainName(relayMinimal, 1), drainName(relayMinimalTuned, 1)}
+	for _, kind := range []string{relayOurs, relayOursLanes} {
+		one := drainName(kind, 1)
+		add(fmt.Sprintf("drain: %s x1 / minimal relay (best batch)", kind), c.pairRatioFastest(one, minimal...), 0.9,
+			"the minimal relay's faster of batch 100 and 1000 in each repetition (1.0 is the goal)")
+		cpu := c.pairRatioBest(drainCPUName(one), drainCPUName(minimal[0]), drainCPUName(minimal[1]))
+		_, ok := c.by[drainCPUName(one)]
+		addMax(fmt.Sprintf("relay CPU per message: %s x1 / minimal relay (lower of batch 100 and 1000)", kind), cpu, 1.5, ok && cpu > 0,
+			"this process's CPU per relayed message (the downstream's share included in both)")
+	}
+	lanes1, lanes4 := drainName(relayOursLanes, 1), drainName(relayOursLanes, 4)
+	add("drain: outbox-lanes x4 / outbox-lanes x1", c.pairRatio(lanes4, lanes1), 1.0, strings.TrimPrefix(c.cpuNote(lanes4, lanes1), "; "))
+	k1, k4 := drainKind{relayOursLanes, 1, 100}.name(), drainKind{relayOursLanes, 4, 100}.name()
+	add("drain: outbox-lanes-k100 x4 / outbox-lanes-k100 x1", c.pairRatio(k4, k1), 1.0, strings.TrimPrefix(c.cpuNote(k4, k1), "; "))
+	r1, r4 := drainKind{relayOurs, 1, 100}.name(), drainKind{relayOurs, 4, 100}.name()
+	add("drain: outbox-k100 x4 / outbox-k100 x1", c.pairRatio(r4, r1), 1.0, "evidence (per-row leases)"+c.cpuNote(r4, r1))
 }
