@@ -102,17 +102,17 @@ unit-pgx:
 	echo "core suites on pgx (database/sql driver \"pgx\") against $$OUTBOX_TEST_DATABASE_URL"; \
 	JOBS=1 scripts/run-jobs.sh '$(PGX_JOB)'
 
-## test-versions: the core's and cdcrelay's suites (without -race) against PostgreSQL $(PG_VERSIONS), each server installed and started by scripts/ensure-pg-versions.sh (wal_level=logical; the tests' throwaway clusters use the same major's binaries), JOBS jobs at a time
+## test-versions: the core's and cdcrelay's suites (without -race) against PostgreSQL $(PG_VERSIONS), each server installed and started by scripts/ensure-pg-versions.sh (wal_level=logical; the tests' throwaway clusters use the same major's binaries), JOBS jobs at a time; every core suite first, then cdcrelay's, so one server never runs both at once (creating a logical slot waits for every running transaction on it)
 test-versions:
 	@servers="$$(scripts/ensure-pg-versions.sh $(PG_VERSIONS))"; \
-	jobs=(); \
+	jobs=(); cdc=(); \
 	while read -r major url bin; do \
 	  echo "PostgreSQL $$major at $$url"; \
 	  env="unset OUTBOX_TEST_LOGICAL_URL; export OUTBOX_TEST_DATABASE_URL='$$url' OUTBOX_TEST_PG_BIN='$$bin' GOGC=$(TEST_GOGC);"; \
 	  jobs+=("pg$$major-core=$$env $(GO) test -count=1 -timeout 15m ./..."); \
-	  jobs+=("pg$$major-cdcrelay=$$env cd cdcrelay && $(GO) test -count=1 -timeout 15m ./..."); \
+	  cdc+=("pg$$major-cdcrelay=$$env cd cdcrelay && $(GO) test -count=1 -timeout 15m ./..."); \
 	done <<< "$$servers"; \
-	JOBS=$(JOBS) scripts/run-jobs.sh "$${jobs[@]}"
+	JOBS=$(JOBS) scripts/run-jobs.sh "$${jobs[@]}" "$${cdc[@]}"
 
 ## deps: a service importing publisher + forwarder + inbox gets none of the brokers, toxiproxy, cobra, pglogrepl or the OTel SDK, and at most 40 modules
 deps:

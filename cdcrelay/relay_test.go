@@ -475,9 +475,14 @@ func TestRelay(t *testing.T) {
 
 		e.enableCDC(t)
 		wait := e.streaming(t, r)
-		live, err := relaymode.LiveCDCConsumers(context.Background(), e.s.DB, time.Time{})
-		require.NoError(t, err)
-		require.Len(t, live, 1, "the relay registered its CDC heartbeat")
+		// Its heartbeat is live once it has beaten since it began to stream:
+		// creating the slot waits for every running transaction on the
+		// server, and a heartbeat may expire meanwhile.
+		var live []relaymode.Heartbeat
+		require.Eventually(t, func() bool {
+			live, err = relaymode.LiveCDCConsumers(context.Background(), e.s.DB, time.Time{})
+			return err == nil && len(live) == 1
+		}, patience(t), 10*time.Millisecond, "the relay registered its CDC heartbeat")
 		require.Equal(t, e.slot, live[0].SlotName)
 		err = relaymode.Disable(context.Background(), e.s.DB, "test")
 		require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
