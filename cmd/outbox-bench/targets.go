@@ -34,6 +34,19 @@ func (t Target) needText() string {
 // relay measured in the same repetition (cells missing from the run, and
 // samples of 0, not measured, are left out; 0 when nothing is left).
 func (c *collector) pairRatioBest(a string, bs ...string) float64 {
+	return c.pairRatioAgainst(a, func(v, best float64) bool { return v < best }, bs...)
+}
+
+// pairRatioFastest is pairRatio against the fastest (highest) of the cells
+// bs in each repetition: a rate of a against the best variant of another
+// relay measured in the same repetition.
+func (c *collector) pairRatioFastest(a string, bs ...string) float64 {
+	return c.pairRatioAgainst(a, func(v, best float64) bool { return v > best }, bs...)
+}
+
+// pairRatioAgainst is the median over repetitions of a against the sample
+// of bs that is better than the others (better) in that repetition.
+func (c *collector) pairRatioAgainst(a string, better func(v, best float64) bool, bs ...string) float64 {
 	ra, ok := c.by[a]
 	if !ok {
 		return 0
@@ -42,7 +55,7 @@ func (c *collector) pairRatioBest(a string, bs ...string) float64 {
 	for i := range ra.Samples {
 		best := 0.0
 		for _, b := range bs {
-			if rb, ok := c.by[b]; ok && i < len(rb.Samples) && rb.Samples[i] > 0 && (best == 0 || rb.Samples[i] < best) {
+			if rb, ok := c.by[b]; ok && i < len(rb.Samples) && rb.Samples[i] > 0 && (best == 0 || better(rb.Samples[i], best)) {
 				best = rb.Samples[i]
 			}
 		}
@@ -292,33 +305,6 @@ func laneTargets(cfg Config, c *collector, addMax func(name string, r, need floa
 		}
 	}
 	addMax("claim per row, lanes: 4 relays / 1 relay", c.pairRatio(x4, x1), 1.2, ok1 && ok4, note)
-}
-
-// pairRatioFastest is pairRatio against the fastest (highest) of the cells
-// bs in each repetition: a rate of a against the best variant of another
-// relay measured in the same repetition (0 when nothing was measured).
-func (c *collector) pairRatioFastest(a string, bs ...string) float64 {
-	ra, ok := c.by[a]
-	if !ok {
-		return 0
-	}
-	var rs []float64
-	for i := range ra.Samples {
-		best := 0.0
-		for _, b := range bs {
-			if rb, ok := c.by[b]; ok && i < len(rb.Samples) {
-				best = max(best, rb.Samples[i])
-			}
-		}
-		if best > 0 && ra.Samples[i] > 0 {
-			rs = append(rs, ratio(ra.Samples[i], best))
-		}
-	}
-	if len(rs) == 0 {
-		return 0
-	}
-	slices.Sort(rs)
-	return median(rs)
 }
 
 // laneDrainTargets are issue 30's drain targets, for both fence schemes:
