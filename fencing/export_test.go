@@ -13,7 +13,9 @@ const (
 var (
 	// ApplyStatement returns the general statement (general) or the
 	// all-PUBLISHED one for outcomes, with its arguments.
-	ApplyStatement     = applyStatement
+	ApplyStatement = applyStatement
+	// LaneApplyStatement is ApplyStatement for lane leases.
+	LaneApplyStatement = laneApplyStatement
 	ClaimBlockKeySQL   = claimBlockKeySQL
 	ClaimSkipParkedSQL = claimSkipParkedSQL
 )
