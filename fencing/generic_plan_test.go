@@ -2,6 +2,7 @@ package fencing_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"slices"
 	"testing"
@@ -12,6 +13,40 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 )
+
+// genericConn is a connection of db whose prepared statements run on their
+// generic plans, as a relay's prepared claims and outcomes do once
+// PostgreSQL has seen a few.
+func genericConn(t *testing.T, db *sql.DB) *sql.Conn {
+	t.Helper()
+	conn, err := db.Conn(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	_, err = conn.ExecContext(context.Background(), `SET plan_cache_mode = force_generic_plan`)
+	require.NoError(t, err)
+	return conn
+}
+
+// genericPlan runs q with args prepared on conn (genericConn) under EXPLAIN
+// (ANALYZE, FORMAT JSON), in a transaction it rolls back, and returns the
+// plan's root.
+func genericPlan(t *testing.T, conn *sql.Conn, q string, args ...any) map[string]any {
+	t.Helper()
+	ctx := context.Background()
+	stmt, err := conn.PrepareContext(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+q)
+	require.NoError(t, err)
+	defer stmt.Close()
+	tx, err := conn.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	var raw []byte
+	require.NoError(t, tx.StmtContext(ctx, stmt).QueryRowContext(ctx, args...).Scan(&raw))
+	var plan []struct {
+		Plan map[string]any `json:"Plan"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &plan))
+	return plan[0].Plan
+}
 
 // indexScans lists the index every index scan of a plan reads.
 func indexScans(node map[string]any) []string {
@@ -57,24 +92,7 @@ func TestGenericPlanOfAContinuationReadsOnlyItsChains(t *testing.T) {
 	q, args, err := fencing.ClaimStatement(cont)
 	require.NoError(t, err)
 
-	conn, err := s.DB.Conn(ctx)
-	require.NoError(t, err)
-	defer conn.Close()
-	_, err = conn.ExecContext(ctx, `SET plan_cache_mode = force_generic_plan`)
-	require.NoError(t, err)
-	stmt, err := conn.PrepareContext(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+q)
-	require.NoError(t, err)
-	defer stmt.Close()
-	tx, err := conn.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback() }()
-	var raw []byte
-	require.NoError(t, tx.StmtContext(ctx, stmt).QueryRowContext(ctx, args...).Scan(&raw))
-	var plan []struct {
-		Plan map[string]any `json:"Plan"`
-	}
-	require.NoError(t, json.Unmarshal(raw, &plan))
-	root := plan[0].Plan
+	root := genericPlan(t, genericConn(t, s.DB), q, args...)
 	require.Equal(t, 100.0, root["Actual Rows"], "the next row of each chain")
 	require.NotContains(t, indexScans(root), "messaging_outbox_claimable_idx", "the rows are locked by ctid, not found again through the claimable index")
 	require.LessOrEqual(t, tableRowsRead(root), 2*100, "a step per chain, not a scan of the backlog")
@@ -119,11 +137,7 @@ func TestGenericPlansOfTheOutcomeStatementsFindRowsByKey(t *testing.T) {
 	}
 	publishedSQL, publishedArgs := fencing.ApplyStatement(outcomes, false)
 	generalSQL, generalArgs := fencing.ApplyStatement(outcomes, true)
-	conn, err := s.DB.Conn(ctx)
-	require.NoError(t, err)
-	defer conn.Close()
-	_, err = conn.ExecContext(ctx, `SET plan_cache_mode = force_generic_plan`)
-	require.NoError(t, err)
+	conn := genericConn(t, s.DB)
 	for _, c := range []struct {
 		name string
 		sql  string
@@ -132,20 +146,9 @@ func TestGenericPlansOfTheOutcomeStatementsFindRowsByKey(t *testing.T) {
 		{"published", publishedSQL, publishedArgs},
 		{"general", generalSQL, generalArgs},
 	} {
-		stmt, err := conn.PrepareContext(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+c.sql)
-		require.NoError(t, err)
-		tx, err := conn.BeginTx(ctx, nil)
-		require.NoError(t, err)
-		var raw []byte
-		require.NoError(t, tx.StmtContext(ctx, stmt).QueryRowContext(ctx, c.args...).Scan(&raw))
-		require.NoError(t, tx.Rollback())
-		require.NoError(t, stmt.Close())
-		var plan []struct {
-			Plan map[string]any `json:"Plan"`
-		}
-		require.NoError(t, json.Unmarshal(raw, &plan))
-		require.Equal(t, 100.0, plan[0].Plan["Actual Rows"], c.name)
-		require.NotContains(t, scans(plan[0].Plan), "Seq Scan on messaging_outbox", "%s: %v", c.name, scans(plan[0].Plan))
+		root := genericPlan(t, conn, c.sql, c.args...)
+		require.Equal(t, 100.0, root["Actual Rows"], c.name)
+		require.NotContains(t, scans(root), "Seq Scan on messaging_outbox", "%s: %v", c.name, scans(root))
 	}
 }
 

@@ -2,7 +2,6 @@ package fencing_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -72,31 +71,11 @@ func TestLaneStatementsReadNoCTEPerRow(t *testing.T) {
 	}
 	second.Held = r.held
 
-	conn, err := s.DB.Conn(ctx)
-	require.NoError(t, err)
-	defer conn.Close()
-	_, err = conn.ExecContext(ctx, `SET plan_cache_mode = force_generic_plan`)
-	require.NoError(t, err)
-	plan := func(q string, args ...any) map[string]any {
-		t.Helper()
-		stmt, err := conn.PrepareContext(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+q)
-		require.NoError(t, err)
-		defer stmt.Close()
-		tx, err := conn.BeginTx(ctx, nil)
-		require.NoError(t, err)
-		defer func() { _ = tx.Rollback() }()
-		var raw []byte
-		require.NoError(t, tx.StmtContext(ctx, stmt).QueryRowContext(ctx, args...).Scan(&raw))
-		var p []struct {
-			Plan map[string]any `json:"Plan"`
-		}
-		require.NoError(t, json.Unmarshal(raw, &p))
-		return p[0].Plan
-	}
+	conn := genericConn(t, s.DB)
 
 	q, args, err := fencing.ClaimStatement(second)
 	require.NoError(t, err)
-	root := plan(q, args...)
+	root := genericPlan(t, conn, q, args...)
 	require.Positive(t, root["Actual Rows"], "the continued chains and more")
 	worst, where := cteRescans(root)
 	require.Less(t, worst, 1000.0, "keyed claim: %s", where)
@@ -105,7 +84,7 @@ func TestLaneStatementsReadNoCTEPerRow(t *testing.T) {
 	unkeyed.NoKeyWalk, unkeyed.Held = true, r.held
 	q, args, err = fencing.ClaimStatement(unkeyed)
 	require.NoError(t, err)
-	root = plan(q, args...)
+	root = genericPlan(t, conn, q, args...)
 	require.Positive(t, root["Actual Rows"])
 	worst, where = cteRescans(root)
 	require.Less(t, worst, 1000.0, "unkeyed claim: %s", where)
@@ -117,7 +96,7 @@ func TestLaneStatementsReadNoCTEPerRow(t *testing.T) {
 		}
 	}
 	q, args = fencing.LaneApplyStatement(outcomes, false)
-	root = plan(q, args...)
+	root = genericPlan(t, conn, q, args...)
 	require.EqualValues(t, len(outcomes), root["Actual Rows"], "every held row written")
 	worst, where = cteRescans(root)
 	require.Less(t, worst, float64(len(outcomes)), "outcome: %s", where)

@@ -366,6 +366,14 @@ func (c *breakerChanges) add(ch breakerChange) {
 	c.mu.Unlock()
 }
 
+// pending reports whether a change waits to be written (a pass without one
+// starts no deadline).
+func (c *breakerChanges) pending() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.list) > 0
+}
+
 func (c *breakerChanges) take() []breakerChange {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -194,9 +194,11 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	f.executor.passEvidence(items)
 	// The pass's breaker changes, however many destinations changed, share
 	// one deadline: a stop waits for them once (StopBound).
-	bctx, bcancel := context.WithTimeout(context.Background(), 2*f.dbTimeout)
-	f.executor.writeBreakers(bctx)
-	bcancel()
+	if f.executor.changes.pending() {
+		bctx, bcancel := context.WithTimeout(context.Background(), 2*f.dbTimeout)
+		f.executor.writeBreakers(bctx)
+		bcancel()
+	}
 
 	behind.wait()
 	if next == nil {
