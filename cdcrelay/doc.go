@@ -151,6 +151,15 @@
 // heartbeat keeps `outboxctl debezium disable` refusing until it expires
 // (TestCloseReturnsWithinStopBound).
 //
+// A Relay runs again once Run has returned, whatever ended it (a clean
+// stop at the end of its context, or an error). One Run at a time: a Run while
+// another Run or HandOverToPolling is active refuses with
+// CDC_RELAY_ALREADY_RUNNING, and every Run after Close with
+// CDC_RELAY_CLOSED. Close may come before Run, more than once or from
+// several goroutines; it cancels the active Run and waits for it to
+// return, not for a handover. Run's start and stop are
+// internal/startstop's Runs.
+//
 // # Connections
 //
 // Config.ConnString is a replication connection (replication=database is

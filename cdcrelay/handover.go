@@ -60,18 +60,13 @@ func (r *Relay) HandOverToPolling(ctx context.Context, by string) error {
 	if strings.TrimSpace(by) == "" {
 		return outbox.Errorf(relaymode.CodeOperatorRequired, op, "say who switches the relay mode (by must not be empty)")
 	}
-	r.mu.Lock()
-	if r.closed || r.running {
-		r.mu.Unlock()
+	// Run refuses while the handover is active, but Close neither cancels
+	// nor waits for it: it ends when ctx does.
+	release, err := r.runs.Hold()
+	if err != nil {
 		return outbox.Errorf(CodeAlreadyRunning, op, "the relay is running or closed; use a relay of its own for the handover")
 	}
-	r.running = true
-	r.mu.Unlock()
-	defer func() {
-		r.mu.Lock()
-		r.running = false
-		r.mu.Unlock()
-	}()
+	defer release()
 
 	if !r.waitBehind(ctx) {
 		return ctx.Err()
@@ -86,7 +81,7 @@ func (r *Relay) HandOverToPolling(ctx context.Context, by string) error {
 		return err
 	}
 	var before sql.NullInt64
-	err := r.cfg.DB.QueryRowContext(ctx, sqlSlotBoundary, r.cfg.SlotName).Scan(&before)
+	err = r.cfg.DB.QueryRowContext(ctx, sqlSlotBoundary, r.cfg.SlotName).Scan(&before)
 	if errors.Is(err, sql.ErrNoRows) {
 		return outbox.Errorf(CodeUndeliveredRows, op, "slot %s has no recorded boundary (it was not created by cdcrelay's Prepare or Run): the undelivered rows older than it cannot be told from rows the consumer delivered; switch with `outboxctl debezium disable` and accept that the forwarders publish the consumer's rows again", r.cfg.SlotName)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -16,6 +15,7 @@ import (
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/internal/redact"
+	"github.com/fencedoutbox/watermill-outbox/internal/startstop"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
@@ -82,11 +82,10 @@ type Relay struct {
 	out    message.Publisher
 	logger watermill.LoggerAdapter
 
-	mu      sync.Mutex
-	closed  bool
-	running bool
-	cancel  context.CancelFunc
-	done    chan struct{}
+	// runs is Run's start and stop: one Run (or handover) at a time, Run
+	// again after it returned, Close idempotent, also before Run, and
+	// waiting for the active Run.
+	runs startstop.Runs
 
 	// Owned by the goroutine in Run.
 	lastBeat time.Time // when the last successful heartbeat was sent
@@ -128,14 +127,7 @@ func New(cfg Config, out message.Publisher, logger watermill.LoggerAdapter) (*Re
 // waits for it to return: at most [Config.StopBound]. Safe to call twice, or
 // before Run.
 func (r *Relay) Close() error {
-	r.mu.Lock()
-	r.closed = true
-	cancel, done := r.cancel, r.done
-	r.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		<-done
-	}
+	r.runs.Close()
 	return nil
 }
 
@@ -153,31 +145,19 @@ func (r *Relay) Close() error {
 // message the publisher accepted, and its heartbeat is removed (within
 // DBTimeout). A stop takes at most [Config.StopBound].
 func (r *Relay) Run(ctx context.Context) error {
-	r.mu.Lock()
+	ctx, finish, err := r.runs.Start(ctx)
 	switch {
-	case r.closed:
-		r.mu.Unlock()
+	case errors.Is(err, startstop.ErrClosed):
 		return outbox.Errorf(CodeRelayClosed, "cdcrelay.Run", "the relay is closed; create a new one")
-	case r.running:
-		r.mu.Unlock()
+	case err != nil:
 		return outbox.Errorf(CodeAlreadyRunning, "cdcrelay.Run", "Run is already active on this relay")
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	r.running, r.cancel, r.done = true, cancel, make(chan struct{})
-	done := r.done
-	r.mu.Unlock()
-	defer func() {
-		cancel()
-		r.mu.Lock()
-		r.running, r.cancel, r.done = false, nil, nil
-		r.mu.Unlock()
-		close(done)
-	}()
+	defer finish()
 
 	if !r.waitBehind(ctx) {
 		return nil
 	}
-	err := r.run(ctx)
+	err = r.run(ctx)
 	if ctx.Err() != nil && !isRefusal(err) {
 		return nil // closed or cancelled: a clean stop
 	}

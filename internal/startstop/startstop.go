@@ -1,8 +1,14 @@
 // Package startstop is the start/stop lifecycle of a long-running part of
-// the relay (a forwarder's Run loop; cdcrelay's relay could adopt it): it is
-// started once, stopped by a Close that may come before the start, more
-// than once, or from several goroutines, and a Close after the start waits
-// for the run to finish and returns what the run left for it.
+// the relay, in two kinds:
+//
+//   - Life, for a part started once (a forwarder's Run loop): a Close that
+//     may come before the start, more than once, or from several
+//     goroutines, and after the start waits for the run to finish and
+//     returns what the run left for it;
+//   - Runs, for a part that runs again once a run has ended (cdcrelay's
+//     Relay): one run at a time, each under a context that Close cancels;
+//     Close, also before the first run, more than once or concurrently,
+//     refuses every later run and waits for the active one.
 package startstop
 
 import (
@@ -10,12 +16,15 @@ import (
 	"sync"
 )
 
-// Refusals of Start.
+// Refusals of Start (and of Runs.Hold).
 var (
-	// ErrClosed: Close was called before Start; the part cannot run.
-	ErrClosed = errors.New("startstop: closed before it started")
-	// ErrStarted: Start was called before.
+	// ErrClosed: Close was called (before Start for a Life); the part
+	// cannot run.
+	ErrClosed = errors.New("startstop: closed")
+	// ErrStarted: Start of a Life was called before.
 	ErrStarted = errors.New("startstop: started already")
+	// ErrRunning: Start (or Hold) of Runs while another run is active.
+	ErrRunning = errors.New("startstop: a run is active")
 )
 
 // Life is one part's lifecycle. Create it with New; the zero Life is not
