@@ -113,6 +113,15 @@ func (f *Forwarder) heartbeat(ctx context.Context, stopping <-chan struct{}, ttl
 		case <-stopping:
 			return
 		case <-t.C:
+			// A beat that took longer than the period leaves a tick ready
+			// beside stopping, and select picks among ready cases at random:
+			// without this check a stop on a slow database waited for beat
+			// after beat (seen: seven, 9 s, past outboxctl's stop bound).
+			select {
+			case <-stopping:
+				return
+			default:
+			}
 			// A beat is bounded like every statement of the relay (and by its
 			// period, when shorter), so a stop never waits an hour-long
 			// HeartbeatInterval for a beat stuck on a silent database.
