@@ -53,11 +53,6 @@ TEST_GOGC ?= 400
 # One job each (a NAME=COMMAND of scripts/run-jobs.sh, single-quoted in the
 # recipe; OUTBOX_TEST_DATABASE_URL comes from the recipe's environment).
 UNIT_JOB = unit $(1)=cd $(1) && $(if $(filter ./internal/testkit/chaos,$(1)),,GOGC=$(TEST_GOGC) )$(GO_TEST_RACE) ./...
-# The core's suite once more outside the workspace (GOWORK=off): on the
-# dependency versions its own go.mod pins (the floors the README states),
-# which the workspace raises to what the other modules need. Without -race:
-# the race-enabled run is the workspace one.
-FLOORS_JOB = unit-floors=GOWORK=off GOGC=$(TEST_GOGC) $(GO) test -count=1 -timeout 15m ./...
 PGX_JOB = unit-pgx=GOGC=$(TEST_GOGC) OUTBOX_TEST_DRIVER=pgx $(GO) test -overlay "$$(scripts/pgx-overlay.sh)" -race -count=1 -timeout 15m $(PGX_PACKAGES)
 
 # The PostgreSQL majors the project supports (README, docs/POSTGRESQL.md):
@@ -78,7 +73,7 @@ all: lint test
 db:
 	@scripts/ensure-db.sh
 
-## test: every module's suite with the race detector, the core's database suites again on pgx and the core's suite on its pinned dependency versions (JOBS at a time), the consumer dependency check, then every fuzz target for $(FUZZTIME) inputs each
+## test: every module's suite with the race detector and the core's database suites again on pgx (JOBS at a time), the consumer dependency check, then every fuzz target for $(FUZZTIME) inputs each (the core's suite on its pinned dependency versions runs in test-versions)
 test: units deps fuzz
 
 ## units: unit and unit-pgx together, JOBS jobs at a time; each job's output is printed whole when it ends, and any failure fails the target (after every job ended)
@@ -86,7 +81,7 @@ units:
 	@export OUTBOX_TEST_DATABASE_URL="$$(scripts/ensure-db.sh)"; \
 	export OUTBOX_CHROMIUM="$$(scripts/ensure-chromium.sh || true)"; \
 	echo "tests against $$OUTBOX_TEST_DATABASE_URL, $(JOBS) jobs at a time"; \
-	JOBS=$(JOBS) scripts/run-jobs.sh '$(call UNIT_JOB,.)' '$(PGX_JOB)' '$(FLOORS_JOB)' \
+	JOBS=$(JOBS) scripts/run-jobs.sh '$(call UNIT_JOB,.)' '$(PGX_JOB)' \
 	  $(foreach m,$(filter-out .,$(ORDERED_MODULES)),'$(call UNIT_JOB,$(m))')
 
 ## unit: every module's suite with the race detector, JOBS modules at a time
@@ -102,14 +97,14 @@ unit-pgx:
 	echo "core suites on pgx (database/sql driver \"pgx\") against $$OUTBOX_TEST_DATABASE_URL"; \
 	JOBS=1 scripts/run-jobs.sh '$(PGX_JOB)'
 
-## test-versions: the core's and cdcrelay's suites (without -race) against PostgreSQL $(PG_VERSIONS), each server installed and started by scripts/ensure-pg-versions.sh (wal_level=logical; the tests' throwaway clusters use the same major's binaries), JOBS jobs at a time; every core suite first, then cdcrelay's, so one server never runs both at once (creating a logical slot waits for every running transaction on it)
+## test-versions: the core's and cdcrelay's suites (without -race) against PostgreSQL $(PG_VERSIONS), the core's outside the workspace (GOWORK=off: on the dependency versions its own go.mod pins, the floors the README states, which the workspace raises to what the other modules need), each server installed and started by scripts/ensure-pg-versions.sh (wal_level=logical; the tests' throwaway clusters use the same major's binaries), JOBS jobs at a time; every core suite first, then cdcrelay's, so one server never runs both at once (creating a logical slot waits for every running transaction on it)
 test-versions:
 	@servers="$$(scripts/ensure-pg-versions.sh $(PG_VERSIONS))"; \
 	jobs=(); cdc=(); \
 	while read -r major url bin; do \
 	  echo "PostgreSQL $$major at $$url"; \
 	  env="unset OUTBOX_TEST_LOGICAL_URL; export OUTBOX_TEST_DATABASE_URL='$$url' OUTBOX_TEST_PG_BIN='$$bin' GOGC=$(TEST_GOGC);"; \
-	  jobs+=("pg$$major-core=$$env $(GO) test -count=1 -timeout 15m ./..."); \
+	  jobs+=("pg$$major-core=$$env GOWORK=off $(GO) test -count=1 -timeout 15m ./..."); \
 	  cdc+=("pg$$major-cdcrelay=$$env cd cdcrelay && $(GO) test -count=1 -timeout 15m ./..."); \
 	done <<< "$$servers"; \
 	JOBS=$(JOBS) scripts/run-jobs.sh "$${jobs[@]}" "$${cdc[@]}"
