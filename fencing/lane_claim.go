@@ -93,20 +93,23 @@ got AS MATERIALIZED (
           FROM messaging_outbox o
          WHERE o.ctid = ANY (ARRAY(SELECT picked_ctid FROM fits))) r
      WHERE r.i IS NOT NULL
-)` + laneClaimWrites)
+)` + laneClaimWrites(lanes))
 }
 
-// laneClaimWrites ends a lane claim whose CTE got holds the rows taken
-// (row_ctid, lane, epoch, lane_expires, expired, park, message_id and
-// attempts): it parks the rows to park, records what the owner holds in
-// each lane, and returns the parked rows and the held ones (see
-// laneClaimFinish), reading the held rows' columns once, by ctid (the
-// version the claim read: nothing in the statement writes it). The join
-// is a TID scan per row: a table large enough to matter is never joined by
-// a sequential scan instead (what claimUpdate's second condition prevents
-// there is a choice between two scans of the same rows), and a check of
-// each row against an array of the ctids cost more than the claim's read.
-var laneClaimWrites = `,
+// laneClaimWrites ends a lane claim (of a table of lanes lanes) whose CTE
+// got holds the rows taken (row_ctid, lane, epoch, lane_expires, expired,
+// park, message_id and attempts): it parks the rows to park, records what
+// the owner holds in each lane, and returns the parked rows and the held
+// ones (see laneClaimFinish), reading the held rows' columns once, by
+// ctid (the version the claim read: nothing in the statement writes it),
+// in one TID scan of the whole list. Joined back to got row by row, every
+// row was a TID scan of its own, and PostgreSQL sizes the relation (an
+// lseek) at every TID scan: a system call per claimed row (perf on a
+// 200,000-row drain: 2.4 % of the server's CPU in those calls alone). A
+// row finds its lane's epoch and lease by position in one row of arrays,
+// as got did.
+func laneClaimWrites(lanes int) string {
+	return `,
 parked AS (
     UPDATE messaging_outbox o
        SET status = 'EXHAUSTED',
@@ -135,17 +138,29 @@ record AS (
              WHERE x.id IN (SELECT unnest($19::text[]))) k
      WHERE d.lane = h.lane AND d.epoch = h.epoch
     RETURNING d.lane
+),
+held AS MATERIALIZED (
+    SELECT array_agg(g.row_ctid) AS ctids
+      FROM got g WHERE NOT g.park AND g.lane = ANY (ARRAY(SELECT lane FROM record))
+),
+leases AS MATERIALIZED (
+    SELECT array_agg(l.lane ORDER BY l.lane) AS lanes, array_agg(l.epoch ORDER BY l.lane) AS epochs,
+           array_agg(l.lane_expires ORDER BY l.lane) AS expires
+      FROM (SELECT DISTINCT g.lane, g.epoch, g.lane_expires FROM got g) l
 )
 SELECT * FROM parked
 UNION ALL
 SELECT o.message_id, o.destination, o.payload, o.headers, 'IN_FLIGHT', o.seq, o.created_at,
-       o.occurred_at, NULL::timestamptz, o.attempts, NULL::timestamptz, $2, g.epoch,
-       g.lane_expires, o.last_failure_code, o.last_failure_detail, NULL::timestamptz, o.producer,
+       o.occurred_at, NULL::timestamptz, o.attempts, NULL::timestamptz, $2, x.epochs[x.i],
+       x.expires[x.i], o.last_failure_code, o.last_failure_detail, NULL::timestamptz, o.producer,
        o.correlation_id, o.causation_id, o.tenant, o.partition_key, o.ordering_key, o.traceparent,
        o.tracestate, o.baggage, o.schema_subject, o.schema_version, o.content_type, o.message_type,
        o.aggregate_type, o.aggregate_id, o.aggregate_version, NULL::timestamptz, o.routing_key
-  FROM got g JOIN messaging_outbox o ON o.ctid = g.row_ctid
- WHERE NOT g.park AND g.lane = ANY (ARRAY(SELECT lane FROM record))`
+  FROM messaging_outbox o CROSS JOIN LATERAL (
+        SELECT w.epochs, w.expires, array_position(w.lanes, (` + laneExpr("o", lanes) + `)::int) AS i FROM leases w) x
+ WHERE o.ctid = ANY ((SELECT h.ctids FROM held h)::tid[])`
+}
+
 
 // prefixed qualifies every column of the list cols with alias a.
 func prefixed(a, cols string) string {
@@ -249,7 +264,7 @@ got AS MATERIALIZED (
                row_number() OVER (ORDER BY s.seq) AS n
           FROM unkeyed s) b
      WHERE $16::int8 = 0 OR (b.n = 1 AND $16::int8 > 0) OR b.run <= abs($16::int8)
-)` + laneClaimWrites
+)` + laneClaimWrites(lanes)
 		return strings.NewReplacer("$12", "$5", "$14", "$7", "$15", "$8", "$16", "$9", "$18", "$10", "$19", "$11").Replace(q)
 	})
 }
