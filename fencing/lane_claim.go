@@ -161,7 +161,6 @@ SELECT o.message_id, o.destination, o.payload, o.headers, 'IN_FLIGHT', o.seq, o.
  WHERE o.ctid = ANY ((SELECT h.ctids FROM held h)::tid[])`
 }
 
-
 // prefixed qualifies every column of the list cols with alias a.
 func prefixed(a, cols string) string {
 	parts := strings.Split(cols, ",")
