@@ -53,7 +53,12 @@ TEST_GOGC ?= 400
 # One job each (a NAME=COMMAND of scripts/run-jobs.sh, single-quoted in the
 # recipe; OUTBOX_TEST_DATABASE_URL comes from the recipe's environment).
 UNIT_JOB = unit $(1)=cd $(1) && $(if $(filter ./internal/testkit/chaos,$(1)),,GOGC=$(TEST_GOGC) )$(GO_TEST_RACE) ./...
-PGX_JOB = unit-pgx=GOGC=$(TEST_GOGC) OUTBOX_TEST_DRIVER=pgx $(GO) test -overlay "$$(scripts/pgx-overlay.sh)" -race -count=1 -timeout 15m $(PGX_PACKAGES)
+# The database suites again on pgx's database/sql driver, without -race: what
+# they check is the driver's behaviour (types, errors, transactions), and the
+# race detector, which finds races in this project's Go code, runs on every
+# one of these packages in the core's job (with it, this job took as long as
+# the core's whole suite).
+PGX_JOB = unit-pgx=GOGC=$(TEST_GOGC) OUTBOX_TEST_DRIVER=pgx $(GO) test -overlay "$$(scripts/pgx-overlay.sh)" -count=1 -timeout 15m $(PGX_PACKAGES)
 
 # The PostgreSQL majors the project supports (README, docs/POSTGRESQL.md):
 # `make test-versions` runs the core's and cdcrelay's suites against a server
@@ -73,7 +78,7 @@ all: lint test
 db:
 	@scripts/ensure-db.sh
 
-## test: every module's suite with the race detector and the core's database suites again on pgx (JOBS at a time), the consumer dependency check, then every fuzz target for $(FUZZTIME) inputs each (the core's suite on its pinned dependency versions runs in test-versions)
+## test: every module's suite with the race detector and the core's database suites again on pgx, without it (JOBS at a time), the consumer dependency check, then every fuzz target for $(FUZZTIME) inputs each (the core's suite on its pinned dependency versions runs in test-versions)
 test: units deps fuzz
 
 ## units: unit and unit-pgx together, JOBS jobs at a time; each job's output is printed whole when it ends, and any failure fails the target (after every job ended)
