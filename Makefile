@@ -79,14 +79,14 @@ db:
 	@scripts/ensure-db.sh
 
 ## test: every module's suite with the race detector and the core's database suites again on pgx, without it (JOBS at a time), the consumer dependency check, then every fuzz target for $(FUZZTIME) inputs each (the core's suite on its pinned dependency versions runs in test-versions)
-test: units deps fuzz
+test: units
 
-## units: unit and unit-pgx together, JOBS jobs at a time; each job's output is printed whole when it ends, and any failure fails the target (after every job ended)
+## units: unit, unit-pgx, deps and fuzz together, JOBS jobs at a time (deps and fuzz start as soon as a slot frees, not after the last suite); each job's output is printed whole when it ends, and any failure fails the target (after every job ended)
 units:
 	@export OUTBOX_TEST_DATABASE_URL="$$(scripts/ensure-db.sh)"; \
 	export OUTBOX_CHROMIUM="$$(scripts/ensure-chromium.sh || true)"; \
 	echo "tests against $$OUTBOX_TEST_DATABASE_URL, $(JOBS) jobs at a time"; \
-	JOBS=$(JOBS) scripts/run-jobs.sh '$(call UNIT_JOB,.)' '$(PGX_JOB)' \
+	JOBS=$(JOBS) scripts/run-jobs.sh '$(call UNIT_JOB,.)' '$(PGX_JOB)' 'deps=$(MAKE) -s deps' 'fuzz=$(MAKE) -s fuzz' \
 	  $(foreach m,$(filter-out .,$(ORDERED_MODULES)),'$(call UNIT_JOB,$(m))')
 
 ## unit: every module's suite with the race detector, JOBS modules at a time

@@ -28,6 +28,7 @@ import (
 // from the outages: MaxAttempts is large but the flapping outlasts none of
 // it), per key the first deliveries are in seq order across destinations.
 func TestHostileFlappingDestinationInMixedChains(t *testing.T) {
+	t.Parallel() // waits on leases, outages and processes: overlaps the other parallel tests
 	if testing.Short() {
 		t.Skip("about a minute of 4 relays")
 	}
@@ -123,6 +124,7 @@ func TestHostileFlappingDestinationInMixedChains(t *testing.T) {
 // idle backoff is for an empty or fully blocked outbox: a key whose only
 // chain was put back is exactly that.
 func TestHostileUnavailableKeyedRowSpinsWithoutPollInterval(t *testing.T) {
+	t.Parallel() // waits on leases, outages and processes: overlaps the other parallel tests
 	for _, key := range []string{"", "K"} {
 		t.Run(fmt.Sprintf("key %q", key), func(t *testing.T) {
 			s := newDB(t)

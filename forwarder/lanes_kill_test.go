@@ -57,6 +57,7 @@ func runLaneChild(url string) {
 // lease expired) charges the rows nobody wrote an outcome for (every row
 // of a batch that dies is charged, as an expired per-row lease is).
 func TestAMessageThatKillsItsRelayEndsExhausted(t *testing.T) {
+	t.Parallel() // waits on leases, outages and processes: overlaps the other parallel tests
 	s := newDB(t)
 	require.NoError(t, fencing.SetLaneCount(context.Background(), s.DB, 32, 3))
 	insertKeyed(t, s.DB, "poison", "order-7")

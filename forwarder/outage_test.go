@@ -182,6 +182,7 @@ func (rs *relaySet) total(f func(forwarder.Report) int) int {
 // (probes). Also with 4 relays and NOTIFY, with rows committed during the
 // outage.
 func TestBrokerOutageSpendsNoBudget(t *testing.T) {
+	t.Parallel() // waits on leases, outages and processes: overlaps the other parallel tests
 	for _, c := range []struct {
 		name            string
 		relays          int

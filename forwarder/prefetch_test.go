@@ -57,6 +57,7 @@ func TestPrefetchKeepsPerKeyOrder(t *testing.T) {
 // released, not published and not left IN_FLIGHT: its rows go back PENDING
 // with no attempt counted, and the pass that released them says so.
 func TestCloseReleasesThePrefetchedBatch(t *testing.T) {
+	t.Parallel() // waits on leases, outages and processes: overlaps the other parallel tests
 	s := newDB(t)
 	insertN(t, s.DB, "orders", "a", "b", "c", "d")
 	h := newHanger(t)
