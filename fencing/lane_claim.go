@@ -158,7 +158,7 @@ SELECT o.message_id, o.destination, o.payload, o.headers, 'IN_FLIGHT', o.seq, o.
        o.aggregate_type, o.aggregate_id, o.aggregate_version, NULL::timestamptz, o.routing_key
   FROM messaging_outbox o CROSS JOIN LATERAL (
         SELECT w.epochs, w.expires, array_position(w.lanes, (` + laneExpr("o", lanes) + `)::int) AS i FROM leases w) x
- WHERE o.ctid = ANY ((SELECT h.ctids FROM held h)::tid[])`
+ WHERE o.ctid = ANY ((SELECT h.ctids FROM held h)::tid[]) -- the cast makes it the array form of ANY, not the subquery form`
 }
 
 // prefixed qualifies every column of the list cols with alias a.

@@ -79,6 +79,7 @@ func TestLaneStatementsReadNoCTEPerRow(t *testing.T) {
 	require.Positive(t, root["Actual Rows"], "the continued chains and more")
 	worst, where := cteRescans(root)
 	require.Less(t, worst, 1000.0, "keyed claim: %s", where)
+	require.LessOrEqual(t, tidScanLoops(root, "messaging_outbox"), 1.0, "keyed claim: the held rows were read by a TID scan each")
 
 	unkeyed := r.claimParams(1000)
 	unkeyed.NoKeyWalk, unkeyed.Held = true, r.held
@@ -121,6 +122,22 @@ func heapRowsRead(node map[string]any, relation string) float64 {
 	return n
 }
 
+// tidScanLoops is the most loops any TID scan of relation ran in a plan: a
+// lane claim reads its held rows in one TID scan of the whole list (1), not
+// one per row.
+func tidScanLoops(node map[string]any, relation string) float64 {
+	var most float64
+	if node["Node Type"] == "Tid Scan" && node["Relation Name"] == relation {
+		most, _ = node["Actual Loops"].(float64)
+	}
+	if kids, ok := node["Plans"].([]any); ok {
+		for _, k := range kids {
+			most = max(most, tidScanLoops(k.(map[string]any), relation))
+		}
+	}
+	return most
+}
+
 // An unkeyed lane claim reads a lane in seq order and stops at its limit,
 // however long the lane is: on its generic plan, with the claimability
 // conditions in view, the planner expected them to keep one row of a lane
@@ -146,4 +163,5 @@ func TestLaneUnkeyedClaimStopsAtItsLimit(t *testing.T) {
 	// Each of the 500 rows is read twice (the lane walk, then its columns by
 	// ctid); a lane read whole is 3,125 rows.
 	require.LessOrEqual(t, heapRowsRead(root, "messaging_outbox"), 1200.0, "the claim read more than its rows: a lane read whole")
+	require.LessOrEqual(t, tidScanLoops(root, "messaging_outbox"), 1.0, "the held rows were read by a TID scan each")
 }
