@@ -285,7 +285,13 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			f.logger.Error("Outbox pass failed; rows whose outcome was not written stay IN_FLIGHT until their leases expire", berr, nil)
 			err = errors.Join(err, berr)
 		}
-		if _, rerr := t.wait(); rerr != nil {
+		switch _, rerr := t.wait(); {
+		case rerr != nil && t.claimErr:
+			// The claim ahead failed and holds nothing (a lapsed heartbeat
+			// refuses it before it runs): a failing pass like any other,
+			// logged, not a release that left rows IN_FLIGHT.
+			f.logger.Error("Outbox claim ahead failed before stopping", rerr, nil)
+		case rerr != nil:
 			rerr = fmt.Errorf("forwarder: release the batch claimed ahead: %w: %w", errReleaseFailed, rerr)
 			f.logger.Error("Outbox final release failed; its rows stay IN_FLIGHT until their leases expire", rerr, nil)
 			err = errors.Join(err, rerr)

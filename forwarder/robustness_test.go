@@ -195,6 +195,69 @@ func TestFailedFinalReleaseIsReturnedByRun(t *testing.T) {
 	require.Equal(t, []string{"m1", "m2"}, unwritten)
 }
 
+// turnstile lets one publish through per token sent on pass.
+type turnstile struct {
+	entered chan string
+	pass    chan struct{}
+}
+
+func (g *turnstile) Publish(_ string, msgs ...*message.Message) error {
+	g.entered <- msgs[0].UUID
+	<-g.pass
+	return nil
+}
+
+func (g *turnstile) Close() error { return nil }
+
+// A claim made ahead that a lapsed heartbeat refused took no row: Close
+// logs it as a failed pass and does not report a failed release (seen in
+// CI on a busy machine: Close returned "release the batch claimed ahead:
+// release failed: FORWARDER_HEARTBEAT_LAPSED" with nothing left IN_FLIGHT).
+func TestRefusedClaimAheadIsNotAFailedRelease(t *testing.T) {
+	s := newDB(t)
+	insertN(t, s.DB, "orders", "m1", "m2", "m3")
+	g := &turnstile{entered: make(chan string, 10), pass: make(chan struct{}, 10)}
+	logs := &errLogger{}
+	f, err := forwarder.New(s.DB, g, logs, forwarder.Config{
+		Owner: "relay-a", BatchSize: 1, HeartbeatInterval: 250 * time.Millisecond, DBTimeout: 2 * time.Second,
+		BackoffBase: time.Hour, BackoffMax: time.Hour, PollInterval: time.Hour, MaxPollInterval: time.Hour,
+	})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(context.Background()) }()
+	require.Equal(t, "m1", waitOrFail(t, g.entered, "the first publish"))
+	// m2 was claimed ahead when m1's pass began, with the heartbeat alive.
+	require.Eventually(t, func() bool { return state(t, s.DB, "m2").Status == "IN_FLIGHT" }, 10*time.Second, 5*time.Millisecond)
+
+	// The relay's heartbeat row is locked: its beats wait and fail. Once the
+	// last one that succeeded is older than its lifetime (3 x 250 ms), on the
+	// database's clock (the relay measures from before it sent it), the
+	// heartbeat has lapsed.
+	tx, err := s.DB.Begin()
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	_, err = tx.Exec(`SELECT 1 FROM messaging_relay_heartbeat WHERE owner = 'relay-a' FOR UPDATE`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var lapsed bool
+		require.NoError(t, s.DB.QueryRow(`SELECT clock_timestamp() - heartbeat_at > interval '750 ms'
+			FROM messaging_relay_heartbeat WHERE owner = 'relay-a'`).Scan(&lapsed))
+		return lapsed
+	}, time.Minute, 10*time.Millisecond)
+
+	// m1 goes out; m2's pass begins and claims ahead: refused.
+	g.pass <- struct{}{}
+	require.Equal(t, "m2", waitOrFail(t, g.entered, "the second publish"))
+	closed := make(chan error, 1)
+	go func() { closed <- f.Close() }()
+	g.pass <- struct{}{}
+	require.NoError(t, waitOrFail(t, closed, "Close returning"), "the refused claim held nothing to release")
+	require.NoError(t, waitOrFail(t, done, "Run returning"))
+	require.Positive(t, logs.count(forwarder.CodeHeartbeatLapsed), "the claim ahead was refused, and logged")
+	require.Equal(t, "PENDING", state(t, s.DB, "m3").Status, "the refused claim took nothing")
+	require.Equal(t, "PUBLISHED", state(t, s.DB, "m2").Status)
+}
+
 // errLogger records the errors logged, for assertions on their codes.
 type errLogger struct {
 	watermill.NopLogger
