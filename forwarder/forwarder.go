@@ -286,10 +286,13 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			err = errors.Join(err, berr)
 		}
 		switch _, rerr := t.wait(); {
-		case rerr != nil && t.claimErr:
-			// The claim ahead failed and holds nothing (a lapsed heartbeat
-			// refuses it before it runs): a failing pass like any other,
-			// logged, not a release that left rows IN_FLIGHT.
+		case rerr != nil && t.rep.Claimed == 0:
+			// The claim ahead failed (a pass that claimed rows has its error
+			// from their release): it holds nothing (a lapsed heartbeat
+			// refuses it before it runs; a failed statement's rows are
+			// released by the claim, or that failure logged there). A
+			// failing pass like any other, logged, not a release that left
+			// rows IN_FLIGHT.
 			f.logger.Error("Outbox claim ahead failed before stopping", rerr, nil)
 		case rerr != nil:
 			rerr = fmt.Errorf("forwarder: release the batch claimed ahead: %w: %w", errReleaseFailed, rerr)

@@ -61,11 +61,7 @@ type tail struct {
 	start time.Time
 	rep   Report // rep.Claimed is set before the tail can run behind: the loop reads it
 	err   error
-	// claimErr: err is its claim's, which held nothing when it returned
-	// (a refused claim takes no row; a failed statement's rows were
-	// released by the claim, or their failed release was logged there).
-	claimErr bool
-	done     chan struct{} // closed once rep and err are final
+	done  chan struct{} // closed once rep and err are final
 }
 
 // wait returns the pass's report once its outcomes are written (at once for
@@ -122,7 +118,6 @@ func (f *Forwarder) pass(ctx context.Context, stopping, drainExpired <-chan stru
 	if b.err != nil || len(claimed) == 0 {
 		f.claimer.giveMem(b.mem)
 		behind.wait()
-		t.claimErr = b.err != nil
 		f.completer.end(t, b.err)
 		return t, nil
 	}

@@ -195,20 +195,6 @@ func TestFailedFinalReleaseIsReturnedByRun(t *testing.T) {
 	require.Equal(t, []string{"m1", "m2"}, unwritten)
 }
 
-// turnstile lets one publish through per token sent on pass.
-type turnstile struct {
-	entered chan string
-	pass    chan struct{}
-}
-
-func (g *turnstile) Publish(_ string, msgs ...*message.Message) error {
-	g.entered <- msgs[0].UUID
-	<-g.pass
-	return nil
-}
-
-func (g *turnstile) Close() error { return nil }
-
 // A claim made ahead that a lapsed heartbeat refused took no row: Close
 // logs it as a failed pass and does not report a failed release (seen in
 // CI on a busy machine: Close returned "release the batch claimed ahead:
@@ -216,7 +202,7 @@ func (g *turnstile) Close() error { return nil }
 func TestRefusedClaimAheadIsNotAFailedRelease(t *testing.T) {
 	s := newDB(t)
 	insertN(t, s.DB, "orders", "m1", "m2", "m3")
-	g := &turnstile{entered: make(chan string, 10), pass: make(chan struct{}, 10)}
+	g := &gate{entered: make(chan string, 10), open: make(chan struct{}, 10)} // one publish per token sent on open
 	logs := &errLogger{}
 	f, err := forwarder.New(s.DB, g, logs, forwarder.Config{
 		Owner: "relay-a", BatchSize: 1, HeartbeatInterval: 250 * time.Millisecond, DBTimeout: 2 * time.Second,
@@ -246,11 +232,11 @@ func TestRefusedClaimAheadIsNotAFailedRelease(t *testing.T) {
 	}, time.Minute, 10*time.Millisecond)
 
 	// m1 goes out; m2's pass begins and claims ahead: refused.
-	g.pass <- struct{}{}
+	g.open <- struct{}{}
 	require.Equal(t, "m2", waitOrFail(t, g.entered, "the second publish"))
 	closed := make(chan error, 1)
 	go func() { closed <- f.Close() }()
-	g.pass <- struct{}{}
+	g.open <- struct{}{}
 	require.NoError(t, waitOrFail(t, closed, "Close returning"), "the refused claim held nothing to release")
 	require.NoError(t, waitOrFail(t, done, "Run returning"))
 	require.Positive(t, logs.count(forwarder.CodeHeartbeatLapsed), "the claim ahead was refused, and logged")
