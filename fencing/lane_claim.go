@@ -137,6 +137,9 @@ record AS (
               FROM unnest(w.held_ids, w.held_attempts) WITH ORDINALITY AS x(id, att, i)
              WHERE x.id IN (SELECT unnest($19::text[]))) k
      WHERE d.lane = h.lane AND d.epoch = h.epoch
+       -- locked in lane order first, as a takeover locks them (takeLanesSQL)
+       AND d.lane IN (SELECT k.lane FROM messaging_relay_lane_held k
+                       WHERE k.lane IN (SELECT g.lane FROM got g WHERE NOT g.park) ORDER BY k.lane FOR NO KEY UPDATE)
     RETURNING d.lane
 ),
 held AS MATERIALIZED (

@@ -19,10 +19,16 @@ import (
 // still claimable, with the attempts it had. The outcome is the row's only
 // write: lease_owner and lease_token record who wrote it (the relay and
 // the lane's epoch).
+//
+// The lanes are locked in lane order (the sort runs below the lock), as
+// every statement that waits for a lane's lock takes it (lockOwnLanes): in
+// the physical order of their row versions, which every UPDATE of a lane
+// changes, an outcome and its relay's renewal locked two lanes in opposite
+// orders and deadlocked (TestLaneLocksAreTakenInLaneOrder).
 const laneFence = `
 fence AS MATERIALIZED (
     SELECT array_agg(l.lane ORDER BY l.lane) AS lanes, array_agg(l.epoch ORDER BY l.lane) AS epochs
-      FROM (SELECT l.lane, l.epoch FROM messaging_relay_lane l WHERE l.owner = {owner} FOR SHARE) l
+      FROM (SELECT l.lane, l.epoch FROM messaging_relay_lane l WHERE l.owner = {owner} ORDER BY l.lane FOR SHARE) l
 )`
 
 func laneFenceFor(lanes int, token, attempts string) string {

@@ -92,6 +92,14 @@ type LaneState struct {
 	Charged, Parked int
 }
 
+// lockOwnLanes locks the lanes of owner $1 in lane order (the sort runs
+// below the lock) and returns them: an UPDATE of a relay's lanes waits
+// for them through it, so that it takes them in the order the outcome
+// writes do (laneFence); an UPDATE's own scan takes them in the physical
+// order of their row versions, and two statements whose snapshots
+// straddle an UPDATE of a lane see two orders.
+const lockOwnLanes = `SELECT k.lane FROM messaging_relay_lane k WHERE k.owner = $1 ORDER BY k.lane FOR NO KEY UPDATE`
+
 // takeLanesSQL renews every lane of $1 (one statement per heartbeat), marks
 // its heartbeat as a lane relay's, and takes unowned or expired lanes up to
 // its fair share: ceil(lanes / live polling relays), preferring unowned
@@ -111,7 +119,7 @@ share AS (SELECT ((SELECT n FROM total) + (SELECT n FROM live) - 1) / (SELECT n 
 renewed AS (
     UPDATE messaging_relay_lane
        SET lease_expires_at = now() + make_interval(secs => $2)
-     WHERE owner = $1
+     WHERE owner = $1 AND lane IN (` + lockOwnLanes + `)
     RETURNING lane, epoch, lease_expires_at
 ),
 want AS (
@@ -128,6 +136,7 @@ cand AS MATERIALIZED (
 held AS MATERIALIZED (
     SELECT d.lane, d.held_ids, d.held_attempts
       FROM messaging_relay_lane_held d JOIN cand c ON c.lane = d.lane
+     ORDER BY d.lane
        FOR UPDATE OF d
 ),
 taken AS (
@@ -223,7 +232,7 @@ const giveBackSQL = `
 WITH back AS (
     UPDATE messaging_relay_lane
        SET owner = NULL, lease_expires_at = NULL, epoch = epoch + 1, changed_at = now()
-     WHERE owner = $1 AND ($2::int[] IS NULL OR lane = ANY ($2::int[]))
+     WHERE owner = $1 AND ($2::int[] IS NULL OR lane = ANY ($2::int[])) AND lane IN (` + lockOwnLanes + `)
     RETURNING lane, epoch
 ),
 cleared AS (
