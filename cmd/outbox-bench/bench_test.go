@@ -174,7 +174,7 @@ func expectedResults(cfg Config) []string {
 		if cfg.runs("drain") {
 			want = append(want, d.name(), drainCPUName(d.name()))
 			if d.kind != relayWMDefault && d.kind != relayWMTuned {
-				want = append(want, versionsName(d.name()), versionsName(d.name())+"/hot", walName(d.name()), walName(d.name())+"/own")
+				want = append(want, versionsName(d.name()), versionsName(d.name())+"/hot", walName(d.name()), walName(d.name())+"/own", walName(d.name())+"/own/records")
 			}
 		}
 	}
@@ -271,7 +271,7 @@ func smokeCheck(t *testing.T, cfg Config) (Report, string) {
 				require.Greater(t, r.Median, 0.0, name)
 			}
 		case r.Group == "recovery" || strings.HasSuffix(name, "/late") || r.Group == "versions" && strings.HasSuffix(name, "/hot") ||
-			r.Group == "wal" && strings.HasSuffix(name, "/own") || strings.HasPrefix(name, "claimcost/lanes/") && strings.HasSuffix(name, "/cpu"):
+			r.Group == "wal" && (strings.HasSuffix(name, "/own") || strings.HasSuffix(name, "/own/records")) || strings.HasPrefix(name, "claimcost/lanes/") && strings.HasSuffix(name, "/cpu"):
 			// This database's WAL is 0 where pg_walinspect is missing, the
 			// backends' CPU where the server is on another machine.
 			// HOT versions: none on lanes and for the minimal relay.
@@ -430,7 +430,7 @@ func TestLatencyProxy(t *testing.T) {
 	defer cancel()
 	rep, err := run(ctx, cfg, nil)
 	require.NoError(t, err)
-	require.Len(t, rep.Results, 6)
+	require.Len(t, rep.Results, 7)
 	require.Equal(t, "drain/outbox/x1", rep.Results[0].Name)
 	require.Equal(t, "cpu/outbox/x1", rep.Results[1].Name)
 	require.Equal(t, "versions/outbox/x1", rep.Results[2].Name)
@@ -503,10 +503,11 @@ func TestLaneTargets(t *testing.T) {
 	c := newCollector()
 	lanes1 := drainKind{relayOursLanes, 1, 0}.name()
 	o := func(n string) string { return n + "/own" }
+	rec := func(n string) string { return n + "/own/records" }
 	m1, m2 := walName(drainName(relayMinimal, 1)), walName(drainName(relayMinimalTuned, 1))
 	for _, rep := range []map[string]float64{
 		{o(walName(lanes1)): 1600, o(m1): 1500, o(m2): 2000, walName(lanes1): 1600, m1: 1500, m2: 2000,
-			versionsName(lanes1): 1, laneClaimName(1): 100, laneClaimName(4): 110},
+			rec(walName(lanes1)): 300, rec(m1): 320, rec(m2): 330, versionsName(lanes1): 1, laneClaimName(1): 100, laneClaimName(4): 110},
 		{o(walName(lanes1)): 1400, o(m1): 1600, o(m2): 1000, walName(lanes1): 9000, m1: 1600, m2: 1000,
 			versionsName(lanes1): 1, laneClaimName(1): 100, laneClaimName(4): 130},
 		{o(walName(lanes1)): 1500, o(m1): 1500, o(m2): 1500, walName(lanes1): 1500, m1: 1500, m2: 1500,
@@ -528,6 +529,10 @@ func TestLaneTargets(t *testing.T) {
 	require.False(t, wal.Met)
 	require.Contains(t, wal.Note, "cluster-wide pg_wal_lsn_diff: 1.03", "per repetition 1.067, 9, 1.0, 1.0")
 	require.Equal(t, "≤ 1.00", wal.needText())
+	records := got["WAL per relayed message without full-page images: outbox-lanes x1 / minimal relay (best batch)"]
+	require.InDelta(t, 300.0/320, records.Ratio, 1e-9, "the full-page images apart, against the cheaper minimal relay")
+	require.True(t, records.Met)
+	require.Contains(t, records.Note, "less their full-page images")
 	v := got["row versions per relayed message: outbox-lanes x1"]
 	require.Equal(t, 1.0, v.Ratio)
 	require.True(t, v.Met)

@@ -340,7 +340,14 @@ type drainStats struct {
 	// same range. 0 when it could not be read (no pg_walinspect, or the
 	// range's segments were recycled by a checkpoint meanwhile).
 	walOwnPerMsg float64
-	walOwnErr    error
+	// walOwnFPIPerMsg is the part of walOwnPerMsg that is full-page images:
+	// the first write of each page after the CHECKPOINT that ends the fill
+	// logs the whole page. It depends on where a checkpoint falls: rows
+	// relayed in the checkpoint cycle that wrote them (the steady state)
+	// cost none; a backlog that waited across a checkpoint costs a page
+	// image per page, taken by whichever write touches the page first.
+	walOwnFPIPerMsg float64
+	walOwnErr       error
 }
 
 // drainCell measures how fast d.relays relays of d.kind drain a backlog of n
@@ -418,8 +425,8 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 		}
 		st.walPerMsg = wal / float64(n)
 		r.stop()
-		if own, err := e.ownWAL(ctx, lsn0, lsn1); err == nil {
-			st.walOwnPerMsg = own / float64(n)
+		if own, fpi, err := e.ownWAL(ctx, lsn0, lsn1); err == nil {
+			st.walOwnPerMsg, st.walOwnFPIPerMsg = own/float64(n), fpi/float64(n)
 		} else {
 			st.walOwnErr = err
 		}

@@ -67,6 +67,9 @@ type Config struct {
 	// (migration 00031 sets 50) in every schema of the run: for measuring
 	// the write/drain trade-off of that setting.
 	Fillfactor int `json:"fillfactor,omitempty"`
+	// WALDetail prints, for every drain cell, this database's WAL records
+	// grouped by relation and record type.
+	WALDetail bool `json:"-"`
 	// DBLatencyMs, when non-zero, sends every connection of the run through
 	// a proxy that delays each reply from the database by this much.
 	DBLatencyMs int `json:"db_latency_ms,omitempty"`
@@ -145,6 +148,7 @@ type Machine struct {
 
 func main() {
 	cfg := defaultConfig()
+	flag.BoolVar(&cfg.WALDetail, "wal-detail", false, "drain: print each cell's own WAL by relation and record type (needs pg_walinspect)")
 	flag.IntVar(&cfg.Fillfactor, "fillfactor", 0, "override messaging_outbox's fillfactor (10-100) in every schema of the run (0: the migration's)")
 	flag.StringVar(&cfg.URL, "db", cfg.URL, "PostgreSQL URL (default: OUTBOX_TEST_DATABASE_URL or the local test server); the run creates and drops its own database there")
 	flag.StringVar(&cfg.Out, "out", cfg.Out, "result file (JSON)")
@@ -361,6 +365,7 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	}
 	defer e.close()
 	e.fillfactor = cfg.Fillfactor
+	e.walDetail = cfg.WALDetail
 	if err := e.admin.QueryRowContext(ctx, "SHOW server_version").Scan(&rep.Machine.PostgreSQL); err != nil {
 		return nil, err
 	}
@@ -416,11 +421,12 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 				c.add("versions", versionsName(d.name())+"/hot", "versions/msg", st.hot)
 				c.add("wal", walName(d.name()), "B/msg", st.walPerMsg)
 				c.add("wal", walName(d.name())+"/own", "B/msg", st.walOwnPerMsg)
+				c.add("wal", walName(d.name())+"/own/records", "B/msg", st.walOwnPerMsg-st.walOwnFPIPerMsg)
 				if st.walOwnErr != nil {
 					logf("  %-28s WAL of this run's database not read (recorded as 0): %v", d.name(), st.walOwnErr)
 				}
 			}
-			logf("  %-28s %10.0f msg/s %7.1f µs CPU/msg %5.2f row versions/msg (%.2f HOT) %6.0f WAL B/msg (%.0f this database's)", d.name(), st.rate, st.cpuUSPerMsg, st.versions, st.hot, st.walPerMsg, st.walOwnPerMsg)
+			logf("  %-28s %10.0f msg/s %7.1f µs CPU/msg %5.2f row versions/msg (%.2f HOT) %6.0f WAL B/msg (%.0f this database's, %.0f without full-page images)", d.name(), st.rate, st.cpuUSPerMsg, st.versions, st.hot, st.walPerMsg, st.walOwnPerMsg, st.walOwnPerMsg-st.walOwnFPIPerMsg)
 		}
 		// 2b. Recovery after a downstream outage, and claim cost under
 		// blocked keys.

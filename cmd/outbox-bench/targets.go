@@ -255,26 +255,34 @@ func sortedCopy(v []float64) []float64 {
 // server time per row with 4 relays against 1.
 func laneTargets(cfg Config, c *collector, addMax func(name string, r, need float64, measured bool, note string)) {
 	// WAL: this run's database's records (pg_walinspect), a cluster-wide
-	// LSN difference beside it in the note (the server is shared).
-	own := func(n string) string { return n + "/own" }
-	minimal := []string{walName(drainName(relayMinimal, 1)), walName(drainName(relayMinimalTuned, 1))}
-	minimalOwn := []string{own(minimal[0]), own(minimal[1])}
-	minRan := slices.ContainsFunc(minimalOwn, func(n string) bool { _, ok := c.by[n]; return ok })
-	walNote := "WAL records of this run's database over the drain (pg_walinspect; after the fill and a CHECKPOINT) / messages, against the minimal relay's lower of batch 100 and 1000 in the same repetition"
-	for _, d := range []drainKind{{relayOursLanes, 1, 0}, {relayOursLanes, 4, 0}, {relayOurs, 1, 0}} {
-		w := walName(d.name())
-		_, ok := c.by[own(w)]
-		r := c.pairRatioBest(own(w), minimalOwn...)
-		note := walNote + fmt.Sprintf("; cluster-wide pg_wal_lsn_diff: %.2f", c.pairRatioBest(w, minimal...))
-		switch {
-		case !ok || !minRan:
-			note = "not measured in this run (" + own(w) + " or " + minimalOwn[0] + "/" + minimalOwn[1] + " missing)"
-		case r == 0:
-			note = "this database's WAL could not be read (pg_walinspect missing or the WAL recycled): " + note
-		case d.kind == relayOurs:
-			note = "evidence (per-row leases): " + note
+	// LSN difference beside it in the note (the server is shared); once
+	// with the full-page images the CHECKPOINT before the drain causes (a
+	// backlog that waited across a checkpoint) and once without (rows
+	// relayed in the checkpoint cycle that wrote them: the steady state).
+	for _, part := range []struct{ suffix, name, note string }{
+		{"/own", "WAL per relayed message", "WAL records of this run's database over the drain (pg_walinspect; after the fill and a CHECKPOINT, so with a full-page image of every page the drain writes first) / messages"},
+		{"/own/records", "WAL per relayed message without full-page images", "WAL records of this run's database over the drain (pg_walinspect) less their full-page images (the steady state: rows relayed in the checkpoint cycle that wrote them) / messages"},
+	} {
+		own := func(n string) string { return n + part.suffix }
+		minimal := []string{walName(drainName(relayMinimal, 1)), walName(drainName(relayMinimalTuned, 1))}
+		minimalOwn := []string{own(minimal[0]), own(minimal[1])}
+		minRan := slices.ContainsFunc(minimalOwn, func(n string) bool { _, ok := c.by[n]; return ok })
+		walNote := part.note + ", against the minimal relay's lower of batch 100 and 1000 in the same repetition"
+		for _, d := range []drainKind{{relayOursLanes, 1, 0}, {relayOursLanes, 4, 0}, {relayOurs, 1, 0}} {
+			w := walName(d.name())
+			_, ok := c.by[own(w)]
+			r := c.pairRatioBest(own(w), minimalOwn...)
+			note := walNote + fmt.Sprintf("; cluster-wide pg_wal_lsn_diff: %.2f", c.pairRatioBest(w, minimal...))
+			switch {
+			case !ok || !minRan:
+				note = "not measured in this run (" + own(w) + " or " + minimalOwn[0] + "/" + minimalOwn[1] + " missing)"
+			case r == 0:
+				note = "this database's WAL could not be read (pg_walinspect missing or the WAL recycled): " + note
+			case d.kind == relayOurs:
+				note = "evidence (per-row leases): " + note
+			}
+			addMax(fmt.Sprintf("%s: %s x%d / minimal relay (best batch)", part.name, d.kind, d.relays), r, 1.0, ok && minRan && r > 0, note)
 		}
-		addMax(fmt.Sprintf("WAL per relayed message: %s x%d / minimal relay (best batch)", d.kind, d.relays), r, 1.0, ok && minRan && r > 0, note)
 	}
 	for _, d := range []drainKind{{relayOursLanes, 1, 0}, {relayOursLanes, 4, 0}} {
 		v := versionsName(d.name())
