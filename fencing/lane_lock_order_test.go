@@ -119,13 +119,17 @@ func TestClaimAndTakeoverLockTheHeldRecordInLaneOrder(t *testing.T) {
 	for i := range all {
 		all[i] = i
 	}
-	// waiting reports whether n statements wait for a lock (their text is
-	// longer than pg_stat_activity keeps: they are counted, not named).
-	waiting := func(n int) func() bool {
+	// waiting reports whether n statements wait, directly or through one
+	// another, for the lock the stalling session (backend pid) holds: only
+	// this test's statements, whatever else runs on the server.
+	waiting := func(pid, n int) func() bool {
 		return func() bool {
 			var got int
-			require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&got))
+			require.NoError(t, s.DB.QueryRow(`WITH RECURSIVE blocked(pid) AS (
+				SELECT a.pid FROM pg_stat_activity a WHERE $1::int = ANY (pg_blocking_pids(a.pid))
+				UNION
+				SELECT a.pid FROM pg_stat_activity a, blocked b WHERE b.pid = ANY (pg_blocking_pids(a.pid)))
+				SELECT count(*) FROM blocked`, pid).Scan(&got))
 			return got >= n
 		}
 	}
@@ -137,13 +141,15 @@ func TestClaimAndTakeoverLockTheHeldRecordInLaneOrder(t *testing.T) {
 		require.NoError(t, err)
 		_, err = stall.Exec(`SELECT 1 FROM messaging_relay_lane_held WHERE lane = $1 FOR NO KEY UPDATE`, round%lanes)
 		require.NoError(t, err)
+		var pid int
+		require.NoError(t, stall.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid))
 		claimed := make(chan error, 1)
 		go func() {
 			_, err := fencing.Claim(ctx, s.DB, fencing.ClaimParams{Owner: "a", Limit: 1000, MaxAttempts: budget,
 				Lanes: all, LaneCount: lanes})
 			claimed <- err
 		}()
-		waitFor(t, waiting(1)) // the claim, on the stalled record
+		waitFor(t, waiting(pid, 1)) // the claim, on the stalled record
 		_, err = s.DB.Exec(`UPDATE messaging_relay_lane SET lease_expires_at = now() - interval '1 second' WHERE owner = 'a'`)
 		require.NoError(t, err)
 		took := make(chan fencing.LaneState, 1)
@@ -153,7 +159,7 @@ func TestClaimAndTakeoverLockTheHeldRecordInLaneOrder(t *testing.T) {
 			takeErr = err
 			took <- st
 		}()
-		waitFor(t, waiting(2)) // and the takeover, on the claim or the stall
+		waitFor(t, waiting(pid, 2)) // and the takeover, on the claim or the stall
 		require.NoError(t, stall.Commit())
 		claimErr, st := <-claimed, <-took
 		for _, err := range []error{claimErr, takeErr} {
