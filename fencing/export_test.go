@@ -19,3 +19,7 @@ var (
 	ClaimBlockKeySQL   = claimBlockKeySQL
 	ClaimSkipParkedSQL = claimSkipParkedSQL
 )
+
+// TakeLanesSQL is TakeLanes' statement (its charge of what a lapsed owner
+// held finds the rows by id).
+const TakeLanesSQL = takeLanesSQL

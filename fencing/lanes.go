@@ -166,7 +166,7 @@ charged AS (
               FROM cand c JOIN held d ON d.lane = c.lane
              CROSS JOIN LATERAL unnest(d.held_ids, d.held_attempts) AS x(id, att)) h
      WHERE o.message_id = h.id AND o.attempts = h.att
-       AND o.published_at IS NULL AND o.parked_at IS NULL AND o.status <> 'IN_FLIGHT'
+       AND coalesce(o.published_at, o.parked_at) IS NULL AND o.status <> 'IN_FLIGHT' -- by the primary key (unclaimedByID)
     RETURNING o.status
 )
 SELECT lane, epoch, lease_expires_at, false AS taken, (SELECT n FROM share), (SELECT n FROM total),
@@ -378,7 +378,7 @@ func SetLaneCount(ctx context.Context, db *sql.DB, n, maxAttempts int) error {
                    CROSS JOIN LATERAL unnest(d.held_ids, d.held_attempts) AS x(id, att)
                   WHERE l.owner IS NOT NULL) h
           WHERE o.message_id = h.id AND o.attempts = h.att
-            AND o.published_at IS NULL AND o.parked_at IS NULL AND o.status <> 'IN_FLIGHT'`,
+            AND coalesce(o.published_at, o.parked_at) IS NULL AND o.status <> 'IN_FLIGHT' -- by the primary key (unclaimedByID)`,
 		`DELETE FROM messaging_relay_lane`,
 		`INSERT INTO messaging_relay_lane (lane) SELECT g FROM generate_series(0, $1 - 1) g`,
 		`INSERT INTO messaging_relay_lane_held (lane) SELECT g FROM generate_series(0, $1 - 1) g`,
