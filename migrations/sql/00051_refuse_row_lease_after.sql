@@ -10,16 +10,16 @@
 -- An AFTER ROW trigger takes no lock, and its WHEN clause decides whether
 -- the row is queued at all, so an outcome costs nothing here. A relay
 -- built before lanes is refused as before: its claim statement fails with
--- FENCE_SCHEME_CONFLICT and writes nothing.
-DROP TRIGGER messaging_outbox_refuse_row_lease ON messaging_outbox;
-CREATE TRIGGER messaging_outbox_refuse_row_lease
+-- FENCE_SCHEME_CONFLICT and writes nothing. CREATE OR REPLACE (PostgreSQL
+-- 14+) takes the lock CREATE TRIGGER takes (SHARE ROW EXCLUSIVE: writes
+-- wait, reads do not); DROP TRIGGER would take ACCESS EXCLUSIVE.
+CREATE OR REPLACE TRIGGER messaging_outbox_refuse_row_lease
     AFTER UPDATE ON messaging_outbox FOR EACH ROW
     WHEN (NEW.status = 'IN_FLIGHT' AND OLD.status IS DISTINCT FROM 'IN_FLIGHT')
     EXECUTE FUNCTION messaging_outbox_refuse_row_lease();
 
 -- +goose Down
-DROP TRIGGER messaging_outbox_refuse_row_lease ON messaging_outbox;
-CREATE TRIGGER messaging_outbox_refuse_row_lease
+CREATE OR REPLACE TRIGGER messaging_outbox_refuse_row_lease
     BEFORE UPDATE ON messaging_outbox FOR EACH ROW
     WHEN (NEW.status = 'IN_FLIGHT' AND OLD.status IS DISTINCT FROM 'IN_FLIGHT')
     EXECUTE FUNCTION messaging_outbox_refuse_row_lease();
