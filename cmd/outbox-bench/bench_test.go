@@ -630,3 +630,29 @@ func TestLaneDrainTargets(t *testing.T) {
 	require.True(t, x4.Met)
 	require.Zero(t, got["drain: outbox-lanes-k100 x4 / outbox-lanes-k100 x1"].Ratio, "not run")
 }
+
+// -driver names the relays' database/sql driver: an unknown one is refused
+// before anything runs, and with pgx's stdlib the drain of both our relay
+// and the minimal one runs to the end, every message delivered.
+func TestDriverFlag(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.Driver = "mysql"
+	_, err := run(context.Background(), cfg, nil)
+	require.ErrorContains(t, err, `-driver "mysql"`)
+
+	cfg = tinyConfig(t)
+	cfg.Driver = "pgx"
+	cfg.Only = []string{"drain"}
+	cfg.Drain = []string{"outbox-lanes/x1", "skiplocked/x1"}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := run(ctx, cfg, nil)
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, r := range rep.Results {
+		got[r.Name] = r.Median
+	}
+	require.Positive(t, got["drain/outbox-lanes/x1"])
+	require.Positive(t, got["drain/skiplocked/x1"])
+	require.Equal(t, "pgx", rep.Config.Driver)
+}

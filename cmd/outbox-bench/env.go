@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -13,7 +14,8 @@ import (
 	"strings"
 	"time"
 
-	_ "github.com/lib/pq" // database/sql driver "postgres"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx" (-driver pgx)
+	_ "github.com/lib/pq"              // database/sql driver "postgres"
 
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/migrations"
@@ -40,6 +42,10 @@ type env struct {
 	walinspect error
 	// walDetail prints where each drain's own WAL went (-wal-detail).
 	walDetail bool
+	// driver is the database/sql driver of the schemas' pools, the
+	// relays' and writers' connections (-driver): "postgres" (lib/pq) or
+	// "pgx" (pgx's stdlib, binary results where pgx knows the type).
+	driver string
 }
 
 func withDatabase(base, db string) (string, error) {
@@ -237,7 +243,7 @@ func (e *env) newSchema(ctx context.Context, pool int) (*schema, error) {
 		return nil, fmt.Errorf("create schema: %w", err)
 	}
 	s := &schema{name: name, url: testdb.WithSearchPath(e.dbURL, name), e: e}
-	db, err := sql.Open("postgres", s.url)
+	db, err := sql.Open(e.driverName(), s.url)
 	if err != nil {
 		return nil, err
 	}
@@ -256,6 +262,9 @@ func (e *env) newSchema(ctx context.Context, pool int) (*schema, error) {
 	}
 	return s, nil
 }
+
+// driverName is the driver of the schemas' pools (lib/pq by default).
+func (e *env) driverName() string { return cmp.Or(e.driver, "postgres") }
 
 // exec runs a statement in the bench database (not the admin one).
 func (e *env) exec(ctx context.Context, q string) (sql.Result, error) {
@@ -276,7 +285,7 @@ func (s *schema) drop() {
 
 // open returns another pool on the schema (another "process").
 func (s *schema) open(pool int) (*sql.DB, error) {
-	db, err := sql.Open("postgres", s.url)
+	db, err := sql.Open(s.e.driverName(), s.url)
 	if err != nil {
 		return nil, err
 	}

@@ -67,6 +67,9 @@ type Config struct {
 	// (migration 00031 sets 50) in every schema of the run: for measuring
 	// the write/drain trade-off of that setting.
 	Fillfactor int `json:"fillfactor,omitempty"`
+	// Driver is the database/sql driver of the relays' and writers'
+	// connections: "postgres" (lib/pq, the default) or "pgx".
+	Driver string `json:"driver,omitempty"`
 	// WALDetail prints, for every drain cell, this database's WAL records
 	// grouped by relation and record type.
 	WALDetail bool `json:"-"`
@@ -148,6 +151,7 @@ type Machine struct {
 
 func main() {
 	cfg := defaultConfig()
+	flag.StringVar(&cfg.Driver, "driver", "postgres", "database/sql driver of every relay's and writer's connections, the minimal relay's too: postgres (lib/pq, text results) or pgx (pgx's stdlib, binary results)")
 	flag.BoolVar(&cfg.WALDetail, "wal-detail", false, "drain: print each cell's own WAL by relation and record type (needs pg_walinspect)")
 	flag.IntVar(&cfg.Fillfactor, "fillfactor", 0, "override messaging_outbox's fillfactor (10-100) in every schema of the run (0: the migration's)")
 	flag.StringVar(&cfg.URL, "db", cfg.URL, "PostgreSQL URL (default: OUTBOX_TEST_DATABASE_URL or the local test server); the run creates and drops its own database there")
@@ -356,6 +360,9 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	if cfg.Outage < 0 {
 		return nil, fmt.Errorf("-outage must not be negative, got %s", cfg.Outage)
 	}
+	if cfg.Driver != "" && cfg.Driver != "postgres" && cfg.Driver != "pgx" {
+		return nil, fmt.Errorf("-driver %q: postgres or pgx", cfg.Driver)
+	}
 	if cfg.Fillfactor != 0 && (cfg.Fillfactor < 10 || cfg.Fillfactor > 100) {
 		return nil, fmt.Errorf("-fillfactor %d: PostgreSQL accepts 10 to 100", cfg.Fillfactor)
 	}
@@ -366,6 +373,7 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	defer e.close()
 	e.fillfactor = cfg.Fillfactor
 	e.walDetail = cfg.WALDetail
+	e.driver = cfg.Driver
 	if err := e.admin.QueryRowContext(ctx, "SHOW server_version").Scan(&rep.Machine.PostgreSQL); err != nil {
 		return nil, err
 	}
