@@ -3,13 +3,13 @@ package fencing_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
 // The lane scheme's statements that find rows by message id (the outcome,
@@ -55,17 +55,9 @@ func TestLaneStatementsByIDUseNoClaimableIndex(t *testing.T) {
 			_, err = tx.Exec(q)
 			require.NoError(t, err)
 		}
-		rows, err := tx.Query("EXPLAIN "+st.q, st.args...)
-		require.NoError(t, err, st.name)
-		var plan strings.Builder
-		for rows.Next() {
-			var line string
-			require.NoError(t, rows.Scan(&line))
-			plan.WriteString(line + "\n")
-		}
-		require.NoError(t, rows.Err())
+		plan := testdb.ExplainIn(t, tx, st.q, st.args...)
 		require.NoError(t, tx.Rollback())
-		require.Contains(t, plan.String(), "messaging_outbox", st.name)
-		require.NotContains(t, plan.String(), "claimable_idx", "%s:\n%s", st.name, plan.String())
+		require.Contains(t, plan, "messaging_outbox", st.name)
+		require.NotContains(t, plan, "claimable_idx", "%s:\n%s", st.name, plan)
 	}
 }

@@ -28,6 +28,18 @@ func Explain(t testing.TB, db *sql.DB, q string, args ...any) string {
 		t.Fatalf("testdb: explain: begin: %v", err)
 	}
 	defer func() { _ = tx.Rollback() }()
+	plan := ExplainIn(t, tx, q, args...)
+	if err := tx.Rollback(); err != nil {
+		t.Fatalf("testdb: explain: rollback: %v", err)
+	}
+	return plan
+}
+
+// ExplainIn is Explain inside the caller's transaction, for a plan under
+// settings or schema changes made there first (SET LOCAL, an index dropped
+// for the transaction); the caller rolls it back.
+func ExplainIn(t testing.TB, tx *sql.Tx, q string, args ...any) string {
+	t.Helper()
 	rows, err := tx.Query("EXPLAIN "+q, args...)
 	if err != nil {
 		t.Fatalf("testdb: EXPLAIN %s: %v", q, err)
@@ -43,9 +55,6 @@ func Explain(t testing.TB, db *sql.DB, q string, args ...any) string {
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatalf("testdb: explain: %v", err)
-	}
-	if err := tx.Rollback(); err != nil {
-		t.Fatalf("testdb: explain: rollback: %v", err)
 	}
 	return plan.String()
 }
