@@ -95,24 +95,31 @@ func newEnv(ctx context.Context, baseURL string) (*env, error) {
 	return e, nil
 }
 
-// ownWALSQL sums the WAL records between $1 and $2 that are this database's:
-// those with a block reference to one of its relations ($3: " rel
-// <tablespace>/<database oid>/"), and the commit and abort records of the
-// transactions that wrote such records, and of those bytes the full-page
-// images' (which record_length includes).
+// ownWALSQL groups the WAL records between $1 and $2 that are this
+// database's by the relation of their block reference and their record
+// type: the records with a block reference to one of its relations ($3: "
+// rel <tablespace>/<database oid>/"), and the commit and abort records of
+// the transactions that wrote such records (one group, relation "-").
+// Full-page images are in record_length, and apart in fpi_length.
 const ownWALSQL = `
 WITH r AS MATERIALIZED (
-    SELECT xid, record_length, fpi_length, block_ref FROM public.pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
+    SELECT xid, resource_manager, record_type, record_length, fpi_length, block_ref,
+           substring(block_ref from ' rel \d+/\d+/(\d+)')::oid AS node
+      FROM public.pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
 ),
 mine AS (SELECT DISTINCT xid FROM r WHERE block_ref LIKE $3 AND xid <> '0'::xid)
-SELECT coalesce(sum(record_length), 0)::float8, coalesce(sum(fpi_length), 0)::float8 FROM r
- WHERE block_ref LIKE $3 OR (coalesce(block_ref, '') = '' AND xid IN (SELECT xid FROM mine))`
+SELECT coalesce(c.relname, r.node::text, '-'), r.resource_manager || '/' || r.record_type,
+       count(*), sum(r.record_length)::int8, sum(r.fpi_length)::int8
+  FROM r LEFT JOIN pg_class c ON c.relfilenode = r.node
+ WHERE r.block_ref LIKE $3 OR (coalesce(r.block_ref, '') = '' AND r.xid IN (SELECT xid FROM mine))
+ GROUP BY 1, 2 ORDER BY 4 DESC`
 
 // ownWAL is the WAL this run's database wrote between two positions (the
 // server is shared, and a cluster-wide LSN difference counts every other
 // database's writes in the same range), and the part of it that is
-// full-page images. It errors when pg_walinspect is not available or the
-// range is no longer on disk (a checkpoint recycled it).
+// full-page images; with -wal-detail it prints the 20 largest groups of
+// ownWALSQL to stderr. It errors when pg_walinspect is not available or
+// the range is no longer on disk (a checkpoint recycled it).
 func (e *env) ownWAL(ctx context.Context, from, to string) (total, fpi float64, err error) {
 	if e.walinspect != nil {
 		return 0, 0, e.walinspect
@@ -142,49 +149,26 @@ func (e *env) ownWAL(ctx context.Context, from, to string) (total, fpi float64, 
 		}
 	}
 	pattern := fmt.Sprintf("%% rel %%/%d/%%", e.dbOID)
-	if err := db.QueryRowContext(ctx, ownWALSQL, from, to, pattern).Scan(&total, &fpi); err != nil {
+	rows, err := db.QueryContext(ctx, ownWALSQL, from, to, pattern)
+	if err != nil {
 		return 0, 0, fmt.Errorf("pg_get_wal_records_info: %w", err)
 	}
-	if e.walDetail {
-		if err := printWALDetail(ctx, db, from, to, pattern); err != nil {
+	defer rows.Close()
+	for shown := 0; rows.Next(); shown++ {
+		var rel, kind string
+		var n, bytes, images int64
+		if err := rows.Scan(&rel, &kind, &n, &bytes, &images); err != nil {
 			return 0, 0, err
 		}
+		total, fpi = total+float64(bytes), fpi+float64(images)
+		if e.walDetail && shown < 20 {
+			fmt.Fprintf(os.Stderr, "  wal %-40s %-28s %8d records %12d B (fpi %d B)\n", rel, kind, n, bytes, images)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, 0, fmt.Errorf("pg_get_wal_records_info: %w", err)
 	}
 	return total, fpi, nil
-}
-
-// walDetailSQL groups this database's WAL records between $1 and $2 by the
-// relation of their first block reference and their record type; commit
-// records (no block) are one group.
-const walDetailSQL = `
-WITH r AS MATERIALIZED (
-    SELECT xid, resource_manager, record_type, record_length, fpi_length, block_ref,
-           substring(block_ref from ' rel \d+/\d+/(\d+)')::oid AS node
-      FROM public.pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
-),
-mine AS (SELECT DISTINCT xid FROM r WHERE block_ref LIKE $3 AND xid <> '0'::xid)
-SELECT coalesce(c.relname, r.node::text, '-'), r.resource_manager || '/' || r.record_type,
-       count(*), sum(r.record_length)::int8, sum(r.fpi_length)::int8
-  FROM r LEFT JOIN pg_class c ON c.relfilenode = r.node
- WHERE r.block_ref LIKE $3 OR (coalesce(r.block_ref, '') = '' AND r.xid IN (SELECT xid FROM mine))
- GROUP BY 1, 2 ORDER BY 4 DESC LIMIT 20`
-
-// printWALDetail prints walDetailSQL's groups to stderr.
-func printWALDetail(ctx context.Context, db *sql.DB, from, to, pattern string) error {
-	rows, err := db.QueryContext(ctx, walDetailSQL, from, to, pattern)
-	if err != nil {
-		return fmt.Errorf("wal detail: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var rel, kind string
-		var n, bytes, fpi int64
-		if err := rows.Scan(&rel, &kind, &n, &bytes, &fpi); err != nil {
-			return err
-		}
-		fmt.Fprintf(os.Stderr, "  wal %-40s %-28s %8d records %12d B (fpi %d B)\n", rel, kind, n, bytes, fpi)
-	}
-	return rows.Err()
 }
 
 func (e *env) close() {
