@@ -81,6 +81,7 @@ func TestChainCutReleasesItsTailWithoutSpendingAttempts(t *testing.T) {
 // the middle of chains and replaced, every key's first deliveries are in seq
 // order and every committed row ends PUBLISHED (delivered) or parked.
 func TestChainsKeepEveryKeysOrderUnderFaults(t *testing.T) {
+	t.Parallel() // waits on its downstream's pace or on leases: overlaps the other parallel tests
 	chainsUnderFaults(t, forwarder.FenceRows)
 }
 
@@ -89,6 +90,7 @@ func TestChainsKeepEveryKeysOrderUnderFaults(t *testing.T) {
 // charging what it held), and one relay leaves and another joins, so the
 // lanes are rebalanced again and again while the keys drain.
 func TestLanesKeepEveryKeysOrderUnderFaults(t *testing.T) {
+	t.Parallel() // waits on its downstream's pace or on leases: overlaps the other parallel tests
 	chainsUnderFaults(t, forwarder.FenceLanes)
 }
 

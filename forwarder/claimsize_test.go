@@ -79,6 +79,7 @@ func TestAnExplicitBatchSizeIsFixedUnlessMaxBatchSizeIsSet(t *testing.T) {
 // at least 10 ms per message, one at a time, with a 2 s lease, no claim
 // takes more than 500 ms / 10 ms = 50 rows, however far behind the relay is.
 func TestClaimsDoNotOutgrowWhatTheLeaseCanPublish(t *testing.T) {
+	t.Parallel() // waits on its downstream's pace or on leases: overlaps the other parallel tests
 	s := newDB(t)
 	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload)
 		SELECT 'a' || g, 'orders', 'x' FROM generate_series(1, 400) g`)

@@ -23,6 +23,7 @@ import (
 // 40-row claim waits for the 20 ahead of it and most of it is released
 // without an attempt once its start-by deadline passes.
 func TestRunClaimsAheadDoNotGrowBeforeAnyPublishWasTimed(t *testing.T) {
+	t.Parallel() // waits on its downstream's pace or on leases: overlaps the other parallel tests
 	s := newDB(t)
 	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload)
 		SELECT 'a' || g, 'orders', 'x' FROM generate_series(1, 300) g`)
@@ -117,6 +118,7 @@ func TestFailingClaimsBackOffWhileABreakerProbeIsDue(t *testing.T) {
 // 500 ms / (2 x 10 ms) = 25 rows at most (a slower machine only makes the
 // pace slower and the claims smaller).
 func TestClaimsDoNotGrowPastWhatTheStartByDeadlineLetsStart(t *testing.T) {
+	t.Parallel() // waits on its downstream's pace or on leases: overlaps the other parallel tests
 	s := newDB(t)
 	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload)
 		SELECT 'a' || g, 'orders', 'x' FROM generate_series(1, 400) g`)

@@ -200,6 +200,7 @@ func TestFailedFinalReleaseIsReturnedByRun(t *testing.T) {
 // CI on a busy machine: Close returned "release the batch claimed ahead:
 // release failed: FORWARDER_HEARTBEAT_LAPSED" with nothing left IN_FLIGHT).
 func TestRefusedClaimAheadIsNotAFailedRelease(t *testing.T) {
+	t.Parallel() // waits on its downstream's pace or on leases: overlaps the other parallel tests
 	s := newDB(t)
 	insertN(t, s.DB, "orders", "m1", "m2", "m3")
 	g := &gate{entered: make(chan string, 10), open: make(chan struct{}, 10)} // one publish per token sent on open
