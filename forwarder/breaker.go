@@ -25,8 +25,16 @@ import (
 // still holds for it; every probe interval (BreakerProbeBase, doubling to
 // BreakerProbeMax, jittered per owner) it claims a single row of the
 // destination as a probe. A confirmed publish (a probe, or any other) closes
-// it, and the backlog flows at full speed again. Owns nothing else: it never
-// touches the database.
+// it, and the backlog flows at full speed again.
+//
+// It also remembers, per destination and beyond the breaker's closing, the
+// messages the default classifier's pass-wide rule excused (put back
+// without an attempt as outage evidence: passEvidence, probeLikeOutage),
+// with the error they failed with and the destination's count of confirmed
+// publishes then. A message excused before a later confirmed publish to its
+// destination, failing again with the same error, is no longer evidence of
+// an outage: the destination works for other messages (excusedBeforeLocked).
+// Owns nothing else: it never touches the database.
 type breakers struct {
 	mu        sync.Mutex
 	threshold int
@@ -35,7 +43,28 @@ type breakers struct {
 	now       func() time.Time
 	m         map[string]*breaker
 	seen      map[string]bool // destinations published to (or tried)
+	// excused: destination -> message id -> why and when it was excused,
+	// nExcused ids in all (at most maxExcused). confirms: destination ->
+	// confirmed publishes counted so far (the confirm generation). None is
+	// touched by success: they outlive the breaker.
+	excused  map[string]map[string]excuse
+	nExcused int
+	confirms map[string]uint64
 }
+
+// excuse is a message put back without an attempt as evidence that its
+// destination was unavailable.
+type excuse struct {
+	text string // the error it failed with
+	gen  uint64 // its destination's confirm generation when it was excused
+}
+
+// maxExcused bounds the excused messages remembered, all destinations
+// together; when a new one would exceed it the memory is dropped whole. A
+// forgotten excuse only makes the next failure of that message count as
+// evidence again (the rule as it was without the memory): an outage never
+// spends a budget for it, a pair of poison messages may cycle once more.
+const maxExcused = 4096
 
 type breaker struct {
 	ids      map[string]bool // distinct messages that failed since the last confirm (up to threshold)
@@ -103,25 +132,112 @@ func (b *breakers) openLocked(x *breaker, errText string) {
 
 // probeLikeOutage reports whether a probe of message id to dest failed the
 // way the failure that opened its breaker did, for the first time for this
-// message: evidence that the outage goes on, which spends no attempt. A
-// message that a probe carried before and that fails again spends one (so a
-// poison message that happens to fail like the outage still ends EXHAUSTED).
+// message: evidence that the outage goes on, which spends no attempt (the
+// message is remembered as excused). A message that a probe carried before
+// in this outage and that fails again spends one (so a poison message that
+// happens to fail like the outage still ends EXHAUSTED), and so does one
+// excused with this error before a later confirmed publish to dest (the
+// breaker's closing forgets which messages were probed; that memory stays).
 func (b *breakers) probeLikeOutage(dest, id, errText string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	x := b.m[dest]
-	if x == nil || !x.open || x.openErr != errText || x.probed[id] {
+	if x == nil || !x.open || x.openErr != errText || x.probed[id] || b.excusedBeforeLocked(dest, id, errText) {
 		return false
 	}
 	if x.probed == nil {
 		x.probed = make(map[string]bool)
 	}
 	x.probed[id] = true
+	b.excuseLocked(dest, id, errText)
 	return true
 }
 
-// success records a confirmed publish to dest and reports whether it closed
-// the breaker.
+// passLikeOutage reports whether a pass's failed publishes to dest, ids (two
+// or more, every one ambiguous with errText), are evidence that dest is
+// unavailable: unless each of them was excused with errText before a later
+// confirmed publish to dest. Those messages fail on their own while dest
+// takes others (two poison messages rejected alike, claimed together): each
+// must spend its attempts, or they would trip the breaker again each time a
+// probe closed it, and never spend their budgets. One message new to the
+// memory (or excused since the last confirmed publish, or with another
+// error) is enough for evidence: an outage that catches new messages puts
+// them back without an attempt as before, also when it catches old ones
+// with them, whatever the destination confirmed in between. When it is
+// evidence, every id is remembered as excused.
+func (b *breakers) passLikeOutage(dest, errText string, ids []string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	fresh := false
+	for _, id := range ids {
+		if !b.excusedBeforeLocked(dest, id, errText) {
+			fresh = true
+			break
+		}
+	}
+	if !fresh {
+		return false
+	}
+	for _, id := range ids {
+		b.excuseLocked(dest, id, errText)
+	}
+	return true
+}
+
+// excusedBeforeLocked reports whether message id to dest was excused with
+// errText before a later confirmed publish to dest (its excuse is stale: the
+// destination has worked since, and the message fails as it did).
+func (b *breakers) excusedBeforeLocked(dest, id, errText string) bool {
+	e, ok := b.excused[dest][id]
+	return ok && e.text == errText && e.gen < b.confirms[dest]
+}
+
+// excuseLocked remembers message id to dest as excused with errText now.
+func (b *breakers) excuseLocked(dest, id, errText string) {
+	m := b.excused[dest]
+	if _, ok := m[id]; !ok {
+		if b.nExcused >= maxExcused {
+			clear(b.excused)
+			b.nExcused, m = 0, nil
+		}
+		b.nExcused++
+	}
+	if m == nil {
+		if b.excused == nil {
+			b.excused = make(map[string]map[string]excuse)
+		}
+		m = make(map[string]excuse)
+		b.excused[dest] = m
+	}
+	m[id] = excuse{text: errText, gen: b.confirms[dest]}
+}
+
+// confirmed records a confirmed publish of message id to dest: dest's
+// confirm generation moves on (every excuse given before it becomes stale),
+// and id's own excuse, if any, is forgotten. Unlike success it is called
+// for confirmed publishes only (success also closes a breaker whose probe
+// found no row, which shows nothing about the destination).
+func (b *breakers) confirmed(dest, id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.confirms == nil {
+		b.confirms = make(map[string]uint64)
+	}
+	b.confirms[dest]++
+	if m := b.excused[dest]; m != nil {
+		if _, ok := m[id]; ok {
+			delete(m, id)
+			b.nExcused--
+		}
+		if len(m) == 0 {
+			delete(b.excused, dest)
+		}
+	}
+}
+
+// success records a confirmed publish to dest (or a probe that found no row
+// of it) and reports whether it closed the breaker. It forgets the breaker,
+// not the excused messages (see confirmed).
 func (b *breakers) success(dest string) (closed bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -269,10 +385,19 @@ func (b *breakers) probed(dest string, seq int64) {
 // the breaker), the destination is taken to be unavailable: those rows are
 // put back without an attempt and its breaker opens. Timeouts and panics
 // are not evidence (the broker may have taken those messages), nor is a
-// single message otherwise (a poison message fails alone).
+// single message otherwise (a poison message fails alone), nor are messages
+// that were each put back so before a later confirmed publish to the
+// destination and fail again with the same error (poison messages failing
+// alike, see passLikeOutage): those spend their attempts. It also counts the
+// pass's confirmed publishes, which that rule reads.
 func (x *executor) passEvidence(items []item) {
 	if !x.cfg.defaultClassifier {
 		return
+	}
+	for i := range items {
+		if it := &items[i]; it.msg != nil && it.err == nil && it.outcome.To == envelope.StatusPublished {
+			x.breakers.confirmed(it.claimed.Row.Destination, it.claimed.Row.MessageID)
+		}
 	}
 	type tally struct {
 		failed []*item
@@ -311,9 +436,21 @@ func (x *executor) passEvidence(items []item) {
 		// One message alone is evidence only as a probe failing the way the
 		// failure that opened the breaker did, the first time that message
 		// is probed (otherwise a long outage would spend its probes'
-		// budgets; a message probed again spends one).
-		if len(t.failed) < 2 && !(t.failed[0].probe && x.breakers.probeLikeOutage(dest, t.failed[0].claimed.Row.MessageID, t.text)) {
-			continue
+		// budgets; a message probed again spends one). Two messages or more
+		// are evidence unless each was excused before a later confirmed
+		// publish to the destination (passLikeOutage).
+		if len(t.failed) < 2 {
+			if !t.failed[0].probe || !x.breakers.probeLikeOutage(dest, t.failed[0].claimed.Row.MessageID, t.text) {
+				continue
+			}
+		} else {
+			ids := make([]string, len(t.failed))
+			for i, it := range t.failed {
+				ids[i] = it.claimed.Row.MessageID
+			}
+			if !x.breakers.passLikeOutage(dest, t.text, ids) {
+				continue
+			}
 		}
 		hold := x.breakers.holdOff(dest, x.cfg.BreakerProbeBase)
 		for _, it := range t.failed {

@@ -105,7 +105,10 @@ func RejectionCode(err error) (string, bool) {
 // called may still mean the broker has the message. (Under the default
 // classifier the forwarder also takes a pass in which every publish to a
 // destination failed with the same error, on two messages or more, as
-// evidence that the destination is unavailable: see Config.Classifier.)
+// evidence that the destination is unavailable: see Config.Classifier.
+// Not when each of those messages was already put back so, with the same
+// error, and the destination has confirmed another message since: they
+// fail on their own, and spend their attempts.)
 func DefaultClassifier(err error) Verdict {
 	if err == nil {
 		return Verdict{Outcome: Confirmed}
