@@ -166,7 +166,10 @@ type Config struct {
 	// ambiguous; and a pass in which every publish to a destination failed
 	// with the same error, on two messages or more, is taken as evidence
 	// that the destination is unavailable (those rows spend no attempt and
-	// its breaker opens). Timeouts and panics stay ambiguous.
+	// its breaker opens), unless every one of them was excused that way
+	// before, with the same error, and this relay has published another
+	// message to the destination since (then they spend attempts: poison
+	// messages failing alike, not an outage). Timeouts and panics stay ambiguous.
 	Classifier Classifier
 	// ListenURL is a PostgreSQL DSN for LISTEN on NotifyChannel. Empty:
 	// polling only. Notifications only shorten the wait; polling continues,
