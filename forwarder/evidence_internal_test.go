@@ -5,8 +5,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
 )
+
+// confirm records one confirmed publish of message id to dest, as a pass
+// that published it does (breakers.confirmed).
+func confirm(b *breakers, dest, id string) {
+	b.confirmed([]item{{
+		claimed: &fencing.Claimed{Row: envelope.Row{MessageID: id, Destination: dest}},
+		msg:     message.NewMessage(id, nil),
+		outcome: fencing.Outcome{To: envelope.StatusPublished},
+	}})
+}
 
 func newTestBreakers() *breakers {
 	return &breakers{
@@ -32,7 +46,7 @@ func TestExcusedMessagesAreEvidenceOnlyUntilTheDestinationConfirmsAnother(t *tes
 	require.True(t, b.success("orders"), "a probe that found nothing closes the breaker")
 	require.True(t, b.passLikeOutage("orders", text, pair), "a closing without a confirmed publish makes no excuse stale")
 
-	b.confirmed("orders", "good-1")
+	confirm(b, "orders", "good-1")
 	require.True(t, b.trip("orders", text))
 	require.True(t, b.success("orders"), "the confirmed publish closes the breaker, which forgets its probes")
 	require.False(t, b.passLikeOutage("orders", text, pair),
@@ -43,13 +57,13 @@ func TestExcusedMessagesAreEvidenceOnlyUntilTheDestinationConfirmsAnother(t *tes
 	require.True(t, b.passLikeOutage("orders", text, []string{"p1", "p2", "new"}),
 		"one new message among them: an outage (that catches old ones too) puts them all back")
 	require.True(t, b.passLikeOutage("orders", text, pair), "excused again, not stale until the next confirmed publish")
-	b.confirmed("orders", "good-2")
+	confirm(b, "orders", "good-2")
 	require.False(t, b.passLikeOutage("orders", text, pair))
 	require.True(t, b.passLikeOutage("orders", "dial tcp: connection refused", pair), "another error: evidence")
-	b.confirmed("orders", "good-3")
+	confirm(b, "orders", "good-3")
 	require.False(t, b.passLikeOutage("orders", "dial tcp: connection refused", pair))
 
-	b.confirmed("orders", "p1")
+	confirm(b, "orders", "p1")
 	require.NotContains(t, b.excused["orders"], "p1", "a confirmed message's excuse is forgotten")
 	require.True(t, b.passLikeOutage("orders", "dial tcp: connection refused", pair), "p1 is new to the memory again")
 }
@@ -61,14 +75,14 @@ func TestProbeOfAStaleExcuseIsNotEvidence(t *testing.T) {
 	b := newTestBreakers()
 	const text = "schema registry: incompatible schema"
 	require.True(t, b.passLikeOutage("orders", text, []string{"p1", "p2"}))
-	b.confirmed("orders", "good")
+	confirm(b, "orders", "good")
 	require.True(t, b.trip("orders", text))
 	require.False(t, b.probeLikeOutage("orders", "p1", text), "excused before a later confirmed publish: the probe spends an attempt")
 	require.True(t, b.probeLikeOutage("orders", "n1", text), "a new message probed failing like the outage: evidence")
 	require.False(t, b.probeLikeOutage("orders", "n1", text), "probed again in the same outage: spends one")
 	require.Contains(t, b.excused["orders"], "n1")
 
-	b.confirmed("orders", "good-2")
+	confirm(b, "orders", "good-2")
 	require.True(t, b.success("orders"))
 	require.True(t, b.trip("orders", text))
 	require.False(t, b.probeLikeOutage("orders", "n1", text), "the closing forgot the probes, not the excuse")
@@ -92,15 +106,15 @@ func TestExcusedMemoryIsBounded(t *testing.T) {
 		require.True(t, b.passLikeOutage(dest, "e", []string{"m" + strconv.Itoa(2*i), "m" + strconv.Itoa(2*i+1)}))
 		require.LessOrEqual(t, count(), maxExcused)
 	}
-	b.confirmed("orders", "good")
-	b.confirmed("billing", "good")
+	confirm(b, "orders", "good")
+	confirm(b, "billing", "good")
 	last := []string{"m" + strconv.Itoa(2*(maxExcused+9)), "m" + strconv.Itoa(2*(maxExcused+9)+1)}
 	require.False(t, b.passLikeOutage("billing", "e", last), "recent excuses are kept")
 	require.True(t, b.passLikeOutage("orders", "e", []string{"m0", "m1"}), "dropped ones count as new")
 
 	n := count()
-	b.confirmed("billing", last[0])
+	confirm(b, "billing", last[0])
 	require.Equal(t, n-1, count())
-	b.confirmed("billing", last[0])
+	confirm(b, "billing", last[0])
 	require.Equal(t, n-1, count(), "confirmed twice, counted once")
 }
