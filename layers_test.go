@@ -1,9 +1,11 @@
 package outbox_test
 
 import (
+	"bytes"
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os"
 	"path"
 	"path/filepath"
 	"sort"
@@ -179,5 +181,44 @@ func TestImportsPointDownTheLayers(t *testing.T) {
 		if _, ok := imports[path.Clean(want)]; !ok {
 			t.Errorf("the scan did not see package %s", want)
 		}
+	}
+}
+
+// maxFileLines bounds a source file of the repository (its non-test Go
+// code, every module, commands and examples included; test kits, which no
+// library or command imports, are not held to it): a file that grows past
+// it holds more than one role and is split by role (issue 33).
+const maxFileLines = 500
+
+func TestNoSourceFileOverFiveHundredLines(t *testing.T) {
+	checked := 0
+	err := filepath.WalkDir(".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); p != "." && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules" || name == "testkit") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		checked++
+		if n := bytes.Count(data, []byte("\n")); n > maxFileLines {
+			t.Errorf("%s: %d lines, more than %d: split it by role", p, n, maxFileLines)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked < 100 {
+		t.Fatalf("only %d source files found: the walk did not start at the repository's root", checked)
 	}
 }
