@@ -165,6 +165,8 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 	defer r.stop()
 	select {
 	case <-snk.done:
+	case err := <-r.failed:
+		return st, fmt.Errorf("%s: a relay ended with %d of %d messages arrived: %w", d.name(), snk.count.Load(), n, err)
 	case <-time.After(timeout):
 		return st, fmt.Errorf("%s: only %d of %d messages arrived within %s", d.name(), snk.count.Load(), n, timeout)
 	}

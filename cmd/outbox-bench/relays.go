@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -90,13 +91,37 @@ func (s *sink) close() { _ = s.ch.Close() }
 // later calls return at once).
 type relay struct {
 	stop func()
+	// failed receives the error of a relay that ended on its own (not
+	// stopped): a cell waiting for its messages returns it at once instead
+	// of waiting out its timeout with the cause unseen.
+	failed   chan error
+	stopping atomic.Bool
+}
+
+// ended reports a relay's end to failed when it was not stopped (neither
+// stop nor its context had ended it) and returns err for the relay's stop.
+func (r *relay) ended(ctx context.Context, err error) error {
+	if r.stopping.Load() || ctx.Err() != nil {
+		return err
+	}
+	why := err
+	if why == nil {
+		why = errors.New("it returned before it was stopped")
+	}
+	select {
+	case r.failed <- why:
+	default:
+	}
+	return err
 }
 
 // startRelay starts n relays of kind on the schema, publishing to out.
 // listen turns LISTEN/NOTIFY wake-up on for this module's forwarder.
 func startRelay(ctx context.Context, s *schema, kind string, n int, out message.Publisher, listen bool) (*relay, error) {
+	r := &relay{failed: make(chan error, 1)}
 	var stops []func()
 	stopAll := func() {
+		r.stopping.Store(true)
 		for i := len(stops) - 1; i >= 0; i-- {
 			stops[i]()
 		}
@@ -118,7 +143,7 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 				stopAll()
 				return nil, err
 			}
-			go func() { errc <- f.Run(rctx) }()
+			go func() { errc <- r.ended(rctx, f.Run(rctx)) }()
 			select {
 			case <-f.Running():
 			case err := <-errc:
@@ -128,14 +153,14 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 			}
 			stops = append(stops, func() { _ = f.Close(); cancel(); <-errc })
 		case relayOneCommit:
-			go func() { errc <- runOneCommit(rctx, db, out) }()
+			go func() { errc <- r.ended(rctx, runOneCommit(rctx, db, out)) }()
 			stops = append(stops, func() { cancel(); <-errc })
 		case relayMinimal, relayMinimalTuned:
 			batch := minimalBatchSize
 			if kind == relayMinimalTuned {
 				batch = minimalTunedBatch
 			}
-			go func() { errc <- runMinimal(rctx, db, out, batch) }()
+			go func() { errc <- r.ended(rctx, runMinimal(rctx, db, out, batch)) }()
 			stops = append(stops, func() { cancel(); <-errc })
 		default:
 			cancel()
@@ -143,7 +168,8 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 			return nil, fmt.Errorf("unknown relay %q", kind)
 		}
 	}
-	return &relay{stop: sync.OnceFunc(stopAll)}, nil
+	r.stop = sync.OnceFunc(stopAll)
+	return r, nil
 }
 
 // runner is what this module's forwarder and watermill's share: Run until

@@ -138,6 +138,8 @@ func sustainedRound(ctx context.Context, s *schema, kind string, rows, published
 	defer r.stop()
 	select {
 	case <-snk.done:
+	case err := <-r.failed:
+		return 0, fmt.Errorf("a relay ended with %d of %d messages arrived: %w", snk.count.Load(), rows, err)
 	case <-time.After(timeout):
 		return 0, fmt.Errorf("only %d of %d messages arrived within %s", snk.count.Load(), rows, timeout)
 	}
