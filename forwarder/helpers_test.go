@@ -10,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/leakcheck"
 	"github.com/stretchr/testify/require"
 
+	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
@@ -188,4 +190,46 @@ func runUntilDelivered(t *testing.T, f *forwarder.Forwarder, rec *recorder, n in
 	require.Eventually(t, func() bool { return len(rec.ids()) == n }, within, 5*time.Millisecond)
 	require.NoError(t, f.Close())
 	require.NoError(t, <-done)
+}
+
+// waitOrFail waits for ch, failing the test (instead of hanging it) when
+// the thing it signals does not happen within a generous bound.
+func waitOrFail[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s did not happen within 20s", what)
+		panic("unreachable")
+	}
+}
+
+// errLogger records the errors logged, for assertions on their codes.
+type errLogger struct {
+	watermill.NopLogger
+	mu     sync.Mutex
+	errs   []error
+	fields []watermill.LogFields
+}
+
+func (l *errLogger) Error(_ string, err error, fields watermill.LogFields) {
+	l.mu.Lock()
+	l.errs = append(l.errs, err)
+	l.fields = append(l.fields, fields)
+	l.mu.Unlock()
+}
+
+func (l *errLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
+
+func (l *errLogger) count(code outbox.Code) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, err := range l.errs {
+		if outbox.CodeOf(err) == code {
+			n++
+		}
+	}
+	return n
 }

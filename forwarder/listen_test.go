@@ -134,3 +134,26 @@ func TestListenerProblemsAreLoggedWithoutThePassword(t *testing.T) {
 	require.Contains(t, out, "LISTEN connection problem")
 	require.False(t, strings.Contains(out, "s3cret"), "the password reached the log:\n%s", out)
 }
+
+// lib/pq's Listener.Listen waits for a connection, forever when the LISTEN
+// server is unreachable: the relay must poll anyway, and Close must return.
+func TestUnreachableListenURLNeitherBlocksRunNorClose(t *testing.T) {
+	s := newDB(t)
+	insertN(t, s.DB, "orders", "m1")
+	rec := &recorder{}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{
+		ListenURL:    "postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=1",
+		PollInterval: 10 * time.Millisecond, MaxPollInterval: 20 * time.Millisecond,
+	})
+	done := make(chan error, 1)
+	go func() { done <- f.Run(context.Background()) }()
+	waitOrFail(t, f.Running(), "Run reaching its loop")
+	require.Eventually(t, func() bool { return len(rec.ids()) == 1 }, 10*time.Second, 5*time.Millisecond, "polling relays the row")
+	insertN(t, s.DB, "orders", "m2")
+	require.Eventually(t, func() bool { return len(rec.ids()) == 2 }, 10*time.Second, 5*time.Millisecond, "polling keeps relaying")
+	closed := make(chan error, 1)
+	go func() { closed <- f.Close() }()
+	require.NoError(t, waitOrFail(t, closed, "Close returning"))
+	require.NoError(t, waitOrFail(t, done, "Run returning"))
+	require.Equal(t, "PUBLISHED", state(t, s.DB, "m2").Status)
+}

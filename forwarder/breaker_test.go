@@ -206,9 +206,6 @@ func (rs *relaySet) passesOpen(dest string) int {
 	return n
 }
 
-var _ = fmt.Sprint
-var _ forwarder.Report
-
 // Regression (hostile review): the default classifier, and a downstream that takes every message
 // and then fails the call (the broker had it; the answer was lost: "connection
 // reset after send"). The pass-wide evidence turns those ambiguous attempts
