@@ -85,7 +85,8 @@ WITH act AS MATERIALIZED (
       FROM pg_stat_activity a
      WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
        AND a.pid <> pg_backend_pid()
-       AND a.backend_type NOT IN ('autovacuum worker', 'walsender')
+       -- NULL for a session the login may not see (hidden below)
+       AND coalesce(a.backend_type NOT IN ('autovacuum worker', 'walsender'), true)
        AND (a.query = '<insufficient privilege>'
             OR (a.xact_start IS NOT NULL
                 AND (a.backend_xid IS NOT NULL OR a.state NOT IN ('idle in transaction', 'idle in transaction (aborted)'))))

@@ -434,3 +434,33 @@ func TestAdvanceLaneFloorsTouchesOnlyTheOwnersLanes(t *testing.T) {
 	_, err = fencing.AdvanceLaneFloors(context.Background(), s.DB, "a", []int{32}, 32)
 	require.ErrorIs(t, err, fencing.ErrInvalidArgument)
 }
+
+// A relay whose login may not read other roles' sessions cannot tell
+// whether a transaction older than a candidate still runs: its floors
+// stay; with pg_read_all_stats they rise.
+func TestLaneFloorsNeedToSeeEverySession(t *testing.T) {
+	s := laneDB(t)
+	insertUnkeyed(t, s.DB, "a", 64)
+	a := takeLanes(t, s.DB, "a", time.Minute, 5)
+	a.drain(t, s.DB)
+	name, url := s.Role(t,
+		"GRANT SELECT, UPDATE ON messaging_relay_lane TO %[1]s",
+		"GRANT SELECT ON messaging_outbox TO %[1]s",
+		"GRANT SELECT ON ALL SEQUENCES IN SCHEMA "+s.Name+" TO %[1]s")
+	relay, err := testdb.OpenURL(url)
+	require.NoError(t, err)
+	defer relay.Close()
+	// A session of another role in this database: the test's own pool.
+	conn, err := s.DB.Conn(context.Background())
+	require.NoError(t, err)
+	defer conn.Close()
+	for range 3 {
+		_, err := fencing.AdvanceLaneFloors(context.Background(), relay, "a", a.lanes(), 32)
+		require.NoError(t, err)
+	}
+	require.Zero(t, testdb.QueryInt(t, s.DB, `SELECT count(*) FROM messaging_relay_lane WHERE floor_seq <> 0`),
+		"sessions it cannot see hold the floors")
+	_, err = s.DB.Exec("GRANT pg_read_all_stats TO " + name)
+	require.NoError(t, err)
+	a.advanceUntil(t, relay, allAtLeast(lastSeq(t, s.DB)+1))
+}
