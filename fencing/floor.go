@@ -70,8 +70,9 @@ import (
 // may not read (grant it pg_read_all_stats) hold every floor, as does a
 // prepared transaction of the database. Not covered: a row inserted with
 // an explicit seq (OVERRIDING SYSTEM VALUE) below a lane's floor, or from
-// a nextval() drawn in an earlier statement; lower the floor by hand, or
-// set the lane count again, after such an insert. A server clock that
+// a nextval() drawn in an earlier statement, or an identity restarted
+// lower; lower the floor by hand, or set the lane count again, after such
+// an insert. A server clock that
 // steps back across t0 could also let a raise pass a transaction started
 // just before it: the test keeps a margin of floorClockSlack.
 

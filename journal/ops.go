@@ -65,7 +65,9 @@ const (
 	// rise again at the relays' next candidates), and their candidates are
 	// dropped. least() is evaluated on the lane row's newest version, so
 	// a raise that commits first is lowered again; the lanes are locked
-	// in lane order, as the relays lock them (fencing/floor.go).
+	// in lane order, as the relays lock them (fencing/floor.go). The lanes
+	// are 0..N-1 (fencing.SetLaneCount) and found by primary key, like
+	// the rows: the statement scans no table whole.
 	sqlRedriveBatch = `
 WITH picked AS (
     SELECT message_id FROM messaging_outbox
@@ -84,8 +86,12 @@ WITH picked AS (
     UPDATE messaging_relay_lane l
        SET floor_seq = least(l.floor_seq, (SELECT min(c.seq) FROM changed c WHERE c.unkeyed)),
            floor_cand_seq = NULL, floor_cand_at = NULL
-     WHERE EXISTS (SELECT 1 FROM changed c WHERE c.unkeyed)
-       AND l.lane IN (SELECT k.lane FROM messaging_relay_lane k ORDER BY k.lane FOR NO KEY UPDATE)
+     WHERE l.lane = ANY (ARRAY(
+            SELECT k.lane FROM messaging_relay_lane k
+             WHERE k.lane = ANY (ARRAY(SELECT generate_series(0, (SELECT max(m.lane) FROM messaging_relay_lane m))))
+               AND EXISTS (SELECT 1 FROM changed c WHERE c.unkeyed)
+             ORDER BY k.lane
+               FOR NO KEY UPDATE))
 )
 SELECT count(*), coalesce(max(seq), $10) FROM changed`
 
