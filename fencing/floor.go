@@ -8,6 +8,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 
 	"github.com/lib/pq"
 
@@ -33,87 +34,103 @@ import (
 //
 // The hard part is a row that commits late below a floor raised
 // meanwhile: a transaction that drew its seq from the identity and has not
-// committed. AdvanceLaneFloors raises in two calls. The first records a
-// candidate C (the lane's first row neither published nor parked at or
-// above the floor, as its snapshot sees it; with none, the identity's last
-// value + 1) and the server's clock t0 after both were read. Every seq
-// below C was drawn before t0: the identity's CACHE is 1 (refused
-// otherwise), so seqs are handed out in time order, and C's row was
-// visible, or C - 1 had been handed out, before t0. So the transaction T of
-// any row below C that is not yet committed started before t0
-// (pg_stat_activity.xact_start <= t0). A later call raises the floor to C
-// only when no transaction of this database that started at or before t0
-// is still running with a transaction id, or in a statement (state not
-// idle in transaction), and no prepared transaction of the database
-// exists. The statement clause matters: PostgreSQL evaluates the seq's
-// default (nextval) before the heap insert assigns the transaction its id,
-// so at t0 T may hold its seq with no id (in the middle of its INSERT, for
-// as long as a BEFORE ROW trigger of the application runs); it is then in
-// a statement, and after the insert it has an id. A transaction idle in
-// transaction without an id inserted nothing (a statement that drew a seq
-// and failed or inserted nothing leaves no row). Then, in a later
-// statement of the same transaction (a snapshot taken after that test, so
-// every such T's row is visible), the floor becomes least(C, the first row
-// neither published nor parked at or above the old floor): a recheck of
-// [old floor, C) once per candidate, not per claim. The lane rows are
-// locked (in lane order) before that snapshot, so a redrive racing the
-// raise either committed before it (its row is seen) or lowers the floor
-// after it.
+// committed. AdvanceLaneFloors raises in two calls, each one transaction
+// of three statements. The first statement locks the lanes (in lane order,
+// as every statement that locks lanes does) and reads the identity's last
+// value L. The second reads pg_stat_activity (its first read in the
+// transaction: PostgreSQL then keeps that picture until the transaction
+// ends), which happens after every seq up to L was handed out. The third
+// records, per lane, a candidate C = least(the lane's first row neither
+// published nor parked at or above the floor, as its snapshot sees it,
+// L + 1), with the transactions the second statement saw in progress that
+// could still commit a row: those with a transaction id, and those in a
+// statement (state not idle in transaction), each named by its backend's
+// pid and its xact_start. Every seq below C is at most L (the identity's
+// CACHE is 1, checked: a session holds no values it drew earlier), so the
+// transaction T of any row below C not yet committed was in progress at
+// that read, and is named there. A later call raises the floor to C only
+// when none of the named transactions still runs (same pid, same
+// xact_start: equality, so no clock is compared) and no prepared
+// transaction of the database exists.
+//
+// "In a statement" matters: PostgreSQL evaluates the seq's default
+// (nextval) before the heap insert assigns the transaction its id
+// (nextval assigns one itself only when it WAL-logs the sequence: every
+// 32nd value, and the first after a checkpoint), so T may hold its seq
+// with no id, in the middle of its INSERT (for as long as a BEFORE ROW
+// trigger of the application runs): no snapshot's xip lists it, and a
+// rule on transaction ids alone would let the floor pass its row. It is
+// then in a statement; after the insert it has an id. A transaction idle
+// in transaction without an id inserted nothing (a statement that drew a
+// seq and failed or inserted nothing leaves no row).
+//
+// Then, in the raising call's third statement (its snapshot is taken
+// after the second statement found the named transactions ended, so their
+// rows are visible), the floor becomes least(C, the first row neither
+// published nor parked at or above the old floor): a recheck of
+// [old floor, C) once per candidate, not per claim. The lanes are locked
+// before that snapshot, so a redrive racing the raise either committed
+// before it (its row is seen) or lowers the floor after it.
 //
 // A read-only transaction holding a snapshot (REPEATABLE READ) has no
-// transaction id and is idle in transaction between its statements: it
-// does not hold floors back, while the dead index entries it keeps are
-// what the floors let the claims skip.
+// transaction id and is idle in transaction between its statements: it is
+// not named, and does not hold floors back, while the dead index entries
+// it keeps are what the floors let the claims skip. Transactions that
+// begin after a candidate never hold it back.
 //
-// What it cannot see, and then keeps the floor where it is (correct,
-// only slower): sessions of other roles whose activity the relay's login
-// may not read (grant it pg_read_all_stats) hold every floor, as does a
-// prepared transaction of the database. Not covered: a row inserted with
-// an explicit seq (OVERRIDING SYSTEM VALUE) below a lane's floor, or from
-// a nextval() drawn in an earlier statement, or an identity restarted
-// lower; lower the floor by hand, or set the lane count again, after such
-// an insert. A server clock that
-// steps back across t0 could also let a raise pass a transaction started
-// just before it: the test keeps a margin of floorClockSlack.
+// What it cannot see, and then records nothing and raises nothing
+// (correct, only slower): sessions of other roles whose activity the
+// relay's login may not read (grant it pg_read_all_stats), a prepared
+// transaction of the database, an identity whose CACHE is above 1. Not
+// covered: a row inserted with an explicit seq (OVERRIDING SYSTEM VALUE)
+// below a lane's floor, or from a nextval() drawn in an earlier statement,
+// or an identity restarted lower; lower the floor by hand, or set the lane
+// count again, after such an insert.
 
-// floorGateSQL locks the lanes $2 of owner $1 (in lane order, as every
-// statement that locks lanes does) and returns for each whether its
-// candidate is ripe (may become its floor now) or missing, and the
-// identity's last value (read before the candidate statement's clock).
-const floorGateSQL = `
-WITH act AS MATERIALIZED (
-    SELECT a.xact_start, a.query = '<insufficient privilege>' AS hidden
-      FROM pg_stat_activity a
-     WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
-       AND a.pid <> pg_backend_pid()
-       -- NULL for a session the login may not see (hidden below)
-       AND coalesce(a.backend_type NOT IN ('autovacuum worker', 'walsender'), true)
-       AND (a.query = '<insufficient privilege>'
-            OR (a.xact_start IS NOT NULL
-                AND (a.backend_xid IS NOT NULL OR a.state NOT IN ('idle in transaction', 'idle in transaction (aborted)'))))
-),
-seqid AS (SELECT pg_get_serial_sequence('messaging_outbox', 'seq')::regclass AS id),
-gate AS (
-    SELECT NOT EXISTS (SELECT 1 FROM act WHERE hidden)
-       AND NOT EXISTS (SELECT 1 FROM pg_prepared_xacts p WHERE p.database = current_database())
-       AND coalesce((SELECT s.seqcache = 1 FROM pg_sequence s WHERE s.seqrelid = (SELECT id FROM seqid)), false) AS open,
-       (SELECT min(a.xact_start) FROM act a WHERE NOT a.hidden) AS oldest,
-       coalesce(pg_sequence_last_value((SELECT id FROM seqid)), 0) AS last
+// floorLockSQL locks the lanes $2 of owner $1 in lane order and returns
+// each one's candidate (NULL: none) and the transactions it waits for,
+// with the identity's last value (read before floorGateSQL reads the
+// sessions).
+const floorLockSQL = `
+WITH last AS (
+    SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('messaging_outbox', 'seq')::regclass), 0) AS v
 )
-SELECT l.lane, l.floor_cand_seq IS NOT NULL AND g.open
-           AND (g.oldest IS NULL OR g.oldest > l.floor_cand_at + make_interval(secs => $3)) AS ripe,
-       l.floor_cand_seq IS NULL AS missing, g.last
-  FROM messaging_relay_lane l CROSS JOIN gate g
+SELECT l.lane, l.floor_cand_seq IS NULL, coalesce(l.floor_cand_wait, '{}'), (SELECT v FROM last)
+  FROM messaging_relay_lane l
  WHERE l.lane = ANY ($2::int[]) AND l.owner = $1
  ORDER BY l.lane
    FOR NO KEY UPDATE OF l`
 
+// floorGateSQL reads the sessions of this database (not this one): whether
+// floors may be judged at all (every session visible, no prepared
+// transaction, the identity's CACHE 1), every transaction in progress, and
+// those of them that may still commit a row (with an id, or in a
+// statement), each as 'pid/xact_start in microseconds since the epoch'.
+const floorGateSQL = `
+WITH act AS MATERIALIZED (
+    SELECT a.query = '<insufficient privilege>' AS hidden,
+           a.pid::text || '/' || (extract(epoch FROM a.xact_start) * 1000000)::bigint::text AS tx,
+           a.backend_xid IS NOT NULL OR a.state NOT IN ('idle in transaction', 'idle in transaction (aborted)') AS writes
+      FROM pg_stat_activity a
+     WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+       AND a.pid <> pg_backend_pid()
+       -- NULL for a session the login may not see (hidden)
+       AND coalesce(a.backend_type NOT IN ('autovacuum worker', 'walsender'), true)
+       AND (a.xact_start IS NOT NULL OR a.query = '<insufficient privilege>')
+)
+SELECT NOT EXISTS (SELECT 1 FROM act WHERE hidden)
+       AND NOT EXISTS (SELECT 1 FROM pg_prepared_xacts p WHERE p.database = current_database())
+       AND coalesce((SELECT s.seqcache = 1 FROM pg_sequence s
+                      WHERE s.seqrelid = pg_get_serial_sequence('messaging_outbox', 'seq')::regclass), false),
+       coalesce((SELECT array_agg(tx) FROM act WHERE NOT hidden), '{}'),
+       coalesce((SELECT array_agg(tx) FROM act WHERE NOT hidden AND writes), '{}')`
+
 // floorRaiseSQL raises the floor of each ripe lane of $1 ($2 true) to
 // least(candidate, first row neither published nor parked at or above the
 // old floor), and records a new candidate for each (the first such row,
-// else the identity's last value $3 + 1) with the clock read after this
-// statement's snapshot. Lanes whose floor and candidate stay are not
-// written. The lanes were locked by floorGateSQL in the same transaction.
+// at most the identity's last value $3 + 1) with the transactions $4 it
+// waits for. Lanes whose floor and candidate stay are not written. The
+// lanes were locked by floorLockSQL in the same transaction.
 func floorRaiseSQL(lanes int) string {
 	return `
 WITH f AS MATERIALIZED (
@@ -128,20 +145,15 @@ WITH f AS MATERIALIZED (
 n AS (
     SELECT f.lane, f.floor_seq, f.floor_cand_seq,
            CASE WHEN f.ripe THEN least(f.floor_cand_seq, coalesce(f.first, f.floor_cand_seq)) ELSE f.floor_seq END AS new_floor,
-           coalesce(f.first, $3::int8 + 1) AS new_cand
+           least(f.first, $3::int8 + 1) AS new_cand
       FROM f
 )
 UPDATE messaging_relay_lane l
-   SET floor_seq = n.new_floor, floor_cand_seq = n.new_cand, floor_cand_at = clock_timestamp()
+   SET floor_seq = n.new_floor, floor_cand_seq = n.new_cand, floor_cand_at = now(), floor_cand_wait = $4::text[]
   FROM n
  WHERE l.lane = n.lane AND (n.new_floor <> n.floor_seq OR n.new_cand IS DISTINCT FROM n.floor_cand_seq)
 RETURNING l.lane, l.floor_seq, n.floor_seq`
 }
-
-// floorClockSlack is how far a transaction may have started after a
-// candidate's clock and still hold its raise back: a margin for a server
-// clock stepped back, in seconds.
-const floorClockSlack = 1.0
 
 // LaneFloors is what [AdvanceLaneFloors] did.
 type LaneFloors struct {
@@ -151,10 +163,10 @@ type LaneFloors struct {
 
 // AdvanceLaneFloors raises the floors of owner's lanes (those of lanes it
 // owns) where it is safe, and records new candidates (see "Why a floor
-// is safe" above). It takes
-// two statements in one transaction of db, locks the lanes (an outcome
-// write of the owner waits for it, briefly) and descends each lane's index
-// once from its floor. A relay calls it from time to time; it changes
+// is safe" above). It takes three statements in one transaction of db,
+// locks the lanes (an outcome write of the owner waits for it, briefly)
+// and descends each lane's index once from its floor where a candidate
+// is due. A relay calls it from time to time; it changes
 // nothing a claim relies on, so a failed call only leaves the floors where
 // they were.
 func AdvanceLaneFloors(ctx context.Context, db *sql.DB, owner string, lanes []int, laneCount int) (LaneFloors, error) {
@@ -174,23 +186,24 @@ func AdvanceLaneFloors(ctx context.Context, db *sql.DB, owner string, lanes []in
 		return LaneFloors{}, fmt.Errorf("%s: %w", op, err)
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit a no-op
-	rows, err := tx.QueryContext(ctx, floorGateSQL, owner, pq.Array(ls), floorClockSlack)
+	type lane struct {
+		lane    int64
+		missing bool
+		waits   []string
+	}
+	var locked []lane
+	var last int64
+	rows, err := tx.QueryContext(ctx, floorLockSQL, owner, pq.Array(ls))
 	if err != nil {
 		return LaneFloors{}, fmt.Errorf("%s: %w", op, err)
 	}
-	var due []int64
-	var ripe []bool
-	var last int64
 	for rows.Next() {
-		var lane int64
-		var r, missing bool
-		if err := rows.Scan(&lane, &r, &missing, &last); err != nil {
+		var l lane
+		if err := rows.Scan(&l.lane, &l.missing, pq.Array(&l.waits), &last); err != nil {
 			rows.Close()
 			return LaneFloors{}, fmt.Errorf("%s: %w", op, err)
 		}
-		if r || missing {
-			due, ripe = append(due, lane), append(ripe, r)
-		}
+		locked = append(locked, l)
 	}
 	if err := rows.Close(); err != nil {
 		return LaneFloors{}, fmt.Errorf("%s: %w", op, err)
@@ -198,9 +211,35 @@ func AdvanceLaneFloors(ctx context.Context, db *sql.DB, owner string, lanes []in
 	if err := rows.Err(); err != nil {
 		return LaneFloors{}, fmt.Errorf("%s: %w", op, err)
 	}
+	if len(locked) == 0 {
+		return LaneFloors{}, nil
+	}
+	var open bool
+	var running, writing []string
+	if err := tx.QueryRowContext(ctx, floorGateSQL).Scan(&open, pq.Array(&running), pq.Array(&writing)); err != nil {
+		return LaneFloors{}, fmt.Errorf("%s: %w", op, err)
+	}
+	if !open {
+		// Sessions it cannot see (or a prepared transaction, or an
+		// identity that caches values): no candidate can be judged, nor
+		// recorded with what it waits for.
+		return LaneFloors{}, nil
+	}
+	live := make(map[string]bool, len(running))
+	for _, x := range running {
+		live[x] = true
+	}
+	var due []int64
+	var ripe []bool
+	for _, l := range locked {
+		r := !l.missing && !slices.ContainsFunc(l.waits, func(w string) bool { return live[w] })
+		if r || l.missing {
+			due, ripe = append(due, l.lane), append(ripe, r)
+		}
+	}
 	var out LaneFloors
 	if len(due) > 0 {
-		rows, err := tx.QueryContext(ctx, floorRaiseSQL(laneCount), pq.Array(due), pq.Array(ripe), last)
+		rows, err := tx.QueryContext(ctx, floorRaiseSQL(laneCount), pq.Array(due), pq.Array(ripe), last, pq.Array(writing))
 		if err != nil {
 			return LaneFloors{}, fmt.Errorf("%s: %w", op, err)
 		}

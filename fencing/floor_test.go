@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
@@ -188,36 +189,29 @@ type lateWriter struct {
 	commit func(t *testing.T)
 }
 
-// floorClockSlack is fencing's margin for a server clock stepped back.
-const floorClockSlack = time.Second
-
-// serverClockPast waits until the server's clock is past at + slack.
-func serverClockPast(t *testing.T, db *sql.DB, at time.Time) {
+// txKey names the transaction of backend pid as the floors' candidates
+// record it ('pid/xact_start in microseconds since the epoch').
+func txKey(t *testing.T, db *sql.DB, pid int) string {
 	t.Helper()
-	deadline := time.Now().Add(floorWait)
-	for {
-		var past bool
-		require.NoError(t, db.QueryRow(`SELECT clock_timestamp() > $1::timestamptz + make_interval(secs => $2)`, at, floorClockSlack.Seconds()).Scan(&past))
-		if past {
-			return
-		}
-		require.False(t, time.Now().After(deadline))
-		time.Sleep(10 * time.Millisecond)
-	}
+	var k string
+	require.NoError(t, db.QueryRow(`SELECT a.pid::text || '/' || (extract(epoch FROM a.xact_start) * 1000000)::bigint::text
+		  FROM pg_stat_activity a WHERE a.pid = $1`, pid).Scan(&k))
+	return k
 }
 
-// onlyBlocker reports whether the transaction of pid is the only one a
-// floor raise of a candidate taken at candAt waits for (the gate's rule,
-// restated): then a raise that does not happen was held back by it alone.
-func onlyBlocker(t *testing.T, db *sql.DB, pid int, candAt time.Time) bool {
+// onlyBlocker reports whether the transaction key is the only one of the
+// lane's candidate's waits still running: then a raise that does not
+// happen was held back by it alone.
+func onlyBlocker(t *testing.T, db *sql.DB, lane int, key string) bool {
 	t.Helper()
+	var waits []string
+	require.NoError(t, db.QueryRow(`SELECT coalesce(floor_cand_wait, '{}') FROM messaging_relay_lane WHERE lane = $1`, lane).Scan(pq.Array(&waits)))
+	require.Contains(t, waits, key, "the candidate names the open transaction")
 	var others int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_stat_activity a
-		 WHERE a.datname = current_database() AND a.pid NOT IN (pg_backend_pid(), $1)
-		   AND a.backend_type NOT IN ('autovacuum worker', 'walsender')
-		   AND a.xact_start <= $2::timestamptz + make_interval(secs => $3)
-		   AND (a.backend_xid IS NOT NULL OR a.state NOT IN ('idle in transaction', 'idle in transaction (aborted)'))`,
-		pid, candAt, floorClockSlack.Seconds()).Scan(&others))
+		 WHERE a.pid::text || '/' || (extract(epoch FROM a.xact_start) * 1000000)::bigint::text = ANY ($1::text[])
+		   AND a.pid::text || '/' || (extract(epoch FROM a.xact_start) * 1000000)::bigint::text <> $2`,
+		pq.Array(waits), key).Scan(&others))
 	return others == 0
 }
 
@@ -231,12 +225,11 @@ func floorWaitsFor(t *testing.T, s *testdb.Schema, w lateWriter) {
 	a := takeLanes(t, s.DB, "a", time.Minute, 5)
 	require.Len(t, a.drain(t, s.DB), 64)
 	a.advance(t, s.DB, 1) // candidates: nothing below the next seq
-	var candAt time.Time
 	var cand int64
-	require.NoError(t, s.DB.QueryRow(`SELECT max(floor_cand_at), min(floor_cand_seq) FROM messaging_relay_lane`).Scan(&candAt, &cand))
-	serverClockPast(t, s.DB, candAt)
+	require.NoError(t, s.DB.QueryRow(`SELECT min(floor_cand_seq) FROM messaging_relay_lane`).Scan(&cand))
 
 	pid, lateSeq := w.open(t)
+	key := txKey(t, s.DB, pid)
 	lane := unkeyedLane(lateSeq, 32)
 	insertUnkeyed(t, s.DB, "b", 32*32*2)
 	require.Equal(t, 32*32*2, len(a.drain(t, s.DB))-s.Count(t, "message_id LIKE 'warm%'"))
@@ -246,11 +239,9 @@ func floorWaitsFor(t *testing.T, s *testdb.Schema, w lateWriter) {
 	require.LessOrEqual(t, cand, lateSeq)
 
 	// The next candidates were taken while w was open: w holds them.
-	require.NoError(t, s.DB.QueryRow(`SELECT floor_cand_at FROM messaging_relay_lane WHERE lane = $1`, lane).Scan(&candAt))
-	serverClockPast(t, s.DB, candAt)
 	deadline := time.Now().Add(floorWait)
 	for trials := 0; trials < 3; {
-		alone := onlyBlocker(t, s.DB, pid, candAt)
+		alone := onlyBlocker(t, s.DB, lane, key)
 		f := a.advance(t, s.DB, 1)[0]
 		require.LessOrEqual(t, f[lane], lateSeq, "the floor of lane %d passed seq %d, drawn by a transaction still open", lane, lateSeq)
 		if alone {

@@ -85,7 +85,7 @@ WITH picked AS (
 ), floors AS (
     UPDATE messaging_relay_lane l
        SET floor_seq = least(l.floor_seq, (SELECT min(c.seq) FROM changed c WHERE c.unkeyed)),
-           floor_cand_seq = NULL, floor_cand_at = NULL
+           floor_cand_seq = NULL, floor_cand_at = NULL, floor_cand_wait = NULL
      WHERE l.lane = ANY (ARRAY(
             SELECT k.lane FROM messaging_relay_lane k
              WHERE k.lane = ANY (ARRAY(SELECT generate_series(0, (SELECT max(m.lane) FROM messaging_relay_lane m))))

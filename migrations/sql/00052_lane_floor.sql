@@ -15,10 +15,12 @@
 -- The floor is raised only by fencing.AdvanceLaneFloors, in two steps:
 -- a candidate (floor_cand_seq: the lane's first unkeyed row neither
 -- published nor parked at or above the floor, else the identity's last
--- value + 1) recorded with the server's clock (floor_cand_at), and, at a
--- later call, the raise to it once every transaction that could still
--- commit a row below the candidate has ended (see fencing/floor.go for the
--- argument), after a recheck with a snapshot taken after that test.
+-- value + 1, taken at floor_cand_at) recorded with the transactions then
+-- in progress that could still commit a row below it (floor_cand_wait:
+-- 'pid/xact_start in microseconds since the epoch' of each), and, at a
+-- later call, the raise to it once none of them is still running (see
+-- fencing/floor.go for the argument), after a recheck with a snapshot
+-- taken after that test.
 -- Anything that makes a parked row claimable again lowers the floor in
 -- the same transaction (journal's redrive); fencing.SetLaneCount replaces
 -- the lane rows, so every floor starts again at 0. The per-row fence
@@ -26,10 +28,12 @@
 ALTER TABLE messaging_relay_lane
     ADD COLUMN floor_seq      bigint NOT NULL DEFAULT 0,
     ADD COLUMN floor_cand_seq bigint,
-    ADD COLUMN floor_cand_at  timestamptz;
+    ADD COLUMN floor_cand_at  timestamptz,
+    ADD COLUMN floor_cand_wait text[];
 
 -- +goose Down
 ALTER TABLE messaging_relay_lane
+    DROP COLUMN floor_cand_wait,
     DROP COLUMN floor_cand_at,
     DROP COLUMN floor_cand_seq,
     DROP COLUMN floor_seq;
