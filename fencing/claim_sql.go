@@ -213,8 +213,8 @@ picked AS (
 
 // unkeyedHalf is the claim's unkeyed rows ($12 at most, from seq $6): one
 // index range scan with SKIP LOCKED in the per-row scheme; in the lane
-// scheme a range scan of messaging_outbox_lane_idx per lane of $18, in the
-// array's order, stopping once $12 rows are found (the lanes are not merged
+// scheme a range scan of messaging_outbox_lane_idx per lane of $18 from
+// greatest($6, the lane's floor) (floor.go), in the array's order, stopping once $12 rows are found (the lanes are not merged
 // in seq order: unkeyed rows have no order to keep, and a merge would read
 // every lane's rows to return the first $12).
 func unkeyedHalf(lanes int) string {
@@ -232,7 +232,8 @@ func unkeyedHalf(lanes int) string {
         SELECT o.ctid AS picked_ctid, o.seq, ` + rowBytes + ` AS bytes, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
           FROM messaging_outbox o
          WHERE ` + unkeyedLaneExpr("o", lanes) + ` = ln.lane
-           AND o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.message_id NOT IN (SELECT unnest($19::text[])) AND o.seq >= $6
+           AND o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.message_id NOT IN (SELECT unnest($19::text[]))
+           AND o.seq >= greatest($6, (SELECT f.floor_seq FROM messaging_relay_lane f WHERE f.lane = ln.lane))
          ORDER BY o.seq
          LIMIT $12) u
      LIMIT $12`

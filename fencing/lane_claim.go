@@ -211,7 +211,8 @@ func laneStatement(k laneKey, build func() string) string {
 // run at a time: the walk (runs) finds the first claimable seq of each of
 // the owner's lanes at or above the start point, then the first of the
 // lane's next run, one index descent each (ORDER BY seq LIMIT 1 on
-// messaging_outbox_lane_idx); each run's rows are read by their seq range
+// messaging_outbox_lane_idx; a lane's first descent starts at
+// greatest(start point, the lane's floor): floor.go); each run's rows are read by their seq range
 // and judged there. The walk goes lane by lane, a run of each at a time,
 // and stops once the claim has its rows: a claim reads its rows and a
 // descent per run, however long the lanes are. Read as one scan per lane,
@@ -234,14 +235,14 @@ func laneUnkeyedClaimSQL(lanes int) string {
 		}
 		q := `
 WITH RECURSIVE own AS MATERIALIZED (
-    SELECT l.lane, l.epoch, l.lease_expires_at
+    SELECT l.lane, l.epoch, l.lease_expires_at, l.floor_seq
       FROM messaging_relay_lane l
      WHERE l.lane = ANY ($18::int[]) AND l.owner = $2 AND l.lease_expires_at > now()
        AND $3::float8 IS NOT NULL -- the per-row lease, unused here
 ),
 runs(lane, epoch, lane_expires, s) AS (
     SELECT w.lane, w.epoch, w.lease_expires_at, f.seq
-      FROM own w CROSS JOIN LATERAL (` + next("w.lane", "$6") + `) f
+      FROM own w CROSS JOIN LATERAL (` + next("w.lane", "greatest($6, w.floor_seq)") + `) f
     UNION ALL
     SELECT r.lane, r.epoch, r.lane_expires, f.seq
       FROM runs r CROSS JOIN LATERAL (` + next("r.lane", "((r.s >> "+strconv.Itoa(unkeyedRunShift)+") + 1) << "+strconv.Itoa(unkeyedRunShift)) + `) f

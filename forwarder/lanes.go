@@ -23,6 +23,34 @@ type laneKeeper struct {
 	tried     time.Time         // local time of the last renewal tried
 	draining  map[int]time.Time // lanes over the share: no more claims there since then
 	turn      int               // rotates the order the lanes' unkeyed rows are served in
+	floorsAt  time.Time         // local time of the last fencing.AdvanceLaneFloors tried; zero: never
+}
+
+// floorEvery is how often a relay advances its lanes' floors
+// (fencing.AdvanceLaneFloors: a candidate per lane, raised at a later
+// call once no transaction that could still commit a row below it runs).
+// Its first claim advances them at once, so a new relay (a new owner of
+// the lanes) starts at the floors its predecessors' candidates allow.
+// Each call locks the relay's lanes and descends each lane's index once
+// from its floor.
+const floorEvery = 250 * time.Millisecond
+
+// advanceFloors advances the floors of lanes when due (see floorEvery).
+// A failure is logged and changes nothing: the claims start lower, as
+// they did before floors.
+func (cl *claimer) advanceFloors(ctx context.Context, lanes []int, total int) {
+	cl.lanesMu.Lock()
+	due := cl.lanes.floorsAt.IsZero() || time.Since(cl.lanes.floorsAt) >= floorEvery
+	if due {
+		cl.lanes.floorsAt = time.Now()
+	}
+	cl.lanesMu.Unlock()
+	if !due || len(lanes) == 0 {
+		return
+	}
+	if _, err := fencing.AdvanceLaneFloors(ctx, cl.db, cl.cfg.Owner, lanes, total); err != nil {
+		cl.logger.Error("Outbox lane floors not advanced; claims start at the floors as they are", err, nil)
+	}
 }
 
 // laneRenewEvery is how often a relay renews its lanes: a third of their

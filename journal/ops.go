@@ -56,6 +56,18 @@ const (
 	// Plain FOR UPDATE, not SKIP LOCKED: skipping a locked parked row would
 	// move the cursor past it and skip it for good. Parked rows are not
 	// claimed by relays, so the wait is short and rare.
+	//
+	// A redriven unkeyed row is claimable again, and may lie below its
+	// lane's floor (migration 00052: where the lane relays' claims start
+	// looking): every lane's floor is lowered to the batch's lowest
+	// unkeyed seq in the same transaction (every lane's, so this package
+	// need not know the lane expression; a redrive is rare, and the floors
+	// rise again at the relays' next candidates), and their candidates are
+	// dropped. least() is evaluated on the lane row's newest version, so
+	// a raise that commits first is lowered again; the lanes are locked
+	// in lane order, as the relays lock them (fencing/floor.go). The lanes
+	// are 0..N-1 (fencing.SetLaneCount) and found by primary key, like
+	// the rows: the statement scans no table whole.
 	sqlRedriveBatch = `
 WITH picked AS (
     SELECT message_id FROM messaging_outbox
@@ -69,7 +81,17 @@ WITH picked AS (
        SET status = 'PENDING', attempts = 0, next_attempt_at = coalesce($12::timestamptz, now()),
            parked_at = NULL, lease_owner = NULL, lease_expires_at = NULL
      WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked))
-    RETURNING o.seq
+    RETURNING o.seq, o.ordering_key IS NULL AS unkeyed
+), floors AS (
+    UPDATE messaging_relay_lane l
+       SET floor_seq = least(l.floor_seq, (SELECT min(c.seq) FROM changed c WHERE c.unkeyed)),
+           floor_cand_seq = NULL, floor_cand_at = NULL, floor_cand_wait = NULL
+     WHERE l.lane = ANY (ARRAY(
+            SELECT k.lane FROM messaging_relay_lane k
+             WHERE k.lane = ANY (ARRAY(SELECT generate_series(0, (SELECT max(m.lane) FROM messaging_relay_lane m))))
+               AND EXISTS (SELECT 1 FROM changed c WHERE c.unkeyed)
+             ORDER BY k.lane
+               FOR NO KEY UPDATE))
 )
 SELECT count(*), coalesce(max(seq), $10) FROM changed`
 
