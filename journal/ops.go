@@ -63,11 +63,13 @@ const (
 	// unkeyed seq in the same transaction (every lane's, so this package
 	// need not know the lane expression; a redrive is rare, and the floors
 	// rise again at the relays' next candidates), and their candidates are
-	// dropped. least() is evaluated on the lane row's newest version, so
-	// a raise that commits first is lowered again; the lanes are locked
-	// in lane order, as the relays lock them (fencing/floor.go). The lanes
-	// are 0..N-1 (fencing.SetLaneCount) and found by primary key, like
-	// the rows: the statement scans no table whole.
+	// dropped, by messaging_lower_lane_floors (migration 00052), which
+	// runs as the schema's owner: the operator who redrives is not
+	// granted the lanes. least() is evaluated on the lane row's newest
+	// version, so a raise that commits first is lowered again; the lanes
+	// are locked in lane order, as the relays lock them (fencing/floor.go).
+	// The final SELECT joins floors' one row, so the call runs (a CTE that
+	// writes nothing runs only when read).
 	sqlRedriveBatch = `
 WITH picked AS (
     SELECT message_id FROM messaging_outbox
@@ -83,17 +85,9 @@ WITH picked AS (
      WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM picked))
     RETURNING o.seq, o.ordering_key IS NULL AS unkeyed
 ), floors AS (
-    UPDATE messaging_relay_lane l
-       SET floor_seq = least(l.floor_seq, (SELECT min(c.seq) FROM changed c WHERE c.unkeyed)),
-           floor_cand_seq = NULL, floor_cand_at = NULL, floor_cand_wait = NULL
-     WHERE l.lane = ANY (ARRAY(
-            SELECT k.lane FROM messaging_relay_lane k
-             WHERE k.lane = ANY (ARRAY(SELECT generate_series(0, (SELECT max(m.lane) FROM messaging_relay_lane m))))
-               AND EXISTS (SELECT 1 FROM changed c WHERE c.unkeyed)
-             ORDER BY k.lane
-               FOR NO KEY UPDATE))
+    SELECT messaging_lower_lane_floors((SELECT min(c.seq) FROM changed c WHERE c.unkeyed)) AS lanes
 )
-SELECT count(*), coalesce(max(seq), $10) FROM changed`
+SELECT count(*), coalesce(max(seq), $10) FROM changed, floors`
 
 	sqlPurgeBatch = `
 WITH picked AS (

@@ -31,7 +31,36 @@ ALTER TABLE messaging_relay_lane
     ADD COLUMN floor_cand_at  timestamptz,
     ADD COLUMN floor_cand_wait text[];
 
+-- A redrive lowers the floors through this function, not by updating
+-- messaging_relay_lane itself: the operator who redrives (outboxctl, the
+-- console) is granted the outbox and the journal, not the lanes
+-- (docs/SECURITY.md), and needs no more than EXECUTE here. It runs as the
+-- migration's owner, on the search path of the migration (FROM CURRENT:
+-- the schema the outbox lives in). It lowers every lane's floor to
+-- below (NULL: nothing) and drops their candidates, locking the lanes in
+-- lane order as the relays lock them (fencing/floor.go); least() reads the
+-- lane row's newest version, so a raise that commits first is lowered
+-- again.
+-- +goose StatementBegin
+CREATE FUNCTION messaging_lower_lane_floors(below bigint) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    n integer;
+BEGIN
+    IF below IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM 1 FROM messaging_relay_lane ORDER BY lane FOR NO KEY UPDATE;
+    UPDATE messaging_relay_lane
+       SET floor_seq = least(floor_seq, below),
+           floor_cand_seq = NULL, floor_cand_at = NULL, floor_cand_wait = NULL;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+-- +goose StatementEnd
+
 -- +goose Down
+DROP FUNCTION messaging_lower_lane_floors(bigint);
 ALTER TABLE messaging_relay_lane
     DROP COLUMN floor_cand_wait,
     DROP COLUMN floor_cand_at,
