@@ -37,11 +37,13 @@ PGX_PACKAGES := ./internal/testkit/testdb/... ./publisher/... ./fencing/... ./fo
 # PostgreSQL, for the relays' poll intervals, for subprocesses), so on the
 # 2-core CI machine two jobs at once take about half the time of one.
 JOBS ?= 2
-# `make test` (units) runs three jobs at a time instead: with two, a loaded
-# machine (two other processes busy on its two cores) took 459 s, with three
-# 390 s, since every job also waits on PostgreSQL, on relays' polls and on
-# subprocesses, and a third job fills those waits. JOBS given on the command
-# line or in the environment still decides.
+# `make test` (units) runs three jobs at a time instead: every job also
+# waits on PostgreSQL, on relays' polls and on subprocesses, and a third job
+# fills those waits. JOBS given on the command line or in the environment
+# still decides. Measured on 2026-12-04 with two `yes` hogs on the two
+# cores: 704 s, the core's -race job (635 s) the critical path; more jobs do
+# not help a machine that short of CPU (the forwarder's suite split into two
+# jobs: 807 s), only less CPU per suite would.
 TEST_JOBS ?= $(if $(filter environment command line,$(origin JOBS)),$(JOBS),3)
 # The modules whose suites take longest, started first so that the short
 # ones fill in around them; then every other module of go.work.
