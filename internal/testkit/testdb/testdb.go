@@ -1,5 +1,6 @@
 // Package testdb gives tests a real PostgreSQL: a fresh schema per call,
-// migrated with the module's migrations, dropped when the test ends.
+// migrated with the module's migrations (replayed in one statement, see
+// migrate.go), dropped when the test ends.
 //
 // The server comes from OUTBOX_TEST_DATABASE_URL (default
 // postgres://postgres@127.0.0.1:5432/test?sslmode=disable). With no server
@@ -26,8 +27,6 @@ import (
 	"time"
 
 	"github.com/lib/pq" // database/sql driver "postgres"
-
-	"github.com/fencedoutbox/watermill-outbox/migrations"
 )
 
 // DriverEnv selects the database/sql driver of every pool testdb opens:
@@ -171,7 +170,7 @@ func newSchema(t testing.TB, admin *sql.DB, base string) *Schema {
 		defer drop.Close()
 		_, _ = drop.ExecContext(context.Background(), "DROP SCHEMA IF EXISTS "+name+" CASCADE")
 	})
-	if _, err := migrations.Up(ctx, s.DB); err != nil {
+	if err := migrateFresh(ctx, s.DB); err != nil {
 		t.Fatalf("testdb: migrate %s: %v", name, err)
 	}
 	return s
