@@ -413,6 +413,7 @@ type hangRecord struct {
 	termed       int
 	termsWanted  int
 	termsSkipped string
+	extended     int // seconds added to the window while no relay had reported its claims paused
 }
 
 func (in *injector) faultCounts() map[string]int {
@@ -581,6 +582,30 @@ func (in *injector) hangWindow(ctx context.Context, cfg soakConfig) {
 		case <-ctx.Done():
 			return
 		case <-ends.C:
+			// The window ends once it lasted hangFor and a relay reported
+			// its claims paused in it (the verdict's evidence that the
+			// relays bounded what they left behind). On a busy machine
+			// that can take longer than hangFor: the window is then
+			// extended a second at a time until it happens, within the
+			// soak's own bound (ctx).
+			var paused bool
+			if err := in.ev.QueryRow(`SELECT EXISTS (SELECT 1 FROM chaos_gauge WHERE paused_passes > 0)`).Scan(&paused); err != nil {
+				t.Errorf("read chaos_gauge: %v", err)
+				return
+			}
+			if !paused {
+				var until time.Time
+				if err := in.ev.QueryRow(`UPDATE chaos_hang SET until = clock_timestamp() + interval '1 second' RETURNING until`).Scan(&until); err != nil {
+					t.Errorf("extend the hang window: %v", err)
+					return
+				}
+				in.mu.Lock()
+				in.hang.until = until
+				in.hang.extended++
+				in.mu.Unlock()
+				ends.Reset(time.Second)
+				continue
+			}
 			in.mu.Lock()
 			if in.hang.termed < cfg.hangTerms {
 				in.hang.termsSkipped = fmt.Sprintf("%d of %d: no running relay reported its claims paused in time", cfg.hangTerms-in.hang.termed, cfg.hangTerms)

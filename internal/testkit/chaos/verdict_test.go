@@ -122,8 +122,12 @@ func (s summary) String(form string, seed uint64, policy fencing.OrderingPolicy)
 		}
 		fmt.Fprintf(&b, "\n")
 	}
-	fmt.Fprintf(&b, "  hanging downstream      %s window; %d rows hung (%d delivered again after it, %d rejected after it, %d otherwise settled); passes with claims paused %d; max abandoned reported %d (bound %d)\n",
-		s.hang.until.Sub(s.hang.from).Round(time.Millisecond), s.hungRows, s.hungRedelivered, s.hungRejected, s.hungOther, s.pausedPasses, s.maxAbandoned, relayMaxAbandoned+relayConcurrency)
+	extended := ""
+	if s.hang.extended > 0 {
+		extended = fmt.Sprintf(" (%ds of it added until a relay reported its claims paused)", s.hang.extended)
+	}
+	fmt.Fprintf(&b, "  hanging downstream      %s window%s; %d rows hung (%d delivered again after it, %d rejected after it, %d otherwise settled); passes with claims paused %d; max abandoned reported %d (bound %d)\n",
+		s.hang.until.Sub(s.hang.from).Round(time.Millisecond), extended, s.hungRows, s.hungRedelivered, s.hungRejected, s.hungOther, s.pausedPasses, s.maxAbandoned, relayMaxAbandoned+relayConcurrency)
 	fmt.Fprintf(&b, "  SIGTERM while hanging   %d relays drained and exited 0", len(s.termed))
 	for _, r := range s.termed {
 		fmt.Fprintf(&b, " [%s in %s: goroutines %d at exit]", r.owner, r.took.Round(time.Millisecond), r.final.goroutines)
