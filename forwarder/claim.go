@@ -103,8 +103,9 @@ func (cl *claimer) claim(ctx context.Context, cont []fencing.Continuation) claim
 			return claimedBatch{claimedAt: at, err: err}
 		}
 		// Where this claim's descents of the lanes' index start: the
-		// lanes' floors, raised here from time to time (lanes.go).
-		cl.advanceFloors(dbctx, lanes, laneCount)
+		// lanes' floors, raised beside the claims from time to time
+		// (lanes.go).
+		cl.advanceFloors(lanes, laneCount)
 	}
 	claimFn := func(p fencing.ClaimParams) ([]fencing.Claimed, error) {
 		if failures > 0 {

@@ -11,6 +11,7 @@ package forwarder
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -50,6 +51,11 @@ type claimer struct {
 	// lanes are the lanes this relay owns (FenceLanes), under lanesMu.
 	lanesMu sync.Mutex
 	lanes   laneKeeper
+	// floors is the advance of the lanes' floors in progress, beside the
+	// claims (lanes.go): floorsBusy while one runs, floorsRun to wait for
+	// it when the relay stops.
+	floorsBusy atomic.Bool
+	floorsRun  sync.WaitGroup
 }
 
 // probeSource is the breakers as a claim uses them: which destinations to

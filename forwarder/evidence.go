@@ -173,27 +173,34 @@ func (b *breakers) excuseLocked(dest, id, errText string) {
 // stale) and forgets its own message's excuse, if any. Unlike success it
 // counts confirmed publishes only (success also closes a breaker whose
 // probe found no row, which shows nothing about the destination).
+//
+// A generation is only ever compared with an excuse's, so a destination
+// with no excuse keeps its count: an excuse given later records the count
+// as it is, and the first confirm after it moves it on. While nothing is
+// excused (nearly always), a pass costs the lock and nothing else.
 func (b *breakers) confirmed(items []item) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for i := range items {
+	for i := 0; i < len(items) && b.nExcused > 0; i++ {
 		it := &items[i]
 		if it.msg == nil || it.err != nil || it.outcome.To != envelope.StatusPublished {
 			continue
 		}
 		dest := it.claimed.Row.Destination
+		m := b.excused[dest]
+		if m == nil {
+			continue
+		}
 		if b.confirms == nil {
 			b.confirms = make(map[string]uint64)
 		}
 		b.confirms[dest]++
-		if m := b.excused[dest]; m != nil {
-			if _, ok := m[it.claimed.Row.MessageID]; ok {
-				delete(m, it.claimed.Row.MessageID)
-				b.nExcused--
-			}
-			if len(m) == 0 {
-				delete(b.excused, dest)
-			}
+		if _, ok := m[it.claimed.Row.MessageID]; ok {
+			delete(m, it.claimed.Row.MessageID)
+			b.nExcused--
+		}
+		if len(m) == 0 {
+			delete(b.excused, dest)
 		}
 	}
 }

@@ -246,6 +246,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 	defer func() {
 		close(exit)
 		bg.Wait()
+		f.claimer.waitFloors()
 	}()
 	stopping, drainExpired := f.stopSignals(ctx, exit)
 

@@ -29,29 +29,47 @@ type laneKeeper struct {
 // floorEvery is how often a relay advances its lanes' floors
 // (fencing.AdvanceLaneFloors: a candidate per lane, raised at a later
 // call once no transaction that could still commit a row below it runs).
-// Its first claim advances them at once, so a new relay (a new owner of
-// the lanes) starts at the floors its predecessors' candidates allow.
-// Each call locks the relay's lanes and descends each lane's index once
-// from its floor.
+// Its first claim starts an advance at once, so a new relay (a new owner
+// of the lanes) soon starts at the floors its predecessors' candidates
+// allow. Each advance locks the relay's lanes and descends each lane's
+// index once from its floor.
 const floorEvery = 250 * time.Millisecond
 
-// advanceFloors advances the floors of lanes when due (see floorEvery).
-// A failure is logged and changes nothing: the claims start lower, as
-// they did before floors.
-func (cl *claimer) advanceFloors(ctx context.Context, lanes []int, total int) {
+// advanceFloors starts an advance of the floors of lanes when one is due
+// (see floorEvery) and none is running. It runs beside the claims, which
+// never wait for it: a claim reads the floors as they are, and one that
+// read them just before they rose only starts lower. A failure is logged
+// and changes nothing. waitFloors waits for it.
+func (cl *claimer) advanceFloors(lanes []int, total int) {
+	if len(lanes) == 0 || !cl.floorsBusy.CompareAndSwap(false, true) {
+		return
+	}
 	cl.lanesMu.Lock()
 	due := cl.lanes.floorsAt.IsZero() || time.Since(cl.lanes.floorsAt) >= floorEvery
 	if due {
 		cl.lanes.floorsAt = time.Now()
 	}
 	cl.lanesMu.Unlock()
-	if !due || len(lanes) == 0 {
+	if !due {
+		cl.floorsBusy.Store(false)
 		return
 	}
-	if _, err := fencing.AdvanceLaneFloors(ctx, cl.db, cl.cfg.Owner, lanes, total); err != nil {
-		cl.logger.Error("Outbox lane floors not advanced; claims start at the floors as they are", err, nil)
-	}
+	lanes = slices.Clone(lanes)
+	cl.floorsRun.Add(1)
+	go func() {
+		defer cl.floorsRun.Done()
+		defer cl.floorsBusy.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), cl.dbTimeout)
+		defer cancel()
+		if _, err := fencing.AdvanceLaneFloors(ctx, cl.db, cl.cfg.Owner, lanes, total); err != nil {
+			cl.logger.Error("Outbox lane floors not advanced; claims start at the floors as they are", err, nil)
+		}
+	}()
 }
+
+// waitFloors waits for the advance of the floors in progress, if any
+// (Run and RunOnce, before they return).
+func (cl *claimer) waitFloors() { cl.floorsRun.Wait() }
 
 // laneRenewEvery is how often a relay renews its lanes: a third of their
 // lease, so two renewals may fail before a lane can be taken.

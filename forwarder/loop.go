@@ -82,6 +82,7 @@ func (f *Forwarder) RunOnce(ctx context.Context) (Report, error) {
 		}
 	}()
 	t, _ := f.pass(ctx, stopping, drainExpired, nil, false, nil)
+	defer f.claimer.waitFloors()
 	return t.wait()
 }
 
