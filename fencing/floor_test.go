@@ -18,8 +18,21 @@ import (
 
 // floorWait bounds how long a test waits for a floor to rise: the gate
 // waits for every transaction of the database that started before a
-// candidate, and other packages' tests share the database.
+// candidate. Each test has a database of its own (floorDB), so only its
+// own transactions are there.
 const floorWait = time.Minute
+
+// floorDB is laneDB in a database of the test's own (testdb.Isolated):
+// the floors' gate waits for every transaction of the database, and in the
+// shared one other suites' long-open transactions held it back (the same
+// tests of the pgx job among them: both failed, each waiting for the
+// other's open transaction).
+func floorDB(t *testing.T) *testdb.Schema {
+	t.Helper()
+	s := testdb.Isolated(t)
+	require.NoError(t, fencing.SetLaneCount(context.Background(), s.DB, 32, 25))
+	return s
+}
 
 // advanceUntil calls AdvanceLaneFloors for r's lanes until ok holds for
 // the floors, and returns them. The floors rise only at a call after the
@@ -142,7 +155,7 @@ func claimBuffers(t *testing.T, db *sql.DB, p fencing.ClaimParams, floorsAtZero 
 // transaction id, and it keeps the prefix's index entries alive), and a
 // claim from the floors reads fewer buffers than the same claim from 0.
 func TestLaneFloorsRiseUnderAHeldSnapshotAndANewOwnerStartsThere(t *testing.T) {
-	s := laneDB(t)
+	s := floorDB(t)
 	holder := s.Open(t)
 	snap, err := holder.BeginTx(context.Background(), &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
 	require.NoError(t, err)
@@ -260,7 +273,7 @@ func floorWaitsFor(t *testing.T, s *testdb.Schema, w lateWriter) {
 // floor passes the row while it is open, and it is delivered once it
 // commits. The row is written by plain SQL.
 func TestLaneFloorWaitsForALongOpenTransaction(t *testing.T) {
-	s := laneDB(t)
+	s := floorDB(t)
 	var late *sql.Tx
 	floorWaitsFor(t, s, lateWriter{
 		open: func(t *testing.T) (int, int64) {
@@ -285,7 +298,7 @@ func TestLaneFloorWaitsForALongOpenTransaction(t *testing.T) {
 // so a row can be in the middle of its INSERT (here held by a BEFORE
 // trigger) with its seq drawn and no id. The floor does not pass it.
 func TestLaneFloorWaitsForASeqDrawnBeforeItsTransactionID(t *testing.T) {
-	s := laneDB(t)
+	s := floorDB(t)
 	for _, q := range []string{
 		`CREATE FUNCTION floor_test_hold() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN PERFORM pg_advisory_xact_lock_shared(770052); RETURN NEW; END $$`,
@@ -353,7 +366,7 @@ WHEN (NEW.message_id = 'window') EXECUTE FUNCTION floor_test_hold()`,
 // An AMBIGUOUS row waiting for its next attempt keeps its lane's floor at
 // or below it, however far the rows after it were drained.
 func TestLaneFloorStaysAtAnAmbiguousRowWaitingForItsRetry(t *testing.T) {
-	s := laneDB(t)
+	s := floorDB(t)
 	insertUnkeyed(t, s.DB, "a", 32*32*2)
 	a := takeLanes(t, s.DB, "a", time.Minute, 5)
 	got := a.claim(t, s.DB, 5)
@@ -394,7 +407,7 @@ func TestLaneFloorStaysAtAnAmbiguousRowWaitingForItsRetry(t *testing.T) {
 
 // Changing the lane count resets every floor.
 func TestLaneCountChangeResetsTheFloors(t *testing.T) {
-	s := laneDB(t)
+	s := floorDB(t)
 	insertUnkeyed(t, s.DB, "a", 100)
 	a := takeLanes(t, s.DB, "a", time.Minute, 5)
 	a.drain(t, s.DB)
@@ -413,7 +426,7 @@ func TestLaneCountChangeResetsTheFloors(t *testing.T) {
 
 // A relay's floors are only its own lanes', and only a live owner's.
 func TestAdvanceLaneFloorsTouchesOnlyTheOwnersLanes(t *testing.T) {
-	s := laneDB(t)
+	s := floorDB(t)
 	insertUnkeyed(t, s.DB, "a", 64)
 	a := takeLanes(t, s.DB, "a", time.Minute, 5)
 	a.drain(t, s.DB)
@@ -430,7 +443,7 @@ func TestAdvanceLaneFloorsTouchesOnlyTheOwnersLanes(t *testing.T) {
 // whether a transaction older than a candidate still runs: its floors
 // stay; with pg_read_all_stats they rise.
 func TestLaneFloorsNeedToSeeEverySession(t *testing.T) {
-	s := laneDB(t)
+	s := floorDB(t)
 	insertUnkeyed(t, s.DB, "a", 64)
 	a := takeLanes(t, s.DB, "a", time.Minute, 5)
 	a.drain(t, s.DB)

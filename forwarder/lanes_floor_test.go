@@ -24,7 +24,10 @@ import (
 func TestLaneFloorsUnderRelays(t *testing.T) {
 	t.Parallel() // waits on floors, which wait for the database's older transactions
 	ctx := context.Background()
-	s := newDB(t)
+	// A database of its own: the floors wait for every transaction of
+	// their database, and other suites' would hold them back.
+	s := testdb.Isolated(t)
+	s.DB.SetMaxOpenConns(6)
 	require.NoError(t, fencing.SetLaneCount(ctx, s.DB, 32, 25))
 	holder := s.Open(t)
 	snap, err := holder.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})

@@ -20,7 +20,10 @@ import (
 func TestRedriveLowersTheLaneFloorsAndTheRowIsClaimed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := newSchema(t)
+	// A database of its own: the floors wait for every transaction of
+	// their database, and other suites' would hold them back.
+	s := testdb.Isolated(t)
+	s.DB.SetMaxOpenConns(6)
 	require.NoError(t, fencing.SetLaneCount(ctx, s.DB, 32, 5))
 	rows := make([]testdb.OutboxRow, 200)
 	for i := range rows {

@@ -19,7 +19,7 @@ func (s *Schema) Role(t testing.TB, grants ...string) (name, url string) {
 	t.Helper()
 	ctx := context.Background()
 	name = "outbox_test_role_" + randomHex(4)
-	admin, err := OpenURL(WithSearchPath(URL(), s.Name))
+	admin, err := OpenURL(s.URL) // the schema's database (Isolated: not the shared one)
 	if err != nil {
 		t.Fatalf("testdb: open: %v", err)
 	}
@@ -31,7 +31,7 @@ func (s *Schema) Role(t testing.TB, grants ...string) (name, url string) {
 		}
 	}
 	t.Cleanup(func() {
-		drop, err := OpenURL(URL())
+		drop, err := OpenURL(s.URL) // DROP OWNED acts on the database it runs in
 		if err != nil {
 			return
 		}

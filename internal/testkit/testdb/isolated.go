@@ -1,0 +1,91 @@
+package testdb
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	neturl "net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+const databasePrefix = "outbox_testdb_"
+
+// Isolated is New in a database of its own on the test server, created for
+// the test and dropped when it ends. It is for tests whose subject looks at
+// every transaction of the database: the lane floors (fencing.AdvanceLaneFloors)
+// wait for every transaction of their database that could still commit a
+// row, and in the shared database the other suites' long-open transactions
+// (the same floor tests of the pgx job among them) held them back for as
+// long as those ran. Creating a database costs about a tenth of a second
+// and copies template1; use New for everything else.
+func Isolated(t testing.TB) *Schema {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := OpenURL(URL())
+	if err != nil {
+		t.Fatalf("testdb: open %s: %v", URL(), err)
+	}
+	defer admin.Close()
+	if err := admin.PingContext(ctx); err != nil {
+		t.Fatalf("testdb: PostgreSQL is not reachable at %s (set OUTBOX_TEST_DATABASE_URL or run `make db`): %v", URL(), err)
+	}
+	dropStaleDatabases(ctx, admin)
+	name := fmt.Sprintf("%s%d_%s", databasePrefix, time.Now().Unix(), randomHex(4))
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("testdb: create database: %v", err)
+	}
+	t.Cleanup(func() {
+		drop, err := OpenURL(URL())
+		if err != nil {
+			return
+		}
+		defer drop.Close()
+		// FORCE: a connection a test left open must not keep the database.
+		_, _ = drop.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	})
+	base := withDatabase(URL(), name)
+	dbAdmin, err := OpenURL(base)
+	if err != nil {
+		t.Fatalf("testdb: open %s: %v", name, err)
+	}
+	defer dbAdmin.Close()
+	return newSchema(t, dbAdmin, sessionURL(base))
+}
+
+// withDatabase returns base with its database set to name.
+func withDatabase(base, name string) string {
+	u, err := neturl.Parse(base)
+	if err != nil || u.Scheme == "" {
+		return base + " dbname=" + name
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// dropStaleDatabases drops the databases Isolated created over an hour ago
+// (a crashed run's).
+func dropStaleDatabases(ctx context.Context, db *sql.DB) {
+	rows, err := db.QueryContext(ctx, "SELECT datname FROM pg_database WHERE datname LIKE '"+databasePrefix+"%'")
+	if err != nil {
+		return
+	}
+	var stale []string
+	cutoff := time.Now().Add(-time.Hour).Unix()
+	for rows.Next() {
+		var name string
+		if rows.Scan(&name) != nil {
+			continue
+		}
+		ts, _, _ := strings.Cut(strings.TrimPrefix(name, databasePrefix), "_")
+		if n, err := strconv.ParseInt(ts, 10, 64); err == nil && n < cutoff {
+			stale = append(stale, name)
+		}
+	}
+	_ = rows.Close()
+	for _, name := range stale {
+		_, _ = db.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	}
+}
