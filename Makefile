@@ -41,9 +41,13 @@ JOBS ?= 2
 # waits on PostgreSQL, on relays' polls and on subprocesses, and a third job
 # fills those waits. JOBS given on the command line or in the environment
 # still decides. Measured on 2026-12-04 with two `yes` hogs on the two
-# cores: 704 s, the core's -race job (635 s) the critical path; more jobs do
-# not help a machine that short of CPU (the forwarder's suite split into two
-# jobs: 807 s), only less CPU per suite would.
+# cores (warm build cache): 704 s, then 758 s after test schemas stopped
+# running goose (which took the core's quiet -race suite from 3m17s to
+# 1m59s); the core's -race job (629-635 s) is the longest, and the three
+# slots are full throughout (the jobs' durations summed, over three: about
+# 730 s). More jobs do not help a machine that short of CPU (the
+# forwarder's suite split into two jobs: 807 s), only less CPU per suite
+# would.
 TEST_JOBS ?= $(if $(filter environment command line,$(origin JOBS)),$(JOBS),3)
 # The modules whose suites take longest, started first so that the short
 # ones fill in around them; then every other module of go.work.
