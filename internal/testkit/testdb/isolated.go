@@ -19,8 +19,8 @@ const databasePrefix = "outbox_testdb_"
 // wait for every transaction of their database that could still commit a
 // row, and in the shared database the other suites' long-open transactions
 // (the same floor tests of the pgx job among them) held them back for as
-// long as those ran. Creating a database costs about a tenth of a second
-// and copies template1; use New for everything else.
+// long as those ran. Creating a database copies template1 and costs more
+// than a schema; use New for everything else.
 func Isolated(t testing.TB) *Schema {
 	t.Helper()
 	ctx := context.Background()
