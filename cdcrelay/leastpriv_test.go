@@ -7,12 +7,12 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
@@ -63,7 +63,7 @@ func TestRelayRunsWithTheGrantsOfSecurityMD(t *testing.T) {
 	out := &recorder{}
 	wait := e.relay(t, cfg, out)
 	e.publish(t, "orders", msg("lp-1", "x", nil))
-	require.Eventually(t, func() bool { return len(out.ids()) == 1 }, 20*time.Second, 10*time.Millisecond)
+	await.Until(t, func() bool { return len(out.ids()) == 1 }, "the row is delivered")
 	require.NoError(t, wait(), "the relay under its login")
 	_ = ctx
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 )
 
 // A pass whose claim fails (the database refuses the statement) backs off
@@ -50,7 +51,7 @@ func TestFailingClaimsBackOffWhileABreakerProbeIsDue(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()
-	require.Eventually(t, func() bool { return open.Load() > 0 }, 20*time.Second, 5*time.Millisecond, "the breaker never opened")
+	await.Until(t, func() bool { return open.Load() > 0 }, "the breaker never opened")
 
 	// The database refuses every claim from now on.
 	_, err := s.DB.Exec(`ALTER TABLE messaging_outbox RENAME TO messaging_outbox_away`)
@@ -59,7 +60,7 @@ func TestFailingClaimsBackOffWhileABreakerProbeIsDue(t *testing.T) {
 	counting.Store(true)
 	start := time.Now()
 	const watch = time.Second
-	require.Eventually(t, func() bool { return time.Since(start) >= watch }, 10*time.Second, 5*time.Millisecond)
+	await.Until(t, func() bool { return time.Since(start) >= watch }, "the watch window of refused claims passes")
 	n := failed.Load()
 	cancel()
 	_ = waitOrFail(t, done, "Run to return")
@@ -109,8 +110,8 @@ func TestPausedClaimsResumeSoonAfterTheHangEnds(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()
-	require.Eventually(t, func() bool { return releasedAt.Load() != 0 }, 30*time.Second, 5*time.Millisecond, "claims never stayed paused for 3 s")
-	require.Eventually(t, func() bool { return resumedAt.Load() != 0 }, 30*time.Second, 5*time.Millisecond, "the relay never resumed")
+	await.Until(t, func() bool { return releasedAt.Load() != 0 }, "claims never stayed paused for 3 s")
+	await.Until(t, func() bool { return resumedAt.Load() != 0 }, "the relay never resumed")
 	cancel()
 	require.NoError(t, waitOrFail(t, done, "Run to return"))
 	took := time.Duration(resumedAt.Load() - releasedAt.Load())

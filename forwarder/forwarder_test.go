@@ -21,6 +21,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
@@ -657,12 +658,12 @@ func TestListenNotifyWakesAnIdleRelay(t *testing.T) {
 	<-f.Running()
 	<-passes // the first pass found nothing; the next poll is an hour away
 	insertN(t, s.DB, "orders", "m1")
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		// NOTIFY again on every check: the listener may still be connecting.
 		_, err := s.DB.Exec(`SELECT pg_notify($1, '')`, publisher.DefaultNotifyChannel)
 		require.NoError(t, err)
 		return len(rec.ids()) == 1
-	}, 10*time.Second, 50*time.Millisecond)
+	}, "a NOTIFY wakes the relay, which delivers m1")
 	require.NoError(t, f.Close())
 	require.NoError(t, <-done)
 }
@@ -678,7 +679,7 @@ func TestRouterPluginStartsAndDrainsWithTheRouter(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
 	<-f.Running()
-	require.Eventually(t, func() bool { return len(rec.ids()) == 1 }, 10*time.Second, 10*time.Millisecond)
+	await.Until(t, func() bool { return len(rec.ids()) == 1 }, "m1 is delivered")
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	<-f.Running()

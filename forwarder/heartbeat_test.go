@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
@@ -43,11 +44,10 @@ func TestRelayClaimsNothingWhileItsHeartbeatHasLapsed(t *testing.T) {
 	defer func() { _ = tx.Rollback() }()
 	_, err = tx.Exec(`LOCK TABLE messaging_relay_heartbeat IN ACCESS EXCLUSIVE MODE`)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return logs.count(forwarder.CodeHeartbeatLapsed) > 0 }, 10*time.Second, 5*time.Millisecond,
-		"passes fail with FORWARDER_HEARTBEAT_LAPSED")
+	await.Until(t, func() bool { return logs.count(forwarder.CodeHeartbeatLapsed) > 0 }, "passes fail with FORWARDER_HEARTBEAT_LAPSED")
 	insertN(t, s.DB, "orders", "m1")
 	n := logs.count(forwarder.CodeHeartbeatLapsed)
-	require.Eventually(t, func() bool { return logs.count(forwarder.CodeHeartbeatLapsed) >= n+2 }, 10*time.Second, 5*time.Millisecond)
+	await.Until(t, func() bool { return logs.count(forwarder.CodeHeartbeatLapsed) >= n+2 }, "two more passes fail with FORWARDER_HEARTBEAT_LAPSED")
 	require.Empty(t, rec.ids(), "nothing is claimed while the heartbeat has lapsed")
 	require.Equal(t, "PENDING", state(t, s.DB, "m1").Status)
 

@@ -14,6 +14,7 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 )
 
 func TestValidateRefusesAListenURLTheListenerCannotUse(t *testing.T) {
@@ -110,7 +111,7 @@ func TestACustomListenerWakesAnIdleRelayAndStopsWithIt(t *testing.T) {
 	<-passes // the first pass found nothing; the next poll is an hour away
 	insertN(t, s.DB, "orders", "m1")
 	l.notify <- struct{}{} // received: the listener runs
-	require.Eventually(t, func() bool { return len(rec.ids()) == 1 }, 10*time.Second, 10*time.Millisecond)
+	await.Until(t, func() bool { return len(rec.ids()) == 1 }, "the row is delivered")
 	require.NoError(t, f.Close())
 	require.NoError(t, <-done)
 	<-l.stopped // Close ended the listener
@@ -148,9 +149,9 @@ func TestUnreachableListenURLNeitherBlocksRunNorClose(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- f.Run(context.Background()) }()
 	waitOrFail(t, f.Running(), "Run reaching its loop")
-	require.Eventually(t, func() bool { return len(rec.ids()) == 1 }, 10*time.Second, 5*time.Millisecond, "polling relays the row")
+	await.Until(t, func() bool { return len(rec.ids()) == 1 }, "polling relays the row")
 	insertN(t, s.DB, "orders", "m2")
-	require.Eventually(t, func() bool { return len(rec.ids()) == 2 }, 10*time.Second, 5*time.Millisecond, "polling keeps relaying")
+	await.Until(t, func() bool { return len(rec.ids()) == 2 }, "polling keeps relaying")
 	closed := make(chan error, 1)
 	go func() { closed <- f.Close() }()
 	require.NoError(t, waitOrFail(t, closed, "Close returning"))

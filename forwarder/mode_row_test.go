@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
@@ -20,13 +21,11 @@ func TestAMissingModeRowStopsClaimsUntilItIsRestored(t *testing.T) {
 
 	_, err := s.DB.Exec(`DELETE FROM messaging_relay_mode`)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return logs.count(relaymode.CodeRelayModeMissing) > 0 }, 10*time.Second, 5*time.Millisecond,
-		"heartbeats fail with RELAY_MODE_MISSING")
-	require.Eventually(t, func() bool { return logs.count(forwarder.CodeHeartbeatLapsed) > 0 }, 10*time.Second, 5*time.Millisecond,
-		"passes fail with FORWARDER_HEARTBEAT_LAPSED")
+	await.Until(t, func() bool { return logs.count(relaymode.CodeRelayModeMissing) > 0 }, "heartbeats fail with RELAY_MODE_MISSING")
+	await.Until(t, func() bool { return logs.count(forwarder.CodeHeartbeatLapsed) > 0 }, "passes fail with FORWARDER_HEARTBEAT_LAPSED")
 	insertN(t, s.DB, "orders", "m1")
 	n := logs.count(forwarder.CodeHeartbeatLapsed)
-	require.Eventually(t, func() bool { return logs.count(forwarder.CodeHeartbeatLapsed) >= n+2 }, 10*time.Second, 5*time.Millisecond)
+	await.Until(t, func() bool { return logs.count(forwarder.CodeHeartbeatLapsed) >= n+2 }, "two more passes fail with FORWARDER_HEARTBEAT_LAPSED")
 	require.Empty(t, rec.ids(), "nothing is claimed while the mode row is missing")
 	require.Equal(t, "PENDING", state(t, s.DB, "m1").Status)
 

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 )
 
 // Found by the chaos soak (issue 16, the downstream that hangs forever):
@@ -47,9 +48,9 @@ func TestPausedClaimsWaitBetweenPassesWhileAProbeIsDue(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()
-	require.Eventually(t, func() bool { return paused.Load() > 0 }, 20*time.Second, 5*time.Millisecond, "the relay never paused its claims")
+	await.Until(t, func() bool { return paused.Load() > 0 }, "the relay never paused its claims")
 	const watch = time.Second
-	require.Eventually(t, func() bool { return time.Since(time.Unix(0, firstPause.Load())) >= watch }, 20*time.Second, 5*time.Millisecond)
+	await.Until(t, func() bool { return time.Since(time.Unix(0, firstPause.Load())) >= watch }, "the watch window after the first pause passes")
 	n := paused.Load()
 	cancel()
 	require.NoError(t, waitOrFail(t, done, "Run to return"))

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
@@ -75,11 +76,11 @@ func TestCloseReleasesThePrefetchedBatch(t *testing.T) {
 	require.Equal(t, "a", <-h.entered, "the first batch is being published")
 	// While "a" hangs, the next batch (c, d) is claimed ahead: all four rows
 	// are IN_FLIGHT under this relay.
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		var n int
 		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_outbox WHERE status = 'IN_FLIGHT' AND lease_owner = 'pf'`).Scan(&n))
 		return n == 4
-	}, 10*time.Second, 5*time.Millisecond, "the next batch is claimed while the current one publishes")
+	}, "the next batch is claimed while the current one publishes")
 
 	require.NoError(t, f.Close())
 	require.NoError(t, <-done)
@@ -162,10 +163,10 @@ func TestOutcomesAreWrittenBehindTheNextBatch(t *testing.T) {
 	for _, id := range []string{"b", "c", "d"} {
 		require.Equal(t, id, waitOrFail(t, g.entered, "publish of "+id), "batch 2 is published while batch 1's outcome statement waits")
 	}
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		return testdb.QueryInt(t, s.DB, `SELECT count(*) FROM pg_stat_activity
 			WHERE $1::int = ANY(pg_blocking_pids(pid))`, holder) == 1
-	}, 10*time.Second, 5*time.Millisecond, "batch 1's outcome statement waits for the lock")
+	}, "batch 1's outcome statement waits for the lock")
 	for _, id := range []string{"a", "b", "c", "d"} {
 		require.Equal(t, "IN_FLIGHT", state(t, s.DB, id).Status, "%s: no outcome is written before batch 1's", id)
 	}
@@ -258,7 +259,7 @@ func TestFailedFinalReleaseIsReturnedByRun(t *testing.T) {
 	go func() { done <- f.Run(ctx) }()
 	require.Equal(t, "m1", waitOrFail(t, g.entered, "the first publish"))
 	// A full batch of one: m2 is claimed ahead while m1 is published.
-	require.Eventually(t, func() bool { return state(t, s.DB, "m2").Status == "IN_FLIGHT" }, 10*time.Second, 5*time.Millisecond)
+	await.Until(t, func() bool { return state(t, s.DB, "m2").Status == "IN_FLIGHT" }, "m2 is claimed (IN_FLIGHT)")
 	require.NoError(t, fdb.Close())
 	cancel()
 	close(g.open)
@@ -303,7 +304,7 @@ func TestRefusedClaimAheadIsNotAFailedRelease(t *testing.T) {
 	go func() { done <- f.Run(context.Background()) }()
 	require.Equal(t, "m1", waitOrFail(t, g.entered, "the first publish"))
 	// m2 was claimed ahead when m1's pass began, with the heartbeat alive.
-	require.Eventually(t, func() bool { return state(t, s.DB, "m2").Status == "IN_FLIGHT" }, 10*time.Second, 5*time.Millisecond)
+	await.Until(t, func() bool { return state(t, s.DB, "m2").Status == "IN_FLIGHT" }, "m2 is claimed (IN_FLIGHT)")
 
 	// The relay's heartbeat row is locked: its beats wait and fail. Once the
 	// last one that succeeded is older than its lifetime (3 x 250 ms), on the

@@ -14,6 +14,7 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
@@ -58,11 +59,11 @@ func TestFullBatchesArePolledAgainAtOnce(t *testing.T) {
 	go func() { done <- f.Run(context.Background()) }()
 	// With an hour between polls, only the full-batch rule can get all seven
 	// rows out.
-	require.Eventually(t, func() bool { return len(rec.ids()) == 7 }, 10*time.Second, 5*time.Millisecond)
+	await.Until(t, func() bool { return len(rec.ids()) == 7 }, "all seven rows are delivered")
 	// The short batch was claimed ahead, while its predecessor was in
 	// flight, so one fresh claim (finding nothing) follows it before the
 	// relay idles for an hour.
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(claimed) == 5 }, 10*time.Second, 5*time.Millisecond)
+	await.Until(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(claimed) == 5 }, "five claims are reported")
 	require.NoError(t, f.Close())
 	require.NoError(t, <-done)
 	mu.Lock()

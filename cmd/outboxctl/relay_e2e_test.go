@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/stretchr/testify/require"
 )
@@ -84,7 +85,7 @@ func TestRelayToLogPublishesServesMetricsAndStopsCleanly(t *testing.T) {
 	md := m1["metadata"].(map[string]any)
 	require.Equal(t, "shop", md["app"])
 	require.Equal(t, "c-1", md["correlation_id"])
-	require.Eventually(t, func() bool { return s.Count(t, "status = 'PUBLISHED'") == 5 }, 10*time.Second, 20*time.Millisecond)
+	await.Until(t, func() bool { return s.Count(t, "status = 'PUBLISHED'") == 5 }, "the five rows are PUBLISHED")
 
 	// /metrics: the forwarder's counters and the backlog gauges.
 	var url string

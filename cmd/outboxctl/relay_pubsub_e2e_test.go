@@ -2,10 +2,10 @@ package main
 
 import (
 	"testing"
-	"time"
 
 	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/stretchr/testify/require"
 )
@@ -25,8 +25,7 @@ func TestRelayToPubSub(t *testing.T) {
 	cmd, stderr := startRelay(t, s, []string{"PUBSUB_EMULATOR_HOST=" + srv.Addr},
 		"--to", "pubsub", "--pubsub-project", "outbox-test", "--pubsub-create-topics")
 
-	require.Eventually(t, func() bool { return s.Count(t, "status = 'PUBLISHED'") == 2 }, 30*time.Second, 50*time.Millisecond,
-		"stderr:\n%s", stderr.String())
+	await.Until(t, func() bool { return s.Count(t, "status = 'PUBLISHED'") == 2 }, "stderr:\n%s", stderr.String())
 	got := map[string]string{}
 	for _, m := range srv.Messages() {
 		got[string(m.Data)] = m.Attributes["app"]

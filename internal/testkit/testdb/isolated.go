@@ -2,11 +2,8 @@ package testdb
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	neturl "net/url"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 )
@@ -24,15 +21,9 @@ const databasePrefix = "outbox_testdb_"
 func Isolated(t testing.TB) *Schema {
 	t.Helper()
 	ctx := context.Background()
-	admin, err := OpenURL(URL())
-	if err != nil {
-		t.Fatalf("testdb: open %s: %v", URL(), err)
-	}
+	admin := openAdmin(t)
 	defer admin.Close()
-	if err := admin.PingContext(ctx); err != nil {
-		t.Fatalf("testdb: PostgreSQL is not reachable at %s (set OUTBOX_TEST_DATABASE_URL or run `make db`): %v", URL(), err)
-	}
-	dropStaleDatabases(ctx, admin)
+	dropStale(ctx, admin, "SELECT datname FROM pg_database", "datname", databasePrefix, "DROP DATABASE IF EXISTS %s WITH (FORCE)")
 	name := fmt.Sprintf("%s%d_%s", databasePrefix, time.Now().Unix(), randomHex(4))
 	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatalf("testdb: create database: %v", err)
@@ -63,29 +54,4 @@ func withDatabase(base, name string) string {
 	}
 	u.Path = "/" + name
 	return u.String()
-}
-
-// dropStaleDatabases drops the databases Isolated created over an hour ago
-// (a crashed run's).
-func dropStaleDatabases(ctx context.Context, db *sql.DB) {
-	rows, err := db.QueryContext(ctx, "SELECT datname FROM pg_database WHERE datname LIKE '"+databasePrefix+"%'")
-	if err != nil {
-		return
-	}
-	var stale []string
-	cutoff := time.Now().Add(-time.Hour).Unix()
-	for rows.Next() {
-		var name string
-		if rows.Scan(&name) != nil {
-			continue
-		}
-		ts, _, _ := strings.Cut(strings.TrimPrefix(name, databasePrefix), "_")
-		if n, err := strconv.ParseInt(ts, 10, 64); err == nil && n < cutoff {
-			stale = append(stale, name)
-		}
-	}
-	_ = rows.Close()
-	for _, name := range stale {
-		_, _ = db.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-	}
 }

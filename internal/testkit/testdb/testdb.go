@@ -107,17 +107,24 @@ type Schema struct {
 // connections.
 func New(t testing.TB) *Schema {
 	t.Helper()
-	ctx := context.Background()
+	admin := openAdmin(t)
+	defer admin.Close()
+	dropStale(context.Background(), admin, "SELECT nspname FROM pg_namespace", "nspname", schemaPrefix, "DROP SCHEMA IF EXISTS %s CASCADE")
+	return newSchema(t, admin, sessionURL(URL()))
+}
+
+// openAdmin opens a pool on the test server's URL and checks that it answers.
+func openAdmin(t testing.TB) *sql.DB {
+	t.Helper()
 	admin, err := OpenURL(URL())
 	if err != nil {
 		t.Fatalf("testdb: open %s: %v", URL(), err)
 	}
-	defer admin.Close()
-	if err := admin.PingContext(ctx); err != nil {
+	if err := admin.PingContext(context.Background()); err != nil {
+		_ = admin.Close()
 		t.Fatalf("testdb: PostgreSQL is not reachable at %s (set OUTBOX_TEST_DATABASE_URL or run `make db`): %v", URL(), err)
 	}
-	dropStale(ctx, admin)
-	return newSchema(t, admin, sessionURL(URL()))
+	return admin
 }
 
 // sessionURL is base with the session settings of every connection to a
@@ -207,9 +214,11 @@ func (s *Schema) Count(t testing.TB, where string, args ...any) int {
 	return QueryInt(t, s.DB, q, args...)
 }
 
-func dropStale(ctx context.Context, db *sql.DB) {
-	rows, err := db.QueryContext(ctx,
-		"SELECT nspname FROM pg_namespace WHERE nspname LIKE '"+schemaPrefix+"%'")
+// dropStale drops what a crashed run left over an hour ago: the names in
+// column col of list (a catalog query) that start with prefix and the Unix
+// time a run stamped on them, each by dropFmt (a DROP with %s for the name).
+func dropStale(ctx context.Context, db *sql.DB, list, col, prefix, dropFmt string) {
+	rows, err := db.QueryContext(ctx, list+" WHERE "+col+" LIKE '"+prefix+"%'")
 	if err != nil {
 		return
 	}
@@ -220,15 +229,14 @@ func dropStale(ctx context.Context, db *sql.DB) {
 		if rows.Scan(&name) != nil {
 			continue
 		}
-		rest := strings.TrimPrefix(name, schemaPrefix)
-		ts, _, _ := strings.Cut(rest, "_")
+		ts, _, _ := strings.Cut(strings.TrimPrefix(name, prefix), "_")
 		if n, err := strconv.ParseInt(ts, 10, 64); err == nil && n < cutoff {
 			stale = append(stale, name)
 		}
 	}
 	_ = rows.Close()
 	for _, name := range stale {
-		_, _ = db.ExecContext(ctx, "DROP SCHEMA IF EXISTS "+name+" CASCADE")
+		_, _ = db.ExecContext(ctx, fmt.Sprintf(dropFmt, name))
 	}
 }
 
