@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lib/pq"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -433,4 +434,51 @@ func TestARowsLaneIsItsKeysHashOrItsSeqRun(t *testing.T) {
 		require.ElementsMatch(t, want, got, "lane %d", lane)
 	}
 	require.GreaterOrEqual(t, keyed, 5, "key-0's five rows came with its lane")
+}
+
+// The held record of a lane is what its owner still holds there, then the
+// new claim's rows, each with the attempts it had when claimed: a takeover charges exactly those (and a row
+// written out in between is not charged).
+func TestLaneHeldRecordKeepsWhatIsStillHeldThenTheNewRows(t *testing.T) {
+	s := laneDB(t)
+	var first []string
+	for i := range 10 {
+		id := fmt.Sprintf("u%02d", i)
+		insert(t, s.DB, id, "")
+		first = append(first, id)
+	}
+	_, err := s.DB.Exec(`UPDATE messaging_outbox SET attempts = 2, last_attempt_at = now() WHERE message_id IN ('u03', 'u07')`)
+	require.NoError(t, err)
+	require.NoError(t, fencing.EnterFence(context.Background(), s.DB, "a", fencing.FenceLanes))
+	a := takeLanes(t, s.DB, "a", time.Minute, 5)
+	got := a.claim(t, s.DB, 5)
+	require.Len(t, got, 10)
+
+	// Four are written out; the relay still holds the other six.
+	var out []fencing.Claimed
+	for _, c := range got {
+		if c.Row.MessageID == "u00" || c.Row.MessageID == "u02" || c.Row.MessageID == "u05" || c.Row.MessageID == "u09" {
+			out = append(out, c)
+		}
+	}
+	_, err = fencing.Apply(context.Background(), s.DB, published(out))
+	require.NoError(t, err)
+	a.held = []string{"u01", "u03", "u04", "u06", "u07", "u08"}
+	for i := 10; i < 13; i++ {
+		insert(t, s.DB, fmt.Sprintf("u%02d", i), "")
+	}
+	require.Len(t, a.claim(t, s.DB, 5), 3)
+
+	var ids []string
+	var atts []int64
+	require.NoError(t, s.DB.QueryRow(`SELECT held_ids, held_attempts FROM messaging_relay_lane_held WHERE cardinality(held_ids) > 0`).
+		Scan(pq.Array(&ids), pq.Array(&atts)))
+	require.Len(t, ids, 9)
+	require.Len(t, atts, 9)
+	held := map[string]int64{}
+	for i, id := range ids {
+		held[id] = atts[i]
+	}
+	require.Equal(t, map[string]int64{"u01": 0, "u03": 2, "u04": 0, "u06": 0, "u07": 2, "u08": 0, "u10": 0, "u11": 0, "u12": 0}, held)
+	require.ElementsMatch(t, a.held[:6], ids[:6], "what is still held comes first, the new claim's rows after it")
 }

@@ -154,8 +154,10 @@ func (c *Cleaner) now() any {
 
 // Every calls Run now and then once per interval until ctx is done, handing
 // each outcome to report (which may be nil). A failed run does not stop the
-// loop. It returns ctx's error. Applications that prefer their own scheduler
-// call Run instead; outboxctl cleanup calls Run once.
+// loop. A run that ctx cut short is reported too when it committed a batch
+// (its Result counts what committed, with ctx's error), so the report sums
+// to what retention did. It returns ctx's error. Applications that prefer
+// their own scheduler call Run instead; outboxctl cleanup calls Run once.
 func (c *Cleaner) Every(ctx context.Context, interval time.Duration, report func(Result, error)) error {
 	if interval <= 0 {
 		return outbox.Errorf(outbox.CodeInvalidConfig, "retention.Cleaner.Every", "interval is %s; use a positive duration", interval)
@@ -165,6 +167,9 @@ func (c *Cleaner) Every(ctx context.Context, interval time.Duration, report func
 	for {
 		res, err := c.Run(ctx)
 		if ctx.Err() != nil {
+			if report != nil && res.Batches+res.InboxBatches > 0 {
+				report(res, err)
+			}
 			return ctx.Err()
 		}
 		if err != nil {

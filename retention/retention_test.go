@@ -228,3 +228,27 @@ func TestEvery(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, <-stopped, context.Canceled)
 }
+
+// A run that Every's context cuts short after committing a batch is
+// reported with what it committed, so the reports sum to what retention
+// did.
+func TestEveryReportsTheRunItsStopCutShort(t *testing.T) {
+	t.Parallel()
+	s := newSchema(t)
+	insertPublished(t, s.DB, "old-", 25, now.Add(-100*time.Hour))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := retention.New(s.DB, nil, retention.Config{Now: clock, BatchSize: 10,
+		OnBatch: func(retention.Batch) { cancel() }}) // the first batch commits, then the stop comes
+	require.NoError(t, err)
+	var reported int
+	var runs int
+	require.ErrorIs(t, c.Every(ctx, time.Hour, func(r retention.Result, err error) {
+		runs++
+		reported += r.Deleted
+		require.ErrorIs(t, err, context.Canceled)
+	}), context.Canceled)
+	require.Equal(t, 1, runs, "the cut-short run is reported")
+	require.Equal(t, 10, reported, "its committed batch is counted")
+	require.Equal(t, 15, s.Count(t, "message_id LIKE 'old-%'"), "and that batch is what left the outbox")
+}

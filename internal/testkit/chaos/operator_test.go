@@ -117,13 +117,12 @@ func (o *operator) retain(ctx context.Context) {
 		o.inj.restartMu.RLock()
 		res, err := c.Run(ctx)
 		o.inj.restartMu.RUnlock()
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
+		if err != nil && ctx.Err() == nil {
 			o.t.Errorf("retention run: %v", err)
 			continue
 		}
+		// A run the soak's end cut short still counts the batches it
+		// committed (its Result holds them): the archive has their rows.
 		o.mu.Lock()
 		o.ret.runs++
 		if res.Skipped {
@@ -134,6 +133,9 @@ func (o *operator) retain(ctx context.Context) {
 		o.ret.duplicates += res.ArchiveDuplicates
 		o.ret.conflicts += res.ArchiveConflicts
 		o.mu.Unlock()
+		if ctx.Err() != nil {
+			return
+		}
 	}
 }
 
