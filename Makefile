@@ -40,14 +40,16 @@ JOBS ?= 2
 # `make test` (units) runs three jobs at a time instead: every job also
 # waits on PostgreSQL, on relays' polls and on subprocesses, and a third job
 # fills those waits. JOBS given on the command line or in the environment
-# still decides. Measured on 2026-12-04 with two `yes` hogs on the two
-# cores (warm build cache): 704 s, then 758 s after test schemas stopped
-# running goose (which took the core's quiet -race suite from 3m17s to
-# 1m59s); the core's -race job (629-635 s) is the longest, and the three
-# slots are full throughout (the jobs' durations summed, over three: about
-# 730 s). More jobs do not help a machine that short of CPU (the
-# forwarder's suite split into two jobs: 807 s), only less CPU per suite
-# would.
+# still decides. With two `yes` hogs on the two cores (warm build cache):
+# 704 and 758 s on the host of 2026-12-04's first session, 330 and 316 s on
+# the host of its second (where the core's -race suite alone, quiet, takes
+# 80 s against 119 s). Measured alone and quiet on the second host, the
+# core's and the pgx job's CPU is mostly PostgreSQL's (core: 35 s in Go,
+# 65 s in the server; pgx: 13 and 57 s), about half of it the DDL of the
+# test schemas (pg_stat_statements: 86 ms of statements per schema, 349
+# schemas). More jobs do not help a machine short of CPU (the forwarder's
+# suite split into two jobs: 807 s on the first host), only less CPU per
+# suite would.
 TEST_JOBS ?= $(if $(filter environment command line,$(origin JOBS)),$(JOBS),3)
 # The modules whose suites take longest, started first so that the short
 # ones fill in around them; then every other module of go.work.
