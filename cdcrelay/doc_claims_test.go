@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
@@ -40,7 +41,7 @@ func TestRelayDocClaims(t *testing.T) {
 
 		// UPDATEs: the relay's own marking of what it delivered PUBLISHED
 		// (the same change the forwarder's fenced outcome makes).
-		require.Eventually(t, func() bool { return e.s.Count(t, "status = 'PUBLISHED'") == 3 }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return e.s.Count(t, "status = 'PUBLISHED'") == 3 }, await.Patience(t), 10*time.Millisecond)
 		// A DELETE, a plain UPDATE, a TRUNCATE, and the same on the other
 		// schema's outbox.
 		_, err = e.s.DB.Exec(`DELETE FROM messaging_outbox WHERE message_id = 'ins-1'`)
@@ -57,7 +58,7 @@ func TestRelayDocClaims(t *testing.T) {
 
 		// The marker commits last: once it is out, every change above was
 		// streamed before it and ignored.
-		require.Eventually(t, func() bool { return len(out.ids()) >= 4 }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) >= 4 }, await.Patience(t), 10*time.Millisecond)
 		require.Equal(t, []string{"ins-1", "ins-2", "ins-3", "marker"}, out.ids())
 		for _, id := range out.ids() {
 			require.Equal(t, 1, out.attemptsOf(id), id)
@@ -111,18 +112,18 @@ func TestRelayDocClaims(t *testing.T) {
 		errc := make(chan error, 1)
 		go func() { errc <- r.Run(context.Background()) }()
 		t.Cleanup(func() { _ = r.Close() })
-		require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, await.Patience(t), 10*time.Millisecond)
 
 		e.publish(t, "orders", msg("held", "h", nil))
 		e.publish(t, "orders", msg("next", "n", nil))
-		require.Eventually(t, func() bool { return out.attemptsOf("held") > 0 }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return out.attemptsOf("held") > 0 }, await.Patience(t), 10*time.Millisecond)
 		// Not Disable (it refuses while the relay's heartbeat is live): an
 		// UPDATE that bypasses it, as a hand-made switch would.
 		_, err = e.s.DB.Exec(`UPDATE messaging_relay_mode SET mode = 'POLLING' WHERE id`)
 		require.NoError(t, err)
 		select {
 		case err = <-errc:
-		case <-time.After(patience(t)):
+		case <-time.After(await.Patience(t)):
 			t.Fatal("relay kept running after the mode left CDC")
 		}
 		require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)

@@ -15,6 +15,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
@@ -134,7 +135,7 @@ func (w *writer) all() []string {
 func (w *writer) waitWritten(t *testing.T, n int64) {
 	t.Helper()
 	target := w.written.Load() + n
-	require.Eventually(t, func() bool { return w.written.Load() >= target }, patience(t), 5*time.Millisecond)
+	require.Eventually(t, func() bool { return w.written.Load() >= target }, await.Patience(t), 5*time.Millisecond)
 }
 
 func startForwarder(t *testing.T, db *sql.DB, out message.Publisher, owner string) (stop func()) {
@@ -182,13 +183,13 @@ func TestHandoverRoundTrip(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, known)
 		return n == 0
-	}, patience(t), 10*time.Millisecond, "the forwarders deliver the rows older than the slot")
+	}, await.Patience(t), 10*time.Millisecond, "the forwarders deliver the rows older than the slot")
 	w.waitWritten(t, 50) // rows in the slot that the forwarders publish: the relay must skip them
 	stopFw1()
 	require.NoError(t, relaymode.Enable(ctx, e.s.DB, "test", time.Time{}))
 	waitRelay := e.streaming(t, relay)
 	w.waitWritten(t, 200)
-	require.Eventually(t, func() bool { return sink.deliveries("cdc") >= 100 }, patience(t), 10*time.Millisecond)
+	require.Eventually(t, func() bool { return sink.deliveries("cdc") >= 100 }, await.Patience(t), 10*time.Millisecond)
 
 	// And back: the relay stops (marking what it delivered), then Disable.
 	require.NoError(t, waitRelay())
@@ -198,7 +199,7 @@ func TestHandoverRoundTrip(t *testing.T) {
 	w.halt()
 
 	ids := w.all()
-	require.Eventually(t, func() bool { return sink.has(ids) }, patience(t), 10*time.Millisecond, "every committed row is delivered")
+	require.Eventually(t, func() bool { return sink.has(ids) }, await.Patience(t), 10*time.Millisecond, "every committed row is delivered")
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
 	var twice []string
@@ -241,12 +242,12 @@ func TestHandOverToPollingAfterAConsumerThatDoesNotMark(t *testing.T) {
 		n, _, err := cdcrelay.UndeliveredBeforeSlot(ctx, e.s.DB, cfg.SlotName)
 		require.NoError(t, err)
 		return n == 0
-	}, patience(t), 10*time.Millisecond)
+	}, await.Patience(t), 10*time.Millisecond)
 	stopFw1()
 	require.NoError(t, relaymode.Enable(ctx, e.s.DB, "test", time.Time{}))
 	waitConnector := e.streaming(t, connector)
 	w.waitWritten(t, 150)
-	require.Eventually(t, func() bool { return sink.deliveries("connector") >= 100 }, patience(t), 10*time.Millisecond)
+	require.Eventually(t, func() bool { return sink.deliveries("connector") >= 100 }, await.Patience(t), 10*time.Millisecond)
 	require.NoError(t, waitConnector())
 	res, err := e.s.DB.Exec(`UPDATE messaging_outbox SET status = 'PENDING', published_at = NULL, attempts = 0, lease_owner = NULL WHERE lease_owner = $1`, "cdc:"+cfg.SlotName)
 	require.NoError(t, err)
@@ -274,7 +275,7 @@ func TestHandOverToPollingAfterAConsumerThatDoesNotMark(t *testing.T) {
 	w.waitWritten(t, 100)
 	w.halt()
 	ids := w.all()
-	require.Eventually(t, func() bool { return sink.has(ids) }, patience(t), 10*time.Millisecond, "every committed row is delivered")
+	require.Eventually(t, func() bool { return sink.has(ids) }, await.Patience(t), 10*time.Millisecond, "every committed row is delivered")
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
 	var twice []string

@@ -17,6 +17,7 @@ import (
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
 	"github.com/fencedoutbox/watermill-outbox/internal/pgerr"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
@@ -167,7 +168,7 @@ func runLapsing(t *testing.T, base, owner string, ttl time.Duration, lockTimeout
 	runErr = make(chan error, 1)
 	go func() { runErr <- r.Run(context.Background()) }()
 	t.Cleanup(func() { _ = r.Close() })
-	require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
+	require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, await.Patience(t), 10*time.Millisecond)
 	return e, cfg, runErr
 }
 
@@ -222,13 +223,13 @@ func TestHeartbeatLapseStopsTheRelay(t *testing.T) {
 		e.publish(t, "orders", msg("first", "1", nil), msg("second", "2", nil))
 		select {
 		case <-out.entered:
-		case <-time.After(patience(t)):
+		case <-time.After(await.Patience(t)):
 			t.Fatal("the relay never published the first message")
 		}
 		// While the first publish is in the downstream, heartbeat writes
 		// fail and the last successful heartbeat expires.
 		release := holdHeartbeat(t, e, cfg.Owner)
-		require.Eventually(t, func() bool { return heartbeatExpired(t, e, cfg.Owner) }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return heartbeatExpired(t, e, cfg.Owner) }, await.Patience(t), 10*time.Millisecond)
 		out.release()
 
 		err := receive(t, runErr)
@@ -247,7 +248,7 @@ func TestHeartbeatLapseStopsTheRelay(t *testing.T) {
 		// delivers the rest, and not the first again.
 		cfg.DB = e.s.DB
 		wait := e.relay(t, cfg, out)
-		require.Eventually(t, func() bool { return len(out.ids()) == 2 }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 2 }, await.Patience(t), 10*time.Millisecond)
 		require.Equal(t, []string{"first", "second"}, out.ids())
 		require.Equal(t, 1, out.attemptsOf("first"))
 		require.NoError(t, wait())
@@ -271,7 +272,7 @@ func TestBothRelaysHeartbeatWithTheirKind(t *testing.T) {
 		polling, err = relaymode.LiveRelays(ctx, e.s.DB, time.Time{})
 		require.NoError(t, err)
 		return len(polling) == 1
-	}, patience(t), 10*time.Millisecond)
+	}, await.Patience(t), 10*time.Millisecond)
 	require.Equal(t, "fw-kind", polling[0].Owner)
 	require.Equal(t, relaymode.ModePolling, polling[0].Kind)
 	require.Empty(t, polling[0].SlotName)
@@ -304,7 +305,7 @@ func TestBothRelaysHeartbeatWithTheirKind(t *testing.T) {
 		live, err := relaymode.LiveCDCConsumers(ctx, e.s.DB, time.Time{})
 		require.NoError(t, err)
 		return len(live) == 1 && live[0].HeartbeatAt.After(first)
-	}, patience(t), 10*time.Millisecond, "the idle CDC relay renews its heartbeat while it runs")
+	}, await.Patience(t), 10*time.Millisecond, "the idle CDC relay renews its heartbeat while it runs")
 
 	err = relaymode.Disable(ctx, e.s.DB, "test")
 	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict, "Disable refuses while the CDC relay beats")

@@ -19,6 +19,7 @@ import (
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
@@ -272,7 +273,7 @@ func TestDecodeAgreesWithScanRow(t *testing.T) {
 	}
 	require.NotEmpty(t, deliverable)
 	e.enableCDC(t)
-	require.Eventually(t, func() bool { return !e.slotActive(t) }, patience(t), 10*time.Millisecond)
+	require.Eventually(t, func() bool { return !e.slotActive(t) }, await.Patience(t), 10*time.Millisecond)
 	err = r.Run(context.Background())
 	require.ErrorIs(t, err, outbox.ErrCorruptRow)
 	require.ErrorContains(t, err, "unknown-status")

@@ -19,6 +19,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
@@ -99,7 +100,7 @@ func newEnv(t *testing.T, base string) *env {
 // they are gone, within the test's own deadline.
 func dropSlots(t *testing.T, db *sql.DB, prefix string) {
 	t.Helper()
-	deadline := time.Now().Add(patience(t))
+	deadline := time.Now().Add(await.Patience(t))
 	for {
 		_, _ = db.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name LIKE $1 || '%' AND active`, prefix)
 		_, _ = db.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE $1 || '%' AND NOT active`, prefix)
@@ -114,20 +115,6 @@ func dropSlots(t *testing.T, db *sql.DB, prefix string) {
 		}
 		time.Sleep(20 * time.Millisecond) // polling the backends' exit, which has no event to wait on
 	}
-}
-
-// patience is how long a wait for an event may take before the test reports
-// it as missing: what is left of the test binary's deadline (go test
-// -timeout), less a minute for the cleanups to run, at most 5 minutes. Not
-// a guess at how long the event takes: a loaded machine only makes the wait
-// longer, while a hang is still reported as a failure (with the cleanups
-// run) instead of the binary's panic.
-func patience(t *testing.T) time.Duration {
-	d := 5 * time.Minute
-	if dl, ok := t.Deadline(); ok {
-		d = min(d, time.Until(dl)-time.Minute)
-	}
-	return max(d, 20*time.Second)
 }
 
 func (e *env) config() cdcrelay.Config {
@@ -219,7 +206,7 @@ func (e *env) relay(t *testing.T, cfg cdcrelay.Config, out message.Publisher) (w
 func (e *env) streaming(t *testing.T, r *cdcrelay.Relay) (wait func() error) {
 	t.Helper()
 	wait = running(t, r)
-	require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
+	require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, await.Patience(t), 10*time.Millisecond)
 	return wait
 }
 
@@ -262,7 +249,7 @@ func TestRelay(t *testing.T) {
 		}), msg("id-2", "second", nil))
 		e.publish(t, "payments", msg("id-3", "third", nil))
 
-		require.Eventually(t, func() bool { return len(out.ids()) == 3 }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 3 }, await.Patience(t), 10*time.Millisecond)
 		require.Equal(t, []string{"id-1", "id-2", "id-3"}, out.ids())
 		out.mu.Lock()
 		first, tops := out.got[0], append([]string(nil), out.tops...)
@@ -306,7 +293,7 @@ func TestRelay(t *testing.T) {
 		e.publish(t, "orders", msg("committed-first", "y", nil)) // its own transaction, inserted and committed now
 		require.NoError(t, first.Commit())
 
-		require.Eventually(t, func() bool { return len(out.ids()) == 2 }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 2 }, await.Patience(t), 10*time.Millisecond)
 		require.Equal(t, []string{"committed-first", "inserted-first"}, out.ids())
 		var firstSeq, secondSeq int64
 		require.NoError(t, e.s.DB.QueryRow(`SELECT (SELECT seq FROM messaging_outbox WHERE message_id = 'inserted-first'),
@@ -330,7 +317,7 @@ func TestRelay(t *testing.T) {
 
 		// The later committed message arriving proves the stream passed the
 		// rolled-back transaction's position.
-		require.Eventually(t, func() bool { return len(out.ids()) == 1 }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 1 }, await.Patience(t), 10*time.Millisecond)
 		require.Equal(t, []string{"after"}, out.ids())
 		require.Zero(t, out.attemptsOf("rolled-back"))
 	})
@@ -362,7 +349,7 @@ func TestRelay(t *testing.T) {
 		e.publish(t, "orders", msg("marker", "m", nil))
 
 		wait := running(t, r)
-		require.Eventually(t, func() bool { return len(out.ids()) == 3 }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 3 }, await.Patience(t), 10*time.Millisecond)
 		// Each insert once: the forwarder had published the first two, but
 		// retention deleted them before they were streamed, so the relay
 		// cannot tell and publishes them (a row the relay finds PUBLISHED is
@@ -393,10 +380,10 @@ func TestRelay(t *testing.T) {
 		// that creates it holds it while it waits for a consistent point
 		// (for the transactions of other tests on a loaded machine); a row
 		// committed meanwhile is older than the slot and never streamed.
-		require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, await.Patience(t), 10*time.Millisecond)
 
 		e.publish(t, "orders", msg("ok-1", "1", nil))
-		require.Eventually(t, func() bool { return len(out.ids()) == 1 }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 1 }, await.Patience(t), 10*time.Millisecond)
 		before := e.confirmedLSN(t)
 
 		e.publish(t, "orders", msg("poison", "p", map[string]string{"x-k": "v"}))
@@ -408,7 +395,7 @@ func TestRelay(t *testing.T) {
 
 		select {
 		case err = <-errc: // Run stops by itself once the attempts are spent
-		case <-time.After(patience(t)):
+		case <-time.After(await.Patience(t)):
 			t.Fatal("Run did not give up after MaxPublishAttempts")
 		}
 		require.ErrorIs(t, err, cdcrelay.ErrPublishFailed)
@@ -420,7 +407,7 @@ func TestRelay(t *testing.T) {
 		after := e.confirmedLSN(t)
 		require.GreaterOrEqual(t, after, before)
 		require.Less(t, after, poisonEnd, "the slot did not move past the refused message")
-		require.Eventually(t, func() bool { return !e.slotActive(t) }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return !e.slotActive(t) }, await.Patience(t), 10*time.Millisecond)
 		var pending int
 		require.NoError(t, e.s.DB.QueryRow(`SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL, 'proto_version', '1', 'publication_names', $2)`, e.slot, cfg.PublicationName).Scan(&pending))
 		require.Positive(t, pending, "the slot still holds the refused transaction")
@@ -432,12 +419,12 @@ func TestRelay(t *testing.T) {
 		r2, err := cdcrelay.New(cfg, out, nil)
 		require.NoError(t, err)
 		wait2 := running(t, r2)
-		require.Eventually(t, func() bool { return len(out.ids()) == 2 }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 2 }, await.Patience(t), 10*time.Millisecond)
 		require.Equal(t, []string{"ok-1", "poison"}, out.ids())
 		out.mu.Lock()
 		require.Equal(t, "v", out.got[1].Metadata.Get("x-k"))
 		out.mu.Unlock()
-		require.Eventually(t, func() bool { return e.confirmedLSN(t) >= poisonEnd }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return e.confirmedLSN(t) >= poisonEnd }, await.Patience(t), 10*time.Millisecond)
 		require.NoError(t, wait2())
 	})
 
@@ -457,7 +444,7 @@ func TestRelay(t *testing.T) {
 		require.NoError(t, err)
 		wait := e.streaming(t, r)
 		e.publish(t, "orders", msg("flaky", "f", nil), msg("next", "n", nil))
-		require.Eventually(t, func() bool { return len(out.ids()) == 2 }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 2 }, await.Patience(t), 10*time.Millisecond)
 		require.Equal(t, []string{"flaky", "next"}, out.ids())
 		require.Equal(t, 5, out.attemptsOf("flaky"))
 		require.NoError(t, wait())
@@ -482,7 +469,7 @@ func TestRelay(t *testing.T) {
 		require.Eventually(t, func() bool {
 			live, err = relaymode.LiveCDCConsumers(context.Background(), e.s.DB, time.Time{})
 			return err == nil && len(live) == 1
-		}, patience(t), 10*time.Millisecond, "the relay registered its CDC heartbeat")
+		}, await.Patience(t), 10*time.Millisecond, "the relay registered its CDC heartbeat")
 		require.Equal(t, e.slot, live[0].SlotName)
 		err = relaymode.Disable(context.Background(), e.s.DB, "test")
 		require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
@@ -516,7 +503,7 @@ func TestRelay(t *testing.T) {
 		require.ErrorIs(t, err, relaymode.ErrSecondCDCConsumer)
 		require.Equal(t, outbox.Code("CDC_SECOND_CONSUMER"), outbox.CodeOf(err))
 		e.publish(t, "orders", msg("once", "o", nil))
-		require.Eventually(t, func() bool { return len(first.ids()) == 1 }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(first.ids()) == 1 }, await.Patience(t), 10*time.Millisecond)
 		require.Empty(t, second.ids())
 		require.NoError(t, wait())
 	})
@@ -542,7 +529,7 @@ func TestRelay(t *testing.T) {
 
 		require.NoError(t, r.Prepare(context.Background()))
 		first := running(t, r)
-		require.Eventually(t, func() bool { return e.slotActive(t) }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return e.slotActive(t) }, await.Patience(t), 10*time.Millisecond)
 		other, err := cdcrelay.New(cfg, &recorder{}, nil)
 		require.NoError(t, err)
 		err = other.Run(context.Background())
@@ -587,7 +574,7 @@ func TestRelay(t *testing.T) {
 		r2, err := cdcrelay.New(cfg, out, nil)
 		require.NoError(t, err)
 		wait := running(t, r2)
-		require.Eventually(t, func() bool { return len(out.ids()) == 1 }, patience(t), 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(out.ids()) == 1 }, await.Patience(t), 10*time.Millisecond)
 		require.Equal(t, []string{"good"}, out.ids())
 		require.NoError(t, wait())
 	})
@@ -616,9 +603,9 @@ func TestFastShutdownIsNotBlockedByARefusingDownstream(t *testing.T) {
 	runErr := make(chan error, 1)
 	go func() { runErr <- r.Run(context.Background()) }()
 	t.Cleanup(func() { _ = r.Close() })
-	require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
+	require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, await.Patience(t), 10*time.Millisecond)
 	e.publish(t, "orders", msg("held", "h", nil))
-	require.Eventually(t, func() bool { return out.attemptsOf("held") >= 3 }, patience(t), 10*time.Millisecond, "the relay is retrying")
+	require.Eventually(t, func() bool { return out.attemptsOf("held") >= 3 }, await.Patience(t), 10*time.Millisecond, "the relay is retrying")
 
 	start := time.Now()
 	require.NoError(t, c.Stop("fast", 30*time.Second), "a fast shutdown during the outage")
@@ -627,7 +614,7 @@ func TestFastShutdownIsNotBlockedByARefusingDownstream(t *testing.T) {
 	case err := <-runErr:
 		require.Error(t, err, "the server is gone")
 		require.Empty(t, outbox.CodeOf(err), "a connection failure, not a refusal: %v", err)
-	case <-time.After(patience(t)):
+	case <-time.After(await.Patience(t)):
 		t.Fatal("Run did not return after the server stopped")
 	}
 
@@ -637,7 +624,7 @@ func TestFastShutdownIsNotBlockedByARefusingDownstream(t *testing.T) {
 	r2, err := cdcrelay.New(cfg, out, nil)
 	require.NoError(t, err)
 	wait := running(t, r2)
-	require.Eventually(t, func() bool { return len(out.ids()) == 1 }, patience(t), 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(out.ids()) == 1 }, await.Patience(t), 10*time.Millisecond)
 	require.Equal(t, []string{"held"}, out.ids())
 	require.NoError(t, wait())
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
@@ -70,7 +71,7 @@ func TestPartialTransactionIsCompletedWithoutRepeats(t *testing.T) {
 			restart: true,
 			stop: func(t *testing.T, _ *env, r *cdcrelay.Relay, out *recorder, runErr <-chan error, _ <-chan struct{}, release chan struct{}) error {
 				close(release)
-				require.Eventually(t, func() bool { return out.attemptsOf("tx-3") >= 3 }, patience(t), time.Millisecond)
+				require.Eventually(t, func() bool { return out.attemptsOf("tx-3") >= 3 }, await.Patience(t), time.Millisecond)
 				require.NoError(t, r.Close())
 				return receive(t, runErr)
 			},
@@ -81,7 +82,7 @@ func TestPartialTransactionIsCompletedWithoutRepeats(t *testing.T) {
 			stop: func(t *testing.T, e *env, _ *cdcrelay.Relay, out *recorder, runErr <-chan error, blocked <-chan struct{}, release chan struct{}) error {
 				select {
 				case <-blocked:
-				case <-time.After(patience(t)):
+				case <-time.After(await.Patience(t)):
 					t.Fatal("tx-3 never reached the publisher")
 				}
 				// The server ends the walsender, as when the network
@@ -92,7 +93,7 @@ func TestPartialTransactionIsCompletedWithoutRepeats(t *testing.T) {
 				close(release)
 				// The refused attempt ends the session anyway; the relay
 				// streams again from the confirmed position and retries.
-				require.Eventually(t, func() bool { return out.attemptsOf("tx-3") >= 3 }, patience(t), time.Millisecond)
+				require.Eventually(t, func() bool { return out.attemptsOf("tx-3") >= 3 }, await.Patience(t), time.Millisecond)
 				select {
 				case err := <-runErr:
 					t.Fatalf("Run returned: %v", err)
@@ -129,12 +130,12 @@ func TestPartialTransactionIsCompletedWithoutRepeats(t *testing.T) {
 			runErr := make(chan error, 1)
 			go func() { runErr <- r.Run(context.Background()) }()
 			t.Cleanup(func() { _ = r.Close() })
-			require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
+			require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, await.Patience(t), 10*time.Millisecond)
 
 			// A transaction delivered and confirmed before the partial one.
 			e.publish(t, "orders", msg("before", "b", nil))
 			beforeEnd := e.currentWAL(t)
-			require.Eventually(t, func() bool { return e.confirmedLSN(t) >= beforeEnd }, patience(t), 10*time.Millisecond)
+			require.Eventually(t, func() bool { return e.confirmedLSN(t) >= beforeEnd }, await.Patience(t), 10*time.Millisecond)
 
 			// One business transaction of three messages.
 			e.publish(t, "orders",
@@ -146,20 +147,20 @@ func TestPartialTransactionIsCompletedWithoutRepeats(t *testing.T) {
 			tc.wantError(t, tc.stop(t, e, r, out, runErr, blocked, release))
 			require.Equal(t, []string{"before", "tx-1", "tx-2"}, out.ids(), "the first relay delivered part of the transaction")
 			require.Less(t, e.confirmedLSN(t), txEnd, "the partial transaction was not confirmed")
-			require.Eventually(t, func() bool { return e.s.Count(t, "message_id IN ('tx-1', 'tx-2') AND status = 'PUBLISHED'") == 2 }, patience(t), 10*time.Millisecond,
+			require.Eventually(t, func() bool { return e.s.Count(t, "message_id IN ('tx-1', 'tx-2') AND status = 'PUBLISHED'") == 2 }, await.Patience(t), 10*time.Millisecond,
 				"what the downstream accepted is marked PUBLISHED")
 			require.Equal(t, 1, e.s.Count(t, "message_id = 'tx-3' AND status = 'PENDING'"))
 
 			refusing.Store(false)
 			if tc.restart {
-				require.Eventually(t, func() bool { return !e.slotActive(t) }, patience(t), 10*time.Millisecond)
+				require.Eventually(t, func() bool { return !e.slotActive(t) }, await.Patience(t), 10*time.Millisecond)
 				r2, err := cdcrelay.New(e.config(), out, nil)
 				require.NoError(t, err)
 				wait2 := running(t, r2)
 				t.Cleanup(func() { _ = wait2() })
 			}
-			require.Eventually(t, func() bool { return len(out.ids()) >= 4 }, patience(t), 10*time.Millisecond)
-			require.Eventually(t, func() bool { return e.confirmedLSN(t) >= txEnd }, patience(t), 10*time.Millisecond,
+			require.Eventually(t, func() bool { return len(out.ids()) >= 4 }, await.Patience(t), 10*time.Millisecond)
+			require.Eventually(t, func() bool { return e.confirmedLSN(t) >= txEnd }, await.Patience(t), 10*time.Millisecond,
 				"once every message of it was accepted, the transaction is confirmed")
 			// The rest of the transaction, once: the part accepted before is
 			// not repeated.
@@ -172,7 +173,7 @@ func TestPartialTransactionIsCompletedWithoutRepeats(t *testing.T) {
 
 			// And a later message is the only new delivery.
 			e.publish(t, "orders", msg("after", "a", nil))
-			require.Eventually(t, func() bool { return len(out.ids()) >= 5 }, patience(t), 10*time.Millisecond)
+			require.Eventually(t, func() bool { return len(out.ids()) >= 5 }, await.Patience(t), 10*time.Millisecond)
 			require.Equal(t, []string{"before", "tx-1", "tx-2", "tx-3", "after"}, out.ids())
 		})
 	}
@@ -183,7 +184,7 @@ func receive(t *testing.T, runErr <-chan error) error {
 	select {
 	case err := <-runErr:
 		return err
-	case <-time.After(patience(t)):
+	case <-time.After(await.Patience(t)):
 		t.Fatal("Run did not return")
 		return nil
 	}

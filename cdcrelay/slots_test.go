@@ -21,6 +21,7 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
 	"github.com/fencedoutbox/watermill-outbox/debezium"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
@@ -54,7 +55,7 @@ func TestLostSlotIsAnErrorAndNotSilentlyRecreated(t *testing.T) {
 	out := &recorder{}
 	wait := e.relay(t, e.config(), out)
 	e.publish(t, "orders", msg("streamed", "s", nil))
-	require.Eventually(t, func() bool { return len(out.ids()) == 1 }, patience(t), 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(out.ids()) == 1 }, await.Patience(t), 10*time.Millisecond)
 	require.NoError(t, wait())
 
 	// Rows committed while the relay is down, then WAL past the slot's
@@ -70,7 +71,7 @@ func TestLostSlotIsAnErrorAndNotSilentlyRecreated(t *testing.T) {
 		_, err := e.s.DB.Exec(`CHECKPOINT`)
 		require.NoError(t, err)
 		return e.walStatus(t) == "lost"
-	}, patience(t), 10*time.Millisecond, "the slot is invalidated")
+	}, await.Patience(t), 10*time.Millisecond, "the slot is invalidated")
 
 	r, err := cdcrelay.New(e.config(), out, nil)
 	require.NoError(t, err)
@@ -95,7 +96,7 @@ func TestLostSlotIsAnErrorAndNotSilentlyRecreated(t *testing.T) {
 		var active bool
 		err := e.s.DB.QueryRow(`SELECT active FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&active)
 		return err == nil && !active
-	}, patience(t), 10*time.Millisecond, "the walsender of the refused stream releases the slot")
+	}, await.Patience(t), 10*time.Millisecond, "the walsender of the refused stream releases the slot")
 	_, err = e.s.DB.Exec(`SELECT pg_drop_replication_slot($1)`, e.slot)
 	require.NoError(t, err)
 	r, err = cdcrelay.New(e.config(), out, nil)
@@ -127,7 +128,7 @@ func TestLostSlotIsAnErrorAndNotSilentlyRecreated(t *testing.T) {
 	require.NoError(t, relaymode.Enable(ctx, e.s.DB, "ops", time.Time{}))
 	wait = e.streaming(t, r)
 	e.publish(t, "orders", msg("after", "a", nil))
-	require.Eventually(t, func() bool { return len(out.ids()) == 5 }, patience(t), 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(out.ids()) == 5 }, await.Patience(t), 10*time.Millisecond)
 	// Every row once (the forwarder publishes concurrently: the drained
 	// rows in any order).
 	require.ElementsMatch(t, []string{"streamed", "lost-0", "lost-1", "lost-2", "after"}, out.ids())
@@ -168,7 +169,7 @@ func TestUndeliveredRowsBeforeAPreparedSlotAreRefused(t *testing.T) {
 	require.NoError(t, err)
 	wait := e.streaming(t, r)
 	e.publish(t, "orders", msg("next", "n", nil))
-	require.Eventually(t, func() bool { return len(out.ids()) == 2 }, patience(t), 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(out.ids()) == 2 }, await.Patience(t), 10*time.Millisecond)
 	require.Equal(t, []string{"backlog", "next"}, out.ids())
 	require.NoError(t, wait())
 }
@@ -223,7 +224,7 @@ func TestRelayWarnsPastTheLagThreshold(t *testing.T) {
 	wait := e.streaming(t, r)
 	_, err = e.s.DB.Exec(`SELECT pg_logical_emit_message(true, 'lag-test', repeat('x', 10000))`)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return len(log.lagWarnings()) > 0 }, patience(t), 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(log.lagWarnings()) > 0 }, await.Patience(t), 10*time.Millisecond)
 	w := log.lagWarnings()[0]
 	require.Equal(t, e.slot, w.fields["slot"])
 	require.Equal(t, "reserved", w.fields["wal_status"])
@@ -238,7 +239,7 @@ func TestRelayWarnsPastTheLagThreshold(t *testing.T) {
 	require.NoError(t, err)
 	wait = e.streaming(t, r)
 	e.publish(t, "orders", msg("m", "m", nil))
-	require.Eventually(t, func() bool { return e.s.Count(t, "status = 'PUBLISHED'") == 1 }, patience(t), 10*time.Millisecond)
+	require.Eventually(t, func() bool { return e.s.Count(t, "status = 'PUBLISHED'") == 1 }, await.Patience(t), 10*time.Millisecond)
 	require.NoError(t, wait())
 	require.Empty(t, quiet.lagWarnings())
 }
@@ -321,7 +322,7 @@ func TestSlotLagForARunningAndAStoppedRelay(t *testing.T) {
 		// Active alone is not enough: the walsender creating the slot holds
 		// it too; the boundary is recorded once the slot exists.
 		return len(snap.Slots) == 1 && snap.Slots[0].Active && len(snap.CDCConsumers) == 1 && snap.Slots[0].UndeliveredBeforeSlot != nil
-	}, patience(t), 10*time.Millisecond, "the relay created the slot, recorded its boundary and streams")
+	}, await.Patience(t), 10*time.Millisecond, "the relay created the slot, recorded its boundary and streams")
 	running := slotOf(t, snap, slot)
 	require.Equal(t, "pgoutput", running.Plugin)
 	require.Equal(t, "reserved", running.WALStatus)
@@ -346,7 +347,7 @@ func TestSlotLagForARunningAndAStoppedRelay(t *testing.T) {
 		snap, err = status.Collect(ctx, s.DB)
 		require.NoError(t, err)
 		return !slotOf(t, snap, slot).Active
-	}, patience(t), 10*time.Millisecond, "the stopped relay's walsender released the slot")
+	}, await.Patience(t), 10*time.Millisecond, "the stopped relay's walsender released the slot")
 	down := slotOf(t, snap, slot)
 	require.Equal(t, "reserved", down.WALStatus)
 	require.Greater(t, down.ConfirmedLagBytes, int64(200000), "20 rows of 10 kB were written after the relay stopped")

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/cdcrelay"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
@@ -32,7 +33,7 @@ func TestCloseReturnsWithinStopBound(t *testing.T) {
 	runErr := make(chan error, 1)
 	go func() { runErr <- r.Run(context.Background()) }()
 	t.Cleanup(func() { _ = r.Close() })
-	require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, patience(t), 10*time.Millisecond)
+	require.Eventually(t, func() bool { return e.walsenderStreaming(t) }, await.Patience(t), 10*time.Millisecond)
 
 	// One transaction: "first" is published, "second" stays in the
 	// downstream. The batch is marked once the whole transaction is
@@ -40,7 +41,7 @@ func TestCloseReturnsWithinStopBound(t *testing.T) {
 	e.publish(t, "orders", msg("first", "1", nil), msg("second", "2", nil))
 	select {
 	case <-out.entered:
-	case <-time.After(patience(t)):
+	case <-time.After(await.Patience(t)):
 		t.Fatal("the relay never published the second message")
 	}
 	require.Equal(t, []string{"first"}, out.ids())
@@ -78,6 +79,6 @@ func TestCloseReturnsWithinStopBound(t *testing.T) {
 	require.NoError(t, tx.Rollback())
 	out.release()
 	wait := e.relay(t, cfg, out)
-	require.Eventually(t, func() bool { return e.s.Count(t, "status = 'PUBLISHED'") == 2 }, patience(t), 10*time.Millisecond)
+	require.Eventually(t, func() bool { return e.s.Count(t, "status = 'PUBLISHED'") == 2 }, await.Patience(t), 10*time.Millisecond)
 	require.NoError(t, wait())
 }

@@ -436,16 +436,14 @@ func TestARowsLaneIsItsKeysHashOrItsSeqRun(t *testing.T) {
 	require.GreaterOrEqual(t, keyed, 5, "key-0's five rows came with its lane")
 }
 
-// The held record of a lane is what its owner still holds there, then the
-// new claim's rows, each with the attempts it had when claimed: a takeover charges exactly those (and a row
-// written out in between is not charged).
+// The held record of a lane, which a takeover charges an attempt each, is
+// what its owner still holds there, then the new claim's rows, each with
+// the attempts it had when claimed; a row written out in between is no
+// longer in it.
 func TestLaneHeldRecordKeepsWhatIsStillHeldThenTheNewRows(t *testing.T) {
 	s := laneDB(t)
-	var first []string
 	for i := range 10 {
-		id := fmt.Sprintf("u%02d", i)
-		insert(t, s.DB, id, "")
-		first = append(first, id)
+		insert(t, s.DB, fmt.Sprintf("u%02d", i), "")
 	}
 	_, err := s.DB.Exec(`UPDATE messaging_outbox SET attempts = 2, last_attempt_at = now() WHERE message_id IN ('u03', 'u07')`)
 	require.NoError(t, err)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/status"
 )
 
@@ -122,12 +123,9 @@ func TestHostileTwoIdenticalPoisonsWedgeDestination(t *testing.T) {
 	cfg := outageConfig()
 	cfg.MaxAttempts = 4
 	// A failure bound only, for a relay that stopped publishing
-	// altogether: the test's deadline, or a minute without one. The wait
-	// for the statuses below is bounded by events.
-	giveUp := time.Now().Add(time.Minute)
-	if d, ok := t.Deadline(); ok && d.Add(-10*time.Second).Before(giveUp) {
-		giveUp = d.Add(-10 * time.Second)
-	}
+	// altogether: the test's deadline. The wait for the statuses below is
+	// bounded by events.
+	giveUp := await.Deadline(t)
 	began := time.Now()
 	rs := startRelays(t, s, out, 1, cfg)
 	// Wait until both poisons were tried at least once.

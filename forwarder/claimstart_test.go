@@ -139,7 +139,7 @@ func TestUnderRunAKeysNextRowDoesNotWaitForTheRescan(t *testing.T) {
 	}
 	rec := &recorder{}
 	f := newForwarder(t, s.DB, rec, forwarder.Config{BatchSize: 2, PollInterval: 5 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond})
-	runUntilDelivered(t, f, rec, 320, 30*time.Second)
+	runUntilDelivered(t, f, rec, 320)
 
 	got := rec.ids()
 	last := slices.Index(got, "k-19")

@@ -18,6 +18,7 @@ import (
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
@@ -183,24 +184,26 @@ func newForwarder(t *testing.T, db *sql.DB, out message.Publisher, cfg forwarder
 
 // runUntilDelivered runs f until rec has n deliveries, then closes it and
 // requires a clean stop.
-func runUntilDelivered(t *testing.T, f *forwarder.Forwarder, rec *recorder, n int, within time.Duration) {
+func runUntilDelivered(t *testing.T, f *forwarder.Forwarder, rec *recorder, n int) {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- f.Run(context.Background()) }()
-	require.Eventually(t, func() bool { return len(rec.ids()) == n }, within, 5*time.Millisecond)
+	await.Until(t, func() bool { return len(rec.ids()) == n }, "%d deliveries", n)
 	require.NoError(t, f.Close())
 	require.NoError(t, <-done)
 }
 
 // waitOrFail waits for ch, failing the test (instead of hanging it) when
-// the thing it signals does not happen within a generous bound.
+// the thing it signals has not happened by the test's deadline
+// (await.Patience).
 func waitOrFail[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
+	patience := await.Patience(t)
 	select {
 	case v := <-ch:
 		return v
-	case <-time.After(20 * time.Second):
-		t.Fatalf("%s did not happen within 20s", what)
+	case <-time.After(patience):
+		t.Fatalf("%s did not happen within %s", what, patience.Round(time.Second))
 		panic("unreachable")
 	}
 }

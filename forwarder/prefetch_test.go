@@ -37,7 +37,7 @@ func TestPrefetchKeepsPerKeyOrder(t *testing.T) {
 	}
 	rec := &recorder{}
 	f := newForwarder(t, s.DB, rec, forwarder.Config{BatchSize: 3, PollInterval: 5 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond})
-	runUntilDelivered(t, f, rec, keys*perKey+40, 20*time.Second)
+	runUntilDelivered(t, f, rec, keys*perKey+40)
 
 	next := map[string]int{}
 	for _, id := range rec.ids() {
@@ -219,7 +219,7 @@ func TestPrefetchHoldsAtMostThreeBatches(t *testing.T) {
 		return true, nil
 	}}
 	f := newForwarder(t, s.DB, rec, forwarder.Config{Owner: "pf3", BatchSize: batch, Concurrency: 1})
-	runUntilDelivered(t, f, rec, len(ids), time.Minute)
+	runUntilDelivered(t, f, rec, len(ids))
 	mu.Lock()
 	defer mu.Unlock()
 	require.LessOrEqual(t, most, 3*batch)

@@ -55,7 +55,7 @@ func TestPublishesThatWaitGoOutConcurrencyAtATime(t *testing.T) {
 	insertN(t, s.DB, "orders", ids...)
 	out := &latent{latency: 20 * time.Millisecond, after: batch}
 	f := newForwarder(t, s.DB, out, forwarder.Config{Owner: "relay-a", BatchSize: batch, MaxBatchSize: batch, Concurrency: 4})
-	runUntilDelivered(t, f, &out.rec, len(ids), time.Minute)
+	runUntilDelivered(t, f, &out.rec, len(ids))
 	out.mu.Lock()
 	defer out.mu.Unlock()
 	require.Equal(t, 4, out.peak, "the passes after the first, with their publishes timed")

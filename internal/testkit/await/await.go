@@ -18,8 +18,9 @@ import (
 const Poll = 5 * time.Millisecond
 
 // Margin is the time Until leaves before the test's deadline: enough for
-// the test's cleanups (relays stopping, schemas dropped) and its report.
-const Margin = 30 * time.Second
+// the test's cleanups (relays stopping, schemas dropped, throwaway clusters
+// stopped) and its report.
+const Margin = time.Minute
 
 // NoDeadline bounds the wait of a test run without -timeout.
 const NoDeadline = 5 * time.Minute
@@ -49,4 +50,12 @@ func Deadline(t testing.TB) time.Time {
 		}
 	}
 	return giveUp
+}
+
+// Patience is how long a wait of t may still take, for waits that take a
+// duration (a select on a channel, require.Eventually): until Deadline, and
+// at least 20 s, so a test already past it still waits a little before it
+// reports the wait as failed.
+func Patience(t testing.TB) time.Duration {
+	return max(time.Until(Deadline(t)), 20*time.Second)
 }

@@ -53,3 +53,11 @@ func TestUntilFailsTheTestAtItsDeadline(t *testing.T) {
 		t.Fatal("Until did not fail the test at its deadline")
 	}
 }
+
+func TestPatienceIsWhatIsLeftUntilTheDeadline(t *testing.T) {
+	want := time.Until(await.Deadline(t))
+	got := await.Patience(t)
+	if got < 20*time.Second || (want > 20*time.Second && (got-want).Abs() > time.Second) {
+		t.Fatalf("Patience = %v, want about %v (at least 20 s)", got, want)
+	}
+}
