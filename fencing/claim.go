@@ -290,6 +290,9 @@ func ClaimAppend(ctx context.Context, db DBTX, dst []Claimed, p ClaimParams) ([]
 			clear(out[len(dst):])
 			return dst, fmt.Errorf("%s: scan: %w", op, scanErr)
 		}
+		if r.Status == envelope.StatusInFlight && (p.Lanes != nil || p.LaneCount != 0) {
+			r.LeaseOwner = p.Owner // the lanes' owner: not sent back with every row
+		}
 		c := Claimed{Row: r, Err: scanErr}
 		if r.Status == envelope.StatusInFlight {
 			c.Lease = Lease{MessageID: r.MessageID, Owner: r.LeaseOwner, Token: r.LeaseToken, ExpiresAt: r.LeaseExpiresAt}

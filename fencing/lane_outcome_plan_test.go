@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -59,5 +60,50 @@ func TestLaneStatementsByIDUseNoClaimableIndex(t *testing.T) {
 		require.NoError(t, tx.Rollback())
 		require.Contains(t, plan, "messaging_outbox", st.name)
 		require.NotContains(t, plan, "claimable_idx", "%s:\n%s", st.name, plan)
+	}
+}
+
+// The lane scheme's all-PUBLISHED outcome finds its rows through the
+// primary key, on custom and generic plans, with statistics or without, on
+// a table of 100,000 rows. A cheaper form was tried and dropped for this:
+// joined with arrays of ids, epochs and attempts instead of reading each
+// row's from a JSON object (three lookups a row), the statement cost 0.6
+// µs a row less, but a custom plan on the never-analyzed table read the
+// whole table into a hash (304,129 rows produced for 1,000 outcomes), and
+// with "message_id = ANY (ids)" kept beside the join the generic plan read
+// the arrays again for every row (150 ms a write).
+func TestLanePublishedOutcomeReadsOnlyItsRows(t *testing.T) {
+	ctx := context.Background()
+	s := laneDB(t)
+	_, err := s.DB.Exec(`ALTER TABLE messaging_outbox SET (autovacuum_enabled = false)`)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload)
+		SELECT 'm' || g, 'd', '' FROM generate_series(1, 100000) g`)
+	require.NoError(t, err)
+	r := takeLanes(t, s.DB, "r", time.Minute, 25)
+	held, err := fencing.Claim(ctx, s.DB, r.claimParams(1000))
+	require.NoError(t, err)
+	require.Len(t, held, 1000)
+	outcomes := make([]fencing.Outcome, len(held))
+	for i, c := range held {
+		outcomes[i] = fencing.Outcome{Lease: c.Lease, To: envelope.StatusPublished}
+	}
+	q, args := fencing.LaneApplyStatement(outcomes, false)
+	conn, err := s.DB.Conn(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	for _, analyzed := range []bool{false, true} {
+		if analyzed {
+			_, err = s.DB.Exec(`ANALYZE messaging_outbox`)
+			require.NoError(t, err)
+		}
+		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+			_, err = conn.ExecContext(ctx, `SET plan_cache_mode = `+mode)
+			require.NoError(t, err)
+			root := genericPlan(t, conn, q, args...)
+			require.Equal(t, 1000.0, root["Actual Rows"], "%s, analyzed %v: every row written", mode, analyzed)
+			require.LessOrEqual(t, rowsProduced(root), 4*1000.0, "%s, analyzed %v: rows produced by the plan %v", mode, analyzed, scans(root))
+			require.NotContains(t, scans(root), "Seq Scan on messaging_outbox", "%s, analyzed %v", mode, analyzed)
+		}
 	}
 }

@@ -7,6 +7,7 @@
 package forwarder
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,7 +30,16 @@ type executor struct {
 	beat      *beatGate // breakers are recorded for operators under Run only
 	// changes are the breaker changes not written yet (writeBreakers).
 	changes breakerChanges
+	// spanNames maps a destination to its publish span's name, built once
+	// per destination instead of once per message (for the first
+	// maxSpanNames destinations; the others build theirs every time).
+	spanNames  sync.Map // string -> string
+	spanNamesN atomic.Int32
 }
+
+// maxSpanNames bounds executor.spanNames: a relay publishing to ever new
+// destinations must not keep a name for each.
+const maxSpanNames = 1024
 
 func newExecutor(e *env, out message.Publisher, chains *chainLog, p *paces, beat *beatGate) *executor {
 	x := &executor{env: e, out: out, chains: chains, paces: p, beat: beat}
@@ -39,6 +49,20 @@ func newExecutor(e *env, out message.Publisher, chains *chainLog, p *paces, beat
 		now:    e.localNow,
 	}
 	return x
+}
+
+// spanName is the name of the span of a publish to dest.
+func (x *executor) spanName(dest string) string {
+	if n, ok := x.spanNames.Load(dest); ok {
+		return n.(string)
+	}
+	n := "outbox.publish " + dest
+	if x.spanNamesN.Load() < maxSpanNames {
+		if _, loaded := x.spanNames.LoadOrStore(dest, n); !loaded {
+			x.spanNamesN.Add(1)
+		}
+	}
+	return n
 }
 
 // leftRunning is how many publishes left behind by their timeout still run.

@@ -199,6 +199,10 @@ const (
 	leftBehind
 )
 
+// producerSpan is the option of every publish span, made once (an option
+// is an interface value: made per publish, it was an allocation each).
+var producerSpan trace.SpanStartOption = trace.WithSpanKind(trace.SpanKindProducer)
+
 var (
 	errLeftBehind   = errors.New("publish left running when its context ended")
 	errDrainExpired = errors.New("publish still running when the drain deadline passed")
@@ -239,7 +243,7 @@ func (w *workers) publish(c *call) (sent, bool) {
 		return sent{}, true
 	}
 	attempt := row.Attempts + 1
-	ctx, span := x.tracer.Start(it.msg.Context(), "outbox.publish "+row.Destination, trace.WithSpanKind(trace.SpanKindProducer))
+	ctx, span := x.tracer.Start(it.msg.Context(), x.spanName(row.Destination), producerSpan)
 	if span.IsRecording() { // built only for a span that keeps them: this runs once per message
 		span.SetAttributes(
 			attribute.String("messaging.message.id", row.MessageID),
@@ -270,9 +274,11 @@ func (w *workers) publish(c *call) (sent, bool) {
 	}
 	c.timer.Stop()
 	s := sent{started: true, err: err}
-	var pe *panicError
-	if errors.As(err, &pe) {
-		s.code = FailurePublishPanic
+	if err != nil { // errors.As's target escapes: not on every publish
+		var pe *panicError
+		if errors.As(err, &pe) {
+			s.code = FailurePublishPanic
+		}
 	}
 	c.end(s)
 	return s, true

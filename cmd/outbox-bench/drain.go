@@ -85,6 +85,9 @@ func settle(ctx context.Context, db *sql.DB) {
 type drainStats struct {
 	rate        float64 // msg/s, from relay start to the last message received
 	cpuUSPerMsg float64 // µs of this process's CPU (user + sys) per relayed message
+	// serverUSPerMsg: µs of the database server's CPU per relayed message
+	// (serverCPU; 0 when the server does not run on this machine).
+	serverUSPerMsg float64
 	// versions and hot are the row versions the drain wrote per relayed
 	// message (pg_stat_user_tables' n_tup_upd of the schema's outbox, read
 	// once the relays' backends exited and their counts stopped moving),
@@ -156,7 +159,8 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 	if err != nil {
 		return st, err
 	}
-	cpu0 := processCPU()
+	srv := newServerCPU(ctx, s.db)
+	cpu0, srv0 := processCPU(), srv.read()
 	start := time.Now()
 	r, err := startRelay(sctx, s, d.kind, d.relays, out, false)
 	if err != nil {
@@ -172,6 +176,7 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 	}
 	st.rate = float64(n) / time.Since(start).Seconds()
 	st.cpuUSPerMsg = float64((processCPU() - cpu0).Microseconds()) / float64(n)
+	st.serverUSPerMsg = float64((srv.read() - srv0).Microseconds()) / float64(n)
 	if d.kind != relayWMDefault && d.kind != relayWMTuned {
 		// Every row's terminal write committed before the relays stop (the
 		// minimal relay's last batch would be rolled back by the stop),

@@ -157,6 +157,7 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 			}
 			c.add("drain", d.name(), "msg/s", st.rate)
 			c.add("cpu", drainCPUName(d.name()), "µs/msg", st.cpuUSPerMsg)
+			c.add("cpu", drainCPUName(d.name())+"/server", "µs/msg", st.serverUSPerMsg)
 			if d.kind != relayWMDefault && d.kind != relayWMTuned {
 				c.add("versions", versionsName(d.name()), "versions/msg", st.versions)
 				c.add("versions", versionsName(d.name())+"/hot", "versions/msg", st.hot)
@@ -167,7 +168,7 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 					logf("  %-28s WAL of this run's database not read (recorded as 0): %v", d.name(), st.walOwnErr)
 				}
 			}
-			logf("  %-28s %10.0f msg/s %7.1f µs CPU/msg %5.2f row versions/msg (%.2f HOT) %6.0f WAL B/msg (%.0f this database's, %.0f without full-page images)", d.name(), st.rate, st.cpuUSPerMsg, st.versions, st.hot, st.walPerMsg, st.walOwnPerMsg, st.walOwnPerMsg-st.walOwnFPIPerMsg)
+			logf("  %-28s %10.0f msg/s %7.1f µs CPU/msg (server %.1f) %5.2f row versions/msg (%.2f HOT) %6.0f WAL B/msg (%.0f this database's, %.0f without full-page images)", d.name(), st.rate, st.cpuUSPerMsg, st.serverUSPerMsg, st.versions, st.hot, st.walPerMsg, st.walOwnPerMsg, st.walOwnPerMsg-st.walOwnFPIPerMsg)
 		}
 		// 2b. Recovery after a downstream outage, and claim cost under
 		// blocked keys.
