@@ -130,16 +130,17 @@ parked AS (
 kept AS MATERIALIZED (
     -- What each lane's record still holds ($19): one query over every
     -- lane of the claim, computed once, so the set of held ids is hashed
-    -- once. The order of a record means nothing (a takeover charges every
-    -- entry), so its entries are not sorted back into it (numbered WITH
-    -- ORDINALITY and aggregated in that order, 0.5 to 0.7 µs more a
-    -- claimed row on a 50,000-row drain); ids and attempts stay paired,
-    -- both aggregated from the same rows. Written per lane (a LATERAL
-    -- over each lane's record beside the UPDATE), the set was hashed again
-    -- for every lane: 4 of a 10 ms claim of 1,000 rows in 32 lanes. IS TRUE keeps the IN a hashed
-    -- subplan: as a bare IN the planner made it a join, and with the CTEs'
-    -- row estimates (2 rows for 1,000) a nested loop of every held id
-    -- against every entry of the records (2,000,000 comparisons, 411 ms).
+    -- once. Written per lane (a LATERAL over each lane's record beside the
+    -- UPDATE), the set was hashed again for every lane: 4 of a 10 ms claim
+    -- of 1,000 rows in 32 lanes. IS TRUE keeps the IN a hashed subplan: as
+    -- a bare IN the planner made it a join, and with the CTEs' row
+    -- estimates (2 rows for 1,000) a nested loop of every held id against
+    -- every entry of the records (2,000,000 comparisons, 411 ms). The
+    -- order of a record means nothing (a takeover charges every entry), so
+    -- its entries are not sorted back into it (numbered WITH ORDINALITY
+    -- and aggregated in that order: 0.5 to 0.7 µs more a claimed row on a
+    -- 50,000-row drain); ids and attempts stay paired, both aggregated
+    -- from the same rows.
     SELECT w.lane, array_agg(x.id) AS ids, array_agg(x.att) AS atts
       FROM messaging_relay_lane_held w
       CROSS JOIN LATERAL unnest(w.held_ids, w.held_attempts) AS x(id, att)
