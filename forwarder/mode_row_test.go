@@ -2,7 +2,6 @@ package forwarder_test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -31,7 +30,7 @@ func TestAMissingModeRowStopsClaimsUntilItIsRestored(t *testing.T) {
 
 	_, err = s.DB.Exec(`INSERT INTO messaging_relay_mode (id, mode) VALUES (true, 'POLLING')`)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return len(rec.ids()) == 1 }, time.Minute, 5*time.Millisecond, "claims resume once the row is back (a minute: the machine may be busy)")
+	await.Until(t, func() bool { return len(rec.ids()) == 1 }, "claims resume once the row is back")
 	require.NoError(t, f.Close())
 	require.NoError(t, waitOrFail(t, done, "Run returning"))
 }

@@ -56,15 +56,45 @@ func BeatFence(ctx context.Context, db *sql.DB, owner string, ttl time.Duration,
 	case maxAttempts < 0 || maxAttempts > math.MaxInt32:
 		return outbox.Errorf(outbox.CodeInvalidConfig, op, "maxAttempts must be between 0 (none recorded) and %d, got %d", math.MaxInt32, maxAttempts)
 	}
-	res, err := db.ExecContext(ctx, sqlBeat, owner, ttl.Seconds(), maxAttempts, fence)
-	if err != nil {
-		return fmt.Errorf("relaymode: relay heartbeat: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		// Refused; a missing mode row refuses too, and is named as such.
-		if _, err := ReadMode(ctx, db); errors.Is(err, ErrRelayModeMissing) {
-			return modeMissing(op)
+	for try := 1; ; try++ {
+		res, err := db.ExecContext(ctx, sqlBeat, owner, ttl.Seconds(), maxAttempts, fence)
+		if err != nil {
+			return fmt.Errorf("relaymode: relay heartbeat: %w", err)
 		}
+		if n, _ := res.RowsAffected(); n > 0 {
+			return nil
+		}
+		// Refused. Why is read afterwards, from what the database holds
+		// now: a conflict ends the relay, so it is reported only when the
+		// mode is CDC or a CDC consumer's heartbeat is live. A refusal
+		// whose cause is gone (the mode row was missing and has been
+		// restored since, as an operator does) is a beat to try again.
+		if err := beatRefusal(ctx, db, op, owner); err != nil {
+			return err
+		}
+		if try == 2 {
+			return errors.New("relaymode: relay heartbeat refused twice, each time with the mode reading POLLING and no CDC heartbeat live just after: the mode row is changing; the next beat tries again")
+		}
+	}
+}
+
+// beatRefusal says why a polling relay's beat was refused, from what the
+// database records now: RELAY_MODE_MISSING without the mode row,
+// RELAY_MODE_CONFLICT when the mode is CDC or another owner's CDC heartbeat
+// is live, nil when neither holds any more.
+func beatRefusal(ctx context.Context, db *sql.DB, op, owner string) error {
+	mode, err := ReadMode(ctx, db)
+	if errors.Is(err, ErrRelayModeMissing) {
+		return modeMissing(op)
+	}
+	if err != nil {
+		return err
+	}
+	var cdcLive bool
+	if err := db.QueryRowContext(ctx, sqlCDCBeatLive, owner).Scan(&cdcLive); err != nil {
+		return fmt.Errorf("relaymode: relay heartbeat refused; reading why: %w", err)
+	}
+	if mode.Mode == ModeCDC || cdcLive {
 		return outbox.Errorf(CodeRelayModeConflict, op, "the database's relay mode is CDC, or a CDC consumer's heartbeat is live; a polling forwarder must not run (stop the CDC consumer, then switch back with `outboxctl debezium disable`)")
 	}
 	return nil

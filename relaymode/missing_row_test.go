@@ -95,3 +95,38 @@ func count(t *testing.T, db *sql.DB, q string) int {
 	require.NoError(t, db.QueryRow(q).Scan(&n))
 	return n
 }
+
+// A beat refused while the mode row was missing, whose refusal is read after
+// the row was restored, is not a conflict: the relay would end, reporting a
+// CDC mode that was never set. The restore is made to land exactly there: a
+// statement trigger on the heartbeat table (it fires even when the beat's
+// INSERT inserts nothing) puts the row back in the beat's own transaction.
+// Before the fix Beat returned RELAY_MODE_CONFLICT; under load, a forwarder
+// whose mode row an operator restored stopped for good this way.
+func TestBeatRefusedWhileTheModeRowWasMissingIsNoConflictOnceItIsBack(t *testing.T) {
+	t.Parallel()
+	s := relayDB(t)
+	ctx := context.Background()
+	_, err := s.DB.Exec(`DELETE FROM messaging_relay_mode`)
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`
+CREATE FUNCTION restore_mode() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO messaging_relay_mode (id, mode) VALUES (true, 'POLLING') ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER restore_mode AFTER INSERT ON messaging_relay_heartbeat
+    FOR EACH STATEMENT EXECUTE FUNCTION restore_mode()`)
+	require.NoError(t, err)
+
+	require.NoError(t, relaymode.Beat(ctx, s.DB, "fw", time.Minute), "refused, then beaten once the row is back")
+	var n int
+	require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_relay_heartbeat WHERE owner = 'fw' AND expires_at > now()`).Scan(&n))
+	require.Equal(t, 1, n, "the heartbeat is written")
+
+	// A real conflict is still one.
+	_, err = s.DB.Exec(`DROP TRIGGER restore_mode ON messaging_relay_heartbeat; DELETE FROM messaging_relay_heartbeat; UPDATE messaging_relay_mode SET mode = 'CDC'`)
+	require.NoError(t, err)
+	err = relaymode.Beat(ctx, s.DB, "fw", time.Minute)
+	require.ErrorIs(t, err, relaymode.ErrRelayModeConflict)
+}
