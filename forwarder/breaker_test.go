@@ -300,18 +300,18 @@ func TestHostileBreakerStaysOpenWhenAnotherRelayDrainedTheBacklog(t *testing.T) 
 	// Both relays become ready again once their probes find the backlog
 	// gone (another relay delivered it): an open breaker with nothing of its
 	// destination left closes.
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		return rs.fs[0].Ready() == nil && rs.fs[1].Ready() == nil
-	}, time.Minute, 5*time.Millisecond, "the broker is back and the backlog is delivered, yet a relay reports not ready")
+	}, "the broker is back and the backlog is delivered, yet a relay reports not ready")
 	// Ready follows the relay's breaker in memory, which closes just before
 	// the relay deletes its row from the table status reads (breaker.go:
 	// success, then breakerChanged's recordBreaker), so status may lag
 	// Ready by that one statement: seen once in a CI run, on pgx, with the
 	// row's owner already ready. Its row goes, as Ready did.
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		snap, err := status.Collect(context.Background(), s.DB)
 		return err == nil && len(snap.Breakers) == 0
-	}, time.Minute, 5*time.Millisecond, "the broker is back and the backlog is delivered, yet status lists open breakers")
+	}, "the broker is back and the backlog is delivered, yet status lists open breakers")
 	snap, err := status.Collect(context.Background(), s.DB)
 	require.NoError(t, err)
 	require.Empty(t, snap.Breakers)

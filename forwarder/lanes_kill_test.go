@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
@@ -82,11 +83,11 @@ func TestAMessageThatKillsItsRelayEndsExhausted(t *testing.T) {
 	rec := &recorder{}
 	f := newForwarder(t, s.DB, rec, forwarder.Config{Owner: "survivor", Fence: forwarder.FenceLanes, MaxAttempts: 3,
 		LeaseDuration: 2 * time.Second, PublishTimeout: time.Second, PollInterval: 10 * time.Millisecond})
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		_, err := f.RunOnce(context.Background())
 		require.NoError(t, err)
 		return state(t, s.DB, "later").Status == "PUBLISHED"
-	}, time.Minute, 10*time.Millisecond, "the expired lanes are taken and the later row is delivered")
+	}, "the expired lanes are taken and the later row is delivered")
 	st := state(t, s.DB, "poison")
 	require.Equal(t, "EXHAUSTED", st.Status)
 	require.Equal(t, 3, st.Attempts)
@@ -115,14 +116,13 @@ func TestLaneRelaysRebalanceAsTheyJoinAndLeave(t *testing.T) {
 		return f, done
 	}
 	a, aDone := start("a")
-	require.Eventually(t, func() bool { return owned("a") == 32 }, time.Minute, 10*time.Millisecond, "alone, a takes every lane")
+	await.Until(t, func() bool { return owned("a") == 32 }, "alone, a takes every lane")
 	b, bDone := start("b")
-	require.Eventually(t, func() bool { return owned("a") == 16 && owned("b") == 16 }, time.Minute, 10*time.Millisecond,
-		"two live relays: 16 lanes each (a has %d, b %d)", owned("a"), owned("b"))
+	await.Until(t, func() bool { return owned("a") == 16 && owned("b") == 16 }, "two live relays: 16 lanes each (a has %d, b %d)", owned("a"), owned("b"))
 	require.NoError(t, b.Close())
 	require.NoError(t, <-bDone)
 	require.Equal(t, 0, owned("b"), "a stopping relay gives its lanes back")
-	require.Eventually(t, func() bool { return owned("a") == 32 }, time.Minute, 10*time.Millisecond, "a takes the lanes b gave back")
+	await.Until(t, func() bool { return owned("a") == 32 }, "a takes the lanes b gave back")
 	require.NoError(t, a.Close())
 	require.NoError(t, <-aDone)
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/status"
 )
@@ -208,22 +209,22 @@ func TestBrokerOutageSpendsNoBudget(t *testing.T) {
 			// have probed at least ten times, and at least a second (more
 			// than three retry horizons).
 			began := time.Now()
-			require.Eventually(t, func() bool { return rs.sawOpen("orders") }, time.Minute, 5*time.Millisecond, "the breaker opens")
-			require.Eventually(t, func() bool {
+			await.Until(t, func() bool { return rs.sawOpen("orders") }, "the breaker opens")
+			await.Until(t, func() bool {
 				for _, f := range rs.fs {
 					if errors.Is(f.Ready(), forwarder.ErrDownstreamUnavailable) {
 						return true
 					}
 				}
 				return false
-			}, time.Minute, 5*time.Millisecond, "a relay whose only destination is down is alive, not ready")
+			}, "a relay whose only destination is down is alive, not ready")
 			probesBefore := down.calls.Load()
 			if c.duringTheOutage > 0 {
 				fill(t, s, "orders", "late", c.duringTheOutage)
 			}
-			require.Eventually(t, func() bool {
+			await.Until(t, func() bool {
 				return down.calls.Load() >= probesBefore+10 && time.Since(began) > time.Second
-			}, time.Minute, 5*time.Millisecond, "the relays keep probing")
+			}, "the relays keep probing")
 			st := statusCounts(t, s)
 			require.Zero(t, st["EXHAUSTED"]+st["FAILED"], "the outage parked rows: %v", st)
 			down.set("orders", false)
@@ -275,11 +276,11 @@ func TestOneDestinationDownTheOtherFlows(t *testing.T) {
 	testdb.InsertRows(t, s.DB, rows...)
 	out := newOutage("down")
 	rs := startRelays(t, s, out, 1, outageConfig())
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		var n int
 		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_outbox WHERE destination = 'up' AND status = 'PUBLISHED'`).Scan(&n))
 		return n == 300
-	}, time.Minute, 10*time.Millisecond, "the healthy destination's rows all go out")
+	}, "the healthy destination's rows all go out")
 	require.True(t, rs.sawOpen("down"))
 	require.NoError(t, rs.fs[0].Ready(), "one destination is healthy: the relay is ready")
 	rs.stop(t)
@@ -309,10 +310,10 @@ func TestPoisonMessageExhaustsWithoutOpeningTheBreaker(t *testing.T) {
 	cfg := outageConfig()
 	cfg.MaxAttempts = 4
 	rs := startRelays(t, s, out, 1, cfg)
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		st := statusCounts(t, s)
 		return st["PUBLISHED"] == 200 && st["EXHAUSTED"] == 1
-	}, time.Minute, 10*time.Millisecond)
+	}, "every row published and the poison message parked")
 	rs.stop(t)
 	require.Equal(t, 4, state(t, s.DB, "poison").Attempts)
 	require.False(t, rs.sawOpen("orders"), "a poison message is not an outage")
@@ -341,9 +342,9 @@ func TestAmbiguousDownstreamOpensTheBreaker(t *testing.T) {
 		return forwarder.Verdict{Outcome: forwarder.Ambiguous, Code: "CONFIRM_TIMEOUT"}
 	}
 	rs := startRelays(t, s, out, 1, cfg)
-	require.Eventually(t, func() bool { return rs.sawOpen("orders") }, time.Minute, 5*time.Millisecond)
+	await.Until(t, func() bool { return rs.sawOpen("orders") }, "the breaker opens")
 	hanging.Store(false)
-	require.Eventually(t, func() bool { return statusCounts(t, s)["PUBLISHED"] == 40 }, time.Minute, 10*time.Millisecond)
+	await.Until(t, func() bool { return statusCounts(t, s)["PUBLISHED"] == 40 }, "every row published once the downstream answers")
 	rs.stop(t)
 	var tried int
 	require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_outbox WHERE attempts > 1`).Scan(&tried))
@@ -374,11 +375,11 @@ func TestOpenBreakerIsVisibleToOperators(t *testing.T) {
 	cfg := outageConfig()
 	cfg.Owner, cfg.Metrics = "relay-visible", promMetrics(t, reg)
 	rs := startRelays(t, s, down, 1, cfg)
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		snap, err := status.Collect(context.Background(), s.DB)
 		require.NoError(t, err)
 		return len(snap.Breakers) == 1
-	}, time.Minute, 10*time.Millisecond, "status shows the open breaker")
+	}, "status shows the open breaker")
 	snap, err := status.Collect(context.Background(), s.DB)
 	require.NoError(t, err)
 	b := snap.Breakers[0]
@@ -388,12 +389,12 @@ func TestOpenBreakerIsVisibleToOperators(t *testing.T) {
 	require.Equal(t, 1.0, gauge(t, reg, "orders"))
 
 	down.set("orders", false)
-	require.Eventually(t, func() bool { return statusCounts(t, s)["PUBLISHED"] == 50 }, time.Minute, 10*time.Millisecond)
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool { return statusCounts(t, s)["PUBLISHED"] == 50 }, "every row published once the destination is back")
+	await.Until(t, func() bool {
 		snap, err := status.Collect(context.Background(), s.DB)
 		require.NoError(t, err)
 		return len(snap.Breakers) == 0
-	}, time.Minute, 10*time.Millisecond, "the closed breaker leaves status")
+	}, "the closed breaker leaves status")
 	require.Equal(t, 0.0, gauge(t, reg, "orders"))
 	rs.stop(t)
 }

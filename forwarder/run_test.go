@@ -29,11 +29,11 @@ func TestHeartbeatRenewsAndACDCSwitchStopsTheRelay(t *testing.T) {
 	<-f.Running()
 	var first time.Time
 	require.NoError(t, s.DB.QueryRow(`SELECT heartbeat_at FROM messaging_relay_heartbeat WHERE owner = 'beating'`).Scan(&first))
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		var last time.Time
 		require.NoError(t, s.DB.QueryRow(`SELECT heartbeat_at FROM messaging_relay_heartbeat WHERE owner = 'beating'`).Scan(&last))
 		return last.After(first)
-	}, time.Minute, 5*time.Millisecond, "the heartbeat is renewed")
+	}, "the heartbeat is renewed")
 
 	// Someone forces the database into CDC mode behind the relay's back (the
 	// supported switch refuses while heartbeats are fresh): the next beat

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -20,6 +19,7 @@ import (
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/inbox"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
@@ -161,12 +161,12 @@ func TestConcurrentDeliveriesOfOneIDHaveOneEffect(t *testing.T) {
 	go func() { _, err := h(message.NewMessage("m-4", nil)); errs <- err }()
 	// The second delivery's INSERT waits on the first's key (a lock wait
 	// visible in pg_stat_activity), so it has not reached the handler.
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		var n int
 		err := e.db.QueryRow(`SELECT count(*) FROM pg_stat_activity
 			WHERE application_name = $1 AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO messaging_inbox%'`, e.appName).Scan(&n)
 		return err == nil && n == 1
-	}, 10*time.Second, 10*time.Millisecond)
+	}, "the second delivery's INSERT waits on the first's key")
 
 	close(release)
 	require.NoError(t, <-errs)
@@ -205,12 +205,12 @@ func TestConcurrentDeliveryProceedsWhenTheFirstRollsBack(t *testing.T) {
 	second := make(chan error, 1)
 	go func() { _, err := h(message.NewMessage("m-4b", nil)); second <- err }()
 	// The second delivery's INSERT waits on the first's key.
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		var n int
 		err := e.db.QueryRow(`SELECT count(*) FROM pg_stat_activity
 			WHERE application_name = $1 AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO messaging_inbox%'`, e.appName).Scan(&n)
 		return err == nil && n == 1
-	}, 10*time.Second, 10*time.Millisecond)
+	}, "the second delivery's INSERT waits on the first's key")
 
 	close(release) // the first handler fails: its transaction rolls back
 	require.ErrorIs(t, <-first, boom)

@@ -9,6 +9,7 @@ import (
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/journal"
 )
@@ -102,14 +103,14 @@ func TestAFrozenExecutorDoesNotBlockTheTakeover(t *testing.T) {
 	other, err := journal.New(s.DB, journal.Config{Owner: "other", BatchSize: 1, LeaseDuration: time.Second})
 	require.NoError(t, err)
 	var out journal.Outcome
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		out, err = other.Purge(ctx, "CHG-FROZEN", journal.Filter{}, journal.Options{})
 		if outbox.CodeOf(err) == journal.CodeInFlight {
 			return false // the frozen owner's lease has not ended yet
 		}
 		require.NoError(t, err)
 		return true
-	}, time.Minute, 50*time.Millisecond)
+	}, "the frozen owner's lease ends and the purge goes through")
 	require.EqualValues(t, 2, out.Items)
 	require.Zero(t, s.Count(t, "true"))
 

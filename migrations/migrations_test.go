@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/migrations"
 )
@@ -173,11 +174,11 @@ func TestUpWaitsForTheAdvisoryLock(t *testing.T) {
 		_, err := migrations.Up(ctx, db)
 		done <- err
 	}()
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		var n int
 		_ = admin.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE '%pg_try_advisory_lock%'`, app).Scan(&n)
 		return n > 0
-	}, 10*time.Second, 20*time.Millisecond, "Up never tried the lock")
+	}, "Up never tried the lock")
 	var tables int
 	// goose creates its version table before taking the lock (HasPending
 	// runs unlocked); no migration runs until the lock is free.

@@ -4,13 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"testing"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/forwarder"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/publisher"
 )
 
@@ -79,11 +79,11 @@ func TestLockOrderingKeysMakesSeqOrderCommitOrder(t *testing.T) {
 			}()
 			if c.lock {
 				// The second writer waits on the first one's key lock.
-				require.Eventually(t, func() bool {
+				await.Until(t, func() bool {
 					var waiting int
 					require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&waiting))
 					return waiting > 0
-				}, 30*time.Second, 5*time.Millisecond)
+				}, "the second writer waits on the first one's key lock")
 			} else {
 				require.NoError(t, <-second)
 			}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	outbox "github.com/fencedoutbox/watermill-outbox"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
@@ -92,11 +93,11 @@ func TestEnableAfterHeartbeatsExpireThenBeatRefusesUntilDisable(t *testing.T) {
 // application_name) is blocked on a lock.
 func waitForLockWait(t *testing.T, admin *sql.DB, appName string) {
 	t.Helper()
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		var n int
 		err := admin.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`, appName).Scan(&n)
 		return err == nil && n == 1
-	}, 10*time.Second, 5*time.Millisecond, "the Beat never waited on the mode row lock")
+	}, "the Beat never waited on the mode row lock")
 }
 
 func beatPool(t *testing.T, s *testdb.Schema, appName string) *sql.DB {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/retention"
 )
@@ -61,11 +62,11 @@ func TestRunDeletesPublishedInBatches(t *testing.T) {
 		_, err = s.DB.Exec(`SELECT pg_stat_force_next_flush()`)
 		require.NoError(t, err)
 	}
-	require.Eventually(t, func() bool {
+	await.Until(t, func() bool {
 		var del int
 		_ = s.DB.QueryRow(`SELECT n_tup_del FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'messaging_outbox'`, s.Name).Scan(&del)
 		return del-delBefore == backlog
-	}, 10*time.Second, 50*time.Millisecond)
+	}, "every row of the backlog deleted")
 }
 
 func TestRunStopsAtMaxBatches(t *testing.T) {
