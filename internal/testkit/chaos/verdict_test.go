@@ -22,7 +22,14 @@ import (
 //     its publishes (main, signal handling, the forwarder's loop, heartbeat,
 //     LISTEN connection and prefetch, the database/sql pools and lib/pq's
 //     cancel watchers of the statements in flight on the 4 + 3 connections,
-//     the gauge's sampler, timers firing), with a wide margin;
+//     the gauge's sampler, timers firing), with a wide margin, which a
+//     relay on lanes needs: it also advances its lanes' floors beside its
+//     claims (a goroutine and its statement's watcher), and while the
+//     database restarts or is cut off every statement that times out
+//     leaves a lib/pq cancel request dialing it and database/sql opens
+//     connections in goroutines of their own, for a moment each (a lane
+//     relay was sampled at 48 against the 44 this bound allowed when the
+//     baseline was 28);
 //   - plus relayConcurrency workers, plus the publishes left behind by
 //     their timeout that may still run: at most MaxAbandoned, plus one per
 //     worker (a publish starts only while no more than MaxAbandoned are left
@@ -32,7 +39,7 @@ import (
 // per timed-out attempt: four per PublishTimeout (500 ms) per relay, over
 // the hang window, past this bound within seconds.
 const (
-	goroutineBaseline = 28
+	goroutineBaseline = 36
 	goroutineBound    = goroutineBaseline + relayConcurrency + relayMaxAbandoned + relayConcurrency
 	// After the drain, with its pools closed: main and the runtime's own,
 	// plus, for a relay stopped while its publishes hang, those publishes.
