@@ -322,6 +322,7 @@ WHEN (NEW.message_id = 'window') EXECUTE FUNCTION floor_test_hold()`,
 			// after a checkpoint): a committed row first, so the next
 			// draw logs nothing; should a checkpoint come between, the
 			// insert is cancelled and tried again.
+			cancelled := []int64{} // backends of the tries cancelled: shown waiting a moment after
 			for try := 0; ; try++ {
 				require.Less(t, try, 5, "every try drew its seq with a transaction id")
 				insertUnkeyed(t, s.DB, fmt.Sprintf("warm%d-", try), 1)
@@ -336,7 +337,8 @@ WHEN (NEW.message_id = 'window') EXECUTE FUNCTION floor_test_hold()`,
 				deadline := time.Now().Add(floorWait)
 				for {
 					err := s.DB.QueryRow(`SELECT a.pid, a.backend_xid::text FROM pg_stat_activity a
-						 WHERE a.wait_event_type = 'Lock' AND a.wait_event = 'advisory' AND a.query LIKE '%''window''%'`).Scan(&pid, &xid)
+						 WHERE a.wait_event_type = 'Lock' AND a.wait_event = 'advisory' AND a.query LIKE '%''window''%'
+						   AND a.pid <> ALL ($1::int8[])`, pq.Array(cancelled)).Scan(&pid, &xid)
 					if err == nil {
 						break
 					}
@@ -352,6 +354,7 @@ WHEN (NEW.message_id = 'window') EXECUTE FUNCTION floor_test_hold()`,
 				_, err := s.DB.Exec(`SELECT pg_cancel_backend($1)`, pid)
 				require.NoError(t, err)
 				require.Error(t, <-done)
+				cancelled = append(cancelled, int64(pid))
 			}
 		},
 		commit: func(t *testing.T) {
