@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"hash/crc32"
 	"testing"
 	"time"
 
@@ -299,11 +300,16 @@ func TestLaneFloorWaitsForALongOpenTransaction(t *testing.T) {
 // trigger) with its seq drawn and no id. The floor does not pass it.
 func TestLaneFloorWaitsForASeqDrawnBeforeItsTransactionID(t *testing.T) {
 	s := floorDB(t)
+	// The lock key and the row's id are this schema's own: make test runs
+	// this test in two jobs at once against one database, and each must
+	// find its own insert in pg_stat_activity and hold its own lock.
+	key := int64(crc32.ChecksumIEEE([]byte(s.Name)))
+	window := "window-" + s.Name
 	for _, q := range []string{
-		`CREATE FUNCTION floor_test_hold() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN PERFORM pg_advisory_xact_lock_shared(770052); RETURN NEW; END $$`,
-		`CREATE TRIGGER floor_test_hold BEFORE INSERT ON messaging_outbox FOR EACH ROW
-WHEN (NEW.message_id = 'window') EXECUTE FUNCTION floor_test_hold()`,
+		fmt.Sprintf(`CREATE FUNCTION floor_test_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_advisory_xact_lock_shared(%d); RETURN NEW; END $$`, key),
+		fmt.Sprintf(`CREATE TRIGGER floor_test_hold BEFORE INSERT ON messaging_outbox FOR EACH ROW
+WHEN (NEW.message_id = '%s') EXECUTE FUNCTION floor_test_hold()`, window),
 	} {
 		_, err := s.DB.Exec(q)
 		require.NoError(t, err)
@@ -311,7 +317,7 @@ WHEN (NEW.message_id = 'window') EXECUTE FUNCTION floor_test_hold()`,
 	locker, err := s.Open(t).Conn(context.Background())
 	require.NoError(t, err)
 	defer locker.Close()
-	_, err = locker.ExecContext(context.Background(), `SELECT pg_advisory_lock(770052)`)
+	_, err = locker.ExecContext(context.Background(), `SELECT pg_advisory_lock($1)`, key)
 	require.NoError(t, err)
 	writer := s.Open(t)
 	var done chan error
@@ -328,7 +334,7 @@ WHEN (NEW.message_id = 'window') EXECUTE FUNCTION floor_test_hold()`,
 				insertUnkeyed(t, s.DB, fmt.Sprintf("warm%d-", try), 1)
 				done = make(chan error, 1)
 				go func() {
-					_, err := writer.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload) VALUES ('window', 'orders', 'x')`)
+					_, err := writer.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload) VALUES ($1, 'orders', 'x')`, window)
 					done <- err
 				}()
 				// Wait until the insert waits in its trigger, its seq drawn.
@@ -337,8 +343,8 @@ WHEN (NEW.message_id = 'window') EXECUTE FUNCTION floor_test_hold()`,
 				deadline := time.Now().Add(floorWait)
 				for {
 					err := s.DB.QueryRow(`SELECT a.pid, a.backend_xid::text FROM pg_stat_activity a
-						 WHERE a.wait_event_type = 'Lock' AND a.wait_event = 'advisory' AND a.query LIKE '%''window''%'
-						   AND a.pid <> ALL ($1::int8[])`, pq.Array(cancelled)).Scan(&pid, &xid)
+						 WHERE a.wait_event_type = 'Lock' AND a.wait_event = 'advisory' AND a.query LIKE 'INSERT INTO messaging_outbox%'
+						   AND a.pid <> ALL ($1::int8[]) AND a.pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $2::bigint::oid)`, pq.Array(cancelled), key).Scan(&pid, &xid)
 					if err == nil {
 						break
 					}
@@ -358,12 +364,12 @@ WHEN (NEW.message_id = 'window') EXECUTE FUNCTION floor_test_hold()`,
 			}
 		},
 		commit: func(t *testing.T) {
-			_, err := locker.ExecContext(context.Background(), `SELECT pg_advisory_unlock(770052)`)
+			_, err := locker.ExecContext(context.Background(), `SELECT pg_advisory_unlock($1)`, key)
 			require.NoError(t, err)
 			require.NoError(t, <-done)
 		},
 	})
-	require.Equal(t, "PUBLISHED", state(t, s.DB, "window").Status)
+	require.Equal(t, "PUBLISHED", state(t, s.DB, window).Status)
 }
 
 // An AMBIGUOUS row waiting for its next attempt keeps its lane's floor at
