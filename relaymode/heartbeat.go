@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -90,10 +91,11 @@ func beatRefusal(ctx context.Context, db *sql.DB, op, owner string) error {
 	if err != nil {
 		return err
 	}
-	var cdcLive bool
-	if err := db.QueryRowContext(ctx, sqlCDCBeatLive, owner).Scan(&cdcLive); err != nil {
-		return fmt.Errorf("relaymode: relay heartbeat refused; reading why: %w", err)
+	cdc, err := liveHeartbeats(ctx, db, time.Time{}, ModeCDC)
+	if err != nil {
+		return err
 	}
+	cdcLive := slices.ContainsFunc(cdc, func(h Heartbeat) bool { return h.Owner != owner })
 	if mode.Mode == ModeCDC || cdcLive {
 		return outbox.Errorf(CodeRelayModeConflict, op, "the database's relay mode is CDC, or a CDC consumer's heartbeat is live; a polling forwarder must not run (stop the CDC consumer, then switch back with `outboxctl debezium disable`)")
 	}

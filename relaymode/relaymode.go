@@ -82,10 +82,6 @@ ON CONFLICT (owner) DO UPDATE
    SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at, kind = 'POLLING', slot_name = NULL,
        max_attempts = EXCLUDED.max_attempts, fence = EXCLUDED.fence`
 
-	// Whether another owner's CDC heartbeat is live: with the mode, what
-	// refuses sqlBeat.
-	sqlCDCBeatLive = `SELECT EXISTS (SELECT 1 FROM messaging_relay_heartbeat WHERE kind = 'CDC' AND expires_at > now() AND owner <> $1)`
-
 	sqlLeave = `DELETE FROM messaging_relay_heartbeat WHERE owner = $1`
 
 	sqlLockMode = `SELECT mode FROM messaging_relay_mode WHERE id FOR UPDATE`
