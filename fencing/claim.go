@@ -74,13 +74,19 @@ type ClaimParams struct {
 	// others are not returned), read without writing them; the claim
 	// records on each lane what Owner holds there. List them in the order
 	// their unkeyed rows should be served (rotate it between claims).
-	// LaneCount is then the table's lane count ([LaneCount]), and Held the
-	// message ids Owner still holds from earlier claims (they are not
-	// claimed again, and a continuation may follow one of them). Lease is
-	// ignored: the lanes' leases bound the claim.
+	// LaneCount is then the table's lane count ([LaneCount]), and HeldSeqs
+	// the seqs of the rows Owner still holds from earlier claims (they are
+	// not claimed again, and a continuation may follow one of them). Lease
+	// is ignored: the lanes' leases bound the claim.
 	Lanes     []int
 	LaneCount int
-	Held      []string
+	HeldSeqs  []int64
+	// Held lists held rows by message id instead.
+	//
+	// Deprecated: use HeldSeqs. [Claim] and [ClaimAppend] look the ids'
+	// seqs up first, in a query of their own (an id of no row is ignored);
+	// [ClaimStatement] refuses them.
+	Held []string
 	// StrictBytes makes the first row fit MaxBytes too: for a statement
 	// that completes a batch whose earlier statements spent part of the
 	// budget, so that the batch as a whole stays within it (a row larger
@@ -229,6 +235,9 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 			excluded, p.OnlyDestination, maxBytes, maxContinued)
 	}
 	if p.Lanes != nil || p.LaneCount != 0 {
+		if len(p.Held) > 0 {
+			return "", nil, outbox.Errorf(CodeInvalidArgument, op, "a lane claim's statement takes held rows by seq (HeldSeqs), got %d message ids in Held", len(p.Held))
+		}
 		if err := checkLaneParams(op, p); err != nil {
 			return "", nil, err
 		}
@@ -273,6 +282,13 @@ const claimPrealloc = 1024
 // claim.
 func ClaimAppend(ctx context.Context, db DBTX, dst []Claimed, p ClaimParams) ([]Claimed, error) {
 	const op = "fencing.Claim"
+	if len(p.Held) > 0 && (p.Lanes != nil || p.LaneCount != 0) {
+		seqs, err := seqsOf(ctx, db, p.Held)
+		if err != nil {
+			return dst, fmt.Errorf("%s: %w", op, err)
+		}
+		p.HeldSeqs, p.Held = append(seqs, p.HeldSeqs...), nil
+	}
 	q, args, err := ClaimStatement(p)
 	if err != nil {
 		return dst, err

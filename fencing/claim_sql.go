@@ -135,7 +135,7 @@ func claimSQL(notParked string, lanes int) string {
      WHERE o.ctid = ANY (ARRAY(SELECT row_ctid FROM candidates))` + lockRows
 	ranked := `SELECT l.*, c.pos FROM locked l JOIN candidates c ON c.seq = l.seq`
 	if lanes > 0 {
-		heldAfter = `p.message_id IN (SELECT unnest($19::text[]))`
+		heldAfter = `p.seq IN (SELECT unnest($19::int8[]))`
 		finish = laneClaimFinish("picked", lanes)
 		locked = `
     SELECT o.ctid AS picked_ctid, o.seq, o.ordering_key AS k, ` + rowBytes + ` AS bytes,
@@ -232,7 +232,7 @@ func unkeyedHalf(lanes int) string {
         SELECT o.ctid AS picked_ctid, o.seq, ` + rowBytes + ` AS bytes, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
           FROM messaging_outbox o
          WHERE ` + unkeyedLaneExpr("o", lanes) + ` = ln.lane
-           AND o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.message_id NOT IN (SELECT unnest($19::text[]))
+           AND o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.seq NOT IN (SELECT unnest($19::int8[]))
            AND o.seq >= greatest($6, (SELECT f.floor_seq FROM messaging_relay_lane f WHERE f.lane = ln.lane))
          ORDER BY o.seq
          LIMIT $12) u

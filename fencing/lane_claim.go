@@ -3,6 +3,7 @@
 package fencing
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,15 +37,15 @@ func unkeyedLaneExpr(a string, n int) string {
 }
 
 // claimableIn is claimable(a), and in the lane scheme also "in one of the
-// owner's lanes ($18) and not held by it ($19)". The held ids are read
+// owner's lanes ($18) and not held by it ($19, seqs)". The held seqs are read
 // through a subquery, which PostgreSQL hashes once per statement: as
-// "<> ALL ($19)" a generic plan compared every row with every held id (a
-// relay holds up to three batches, 3,000 ids).
+// "<> ALL ($19)" a generic plan compared every row with every held entry (a
+// relay holds up to three batches, 3,000 rows).
 func claimableIn(a string, lanes int) string {
 	if lanes == 0 {
 		return claimable(a)
 	}
-	return `(` + claimable(a) + ` AND ` + a + `.message_id NOT IN (SELECT unnest($19::text[])) AND ` + laneExpr(a, lanes) + ` = ANY ($18::int[]))`
+	return `(` + claimable(a) + ` AND ` + a + `.seq NOT IN (SELECT unnest($19::int8[])) AND ` + laneExpr(a, lanes) + ` = ANY ($18::int[]))`
 }
 
 // laneClaimFinish ends the lane scheme's claim: the rows of src (picked_ctid,
@@ -84,10 +85,10 @@ got AS MATERIALIZED (
     -- as a nested loop over CTEs, every row against every lane. What fits
     -- computed for a row (expired, park) is computed again from the same
     -- version of it.
-    SELECT r.row_ctid, r.lane, r.message_id, r.attempts, r.expired, r.park,
+    SELECT r.row_ctid, r.lane, r.seq, r.attempts, r.expired, r.park,
            w.epochs[r.i] AS epoch, w.expires[r.i] AS lane_expires
       FROM own w, LATERAL (
-        SELECT o.ctid AS row_ctid, ({lane})::int AS lane, o.message_id, o.attempts,
+        SELECT o.ctid AS row_ctid, ({lane})::int AS lane, o.seq, o.attempts,
                o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park,
                array_position(w.lanes, ({lane})::int) AS i
           FROM messaging_outbox o
@@ -98,7 +99,7 @@ got AS MATERIALIZED (
 
 // laneClaimWrites ends a lane claim (of a table of lanes lanes) whose CTE
 // got holds the rows taken (row_ctid, lane, epoch, lane_expires, expired,
-// park, message_id and attempts): it parks the rows to park, records what
+// park, seq and attempts): it parks the rows to park, records what
 // the owner holds in each lane, and returns the parked rows and the held
 // ones (see laneClaimFinish), reading the held rows' columns once, by
 // ctid (the version the claim read: nothing in the statement writes it),
@@ -129,7 +130,7 @@ parked AS (
 ),
 kept AS MATERIALIZED (
     -- What each lane's record still holds ($19): one query over every
-    -- lane of the claim, computed once, so the set of held ids is hashed
+    -- lane of the claim, computed once, so the set of held seqs is hashed
     -- once. Written per lane (a LATERAL over each lane's record beside the
     -- UPDATE), the set was hashed again for every lane: 4 of a 10 ms claim
     -- of 1,000 rows in 32 lanes. IS TRUE keeps the IN a hashed subplan: as
@@ -139,19 +140,19 @@ kept AS MATERIALIZED (
     -- order of a record means nothing (a takeover charges every entry), so
     -- its entries are not sorted back into it (numbered WITH ORDINALITY
     -- and aggregated in that order: 0.5 to 0.7 µs more a claimed row on a
-    -- 50,000-row drain); ids and attempts stay paired, both aggregated
+    -- 50,000-row drain); seqs and attempts stay paired, both aggregated
     -- from the same rows.
-    SELECT w.lane, array_agg(x.id) AS ids, array_agg(x.att) AS atts
+    SELECT w.lane, array_agg(x.s) AS seqs, array_agg(x.att) AS atts
       FROM messaging_relay_lane_held w
-      CROSS JOIN LATERAL unnest(w.held_ids, w.held_attempts) AS x(id, att)
+      CROSS JOIN LATERAL unnest(w.held_seqs, w.held_attempts) AS x(s, att)
      WHERE w.lane IN (SELECT g.lane FROM got g WHERE NOT g.park)
-       AND (x.id IN (SELECT unnest($19::text[]))) IS TRUE
+       AND (x.s IN (SELECT unnest($19::int8[]))) IS TRUE
      GROUP BY w.lane
 ),
 record AS (
     UPDATE messaging_relay_lane_held d
-       SET held_ids = coalesce(k.ids, '{}') || h.ids, held_attempts = coalesce(k.atts, '{}') || h.atts
-      FROM (SELECT g.lane, g.epoch, array_agg(g.message_id) AS ids, array_agg(g.attempts) AS atts
+       SET held_seqs = coalesce(k.seqs, '{}') || h.seqs, held_attempts = coalesce(k.atts, '{}') || h.atts
+      FROM (SELECT g.lane, g.epoch, array_agg(g.seq) AS seqs, array_agg(g.attempts) AS atts
               FROM got g WHERE NOT g.park GROUP BY g.lane, g.epoch) h
       LEFT JOIN kept k ON k.lane = h.lane
      WHERE d.lane = h.lane AND d.epoch = h.epoch
@@ -269,10 +270,10 @@ unkeyed AS MATERIALIZED (
     SELECT u.* FROM runs r CROSS JOIN LATERAL (
         SELECT o.ctid AS row_ctid, r.lane, r.epoch, r.lane_expires AS lane_expires,
                ` + rowBytes + ` AS bytes, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park,
-               o.seq, o.message_id, o.attempts
+               o.seq, o.attempts
           FROM messaging_outbox o
          WHERE o.seq BETWEEN r.s AND (r.s | ` + strconv.Itoa(unkeyedRun-1) + `)
-           AND o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.message_id NOT IN (SELECT unnest($19::text[]))
+           AND o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.seq NOT IN (SELECT unnest($19::int8[]))
          -- a run has no more rows; the LIMIT also keeps this a loop over
          -- the runs (joined as a flat join, the runs were scanned again for
          -- every row of the table's range)
@@ -303,7 +304,25 @@ func laneArgs(p ClaimParams) []any {
 	for i, l := range p.Lanes {
 		lanes[i] = int64(l)
 	}
-	return []any{pq.Array(lanes), pq.Array(append([]string{}, p.Held...))}
+	return []any{pq.Array(lanes), pq.Array(append([]int64{}, p.HeldSeqs...))}
+}
+
+// seqsOf looks up the seqs of the rows with message ids ids (ClaimParams.Held).
+func seqsOf(ctx context.Context, db DBTX, ids []string) ([]int64, error) {
+	rows, err := db.QueryContext(ctx, `SELECT seq FROM messaging_outbox WHERE message_id = ANY ($1::text[])`, pq.Array(ids))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	seqs := make([]int64, 0, len(ids))
+	for rows.Next() {
+		var s int64
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		seqs = append(seqs, s)
+	}
+	return seqs, rows.Err()
 }
 
 func checkLaneParams(op string, p ClaimParams) error {

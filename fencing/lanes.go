@@ -100,6 +100,21 @@ type LaneState struct {
 // straddle an UPDATE of a lane see two orders.
 const lockOwnLanes = `SELECT k.lane FROM messaging_relay_lane k WHERE k.owner = $1 ORDER BY k.lane FOR NO KEY UPDATE`
 
+// heldRow is "row o may still be held in flight by a lane's owner" for a
+// statement that finds o by the seq a held record lists (CTE owed, column
+// s): neither
+// published nor parked, written as the claimable indexes' predicate so
+// that a seq is a point probe of messaging_outbox_claimable_idx (the table
+// has no other index on seq), and not under a per-row lease.
+//
+// The seqs are also given to the index as one array (seq = ANY), so that
+// every plan reads the index at those seqs only: joined with the held
+// record alone, a plan on a small or never-analyzed table read the whole
+// index and filtered it, and a snapshot held open keeps an entry in it for
+// every row published since (see unclaimedByID).
+const heldRow = `o.published_at IS NULL AND o.parked_at IS NULL AND o.status <> 'IN_FLIGHT'
+       AND o.seq = ANY (ARRAY(SELECT w.s FROM owed w))`
+
 // takeLanesSQL renews every lane of $1 (one statement per heartbeat), marks
 // its heartbeat as a lane relay's, and takes unowned or expired lanes up to
 // its fair share: ceil(lanes / live polling relays), preferring unowned
@@ -134,7 +149,7 @@ cand AS MATERIALIZED (
        FOR NO KEY UPDATE SKIP LOCKED
 ),
 held AS MATERIALIZED (
-    SELECT d.lane, d.held_ids, d.held_attempts
+    SELECT d.lane, d.held_seqs, d.held_attempts
       FROM messaging_relay_lane_held d JOIN cand c ON c.lane = d.lane
      ORDER BY d.lane
        FOR UPDATE OF d
@@ -148,9 +163,14 @@ taken AS (
 ),
 cleared AS (
     UPDATE messaging_relay_lane_held d
-       SET epoch = c.old_epoch + 1, held_ids = '{}', held_attempts = '{}'
+       SET epoch = c.old_epoch + 1, held_seqs = '{}', held_attempts = '{}'
       FROM cand c
      WHERE d.lane = c.lane
+),
+owed AS MATERIALIZED (
+    SELECT c.lane, c.old_owner, c.old_epoch, x.s, x.att
+      FROM cand c JOIN held d ON d.lane = c.lane
+     CROSS JOIN LATERAL unnest(d.held_seqs, d.held_attempts) AS x(s, att)
 ),
 charged AS (
     UPDATE messaging_outbox o
@@ -162,11 +182,8 @@ charged AS (
            last_failure_code = '` + CodeLeaseExpired + `',
            last_failure_detail = 'lane ' || h.lane || ' of ' || h.old_owner || ' (epoch ' || h.old_epoch
                                  || ') expired while it held this row; no outcome was written'
-      FROM (SELECT c.lane, c.old_owner, c.old_epoch, x.id, x.att
-              FROM cand c JOIN held d ON d.lane = c.lane
-             CROSS JOIN LATERAL unnest(d.held_ids, d.held_attempts) AS x(id, att)) h
-     WHERE o.message_id = h.id AND o.attempts = h.att
-       AND coalesce(o.published_at, o.parked_at) IS NULL AND o.status <> 'IN_FLIGHT' -- by the primary key (unclaimedByID)
+      FROM owed h
+     WHERE ` + heldRow + ` AND o.seq = h.s AND o.attempts = h.att
     RETURNING o.status
 )
 SELECT lane, epoch, lease_expires_at, false AS taken, (SELECT n FROM share), (SELECT n FROM total),
@@ -236,7 +253,7 @@ WITH back AS (
     RETURNING lane, epoch
 ),
 cleared AS (
-    UPDATE messaging_relay_lane_held d SET epoch = b.epoch, held_ids = '{}', held_attempts = '{}'
+    UPDATE messaging_relay_lane_held d SET epoch = b.epoch, held_seqs = '{}', held_attempts = '{}'
       FROM back b WHERE d.lane = b.lane
 )
 SELECT lane FROM back`
@@ -366,19 +383,21 @@ func SetLaneCount(ctx context.Context, db *sql.DB, n, maxAttempts int) error {
 		return outbox.Errorf(CodeLanesBusy, op, "relay %q owns a lane; stop every relay (or wait for their lanes to expire) before changing the lane count", *owner)
 	}
 	stmts := []string{
-		`UPDATE messaging_outbox o
+		`WITH owed AS MATERIALIZED (
+             SELECT l.lane, l.owner, x.s, x.att FROM messaging_relay_lane l
+               JOIN messaging_relay_lane_held d ON d.lane = l.lane AND d.epoch = l.epoch
+              CROSS JOIN LATERAL unnest(d.held_seqs, d.held_attempts) AS x(s, att)
+              WHERE l.owner IS NOT NULL
+         )
+         UPDATE messaging_outbox o
             SET attempts = o.attempts + 1,
                 status = CASE WHEN o.attempts + 1 >= $1 THEN 'EXHAUSTED' ELSE 'AMBIGUOUS' END,
                 parked_at = CASE WHEN o.attempts + 1 >= $1 THEN now() ELSE NULL END,
                 next_attempt_at = NULL, last_attempt_at = now(),
                 last_failure_code = '` + CodeLeaseExpired + `',
                 last_failure_detail = 'lane ' || h.lane || ' of ' || h.owner || ' expired while it held this row; no outcome was written'
-           FROM (SELECT l.lane, l.owner, x.id, x.att FROM messaging_relay_lane l
-                   JOIN messaging_relay_lane_held d ON d.lane = l.lane AND d.epoch = l.epoch
-                   CROSS JOIN LATERAL unnest(d.held_ids, d.held_attempts) AS x(id, att)
-                  WHERE l.owner IS NOT NULL) h
-          WHERE o.message_id = h.id AND o.attempts = h.att
-            AND coalesce(o.published_at, o.parked_at) IS NULL AND o.status <> 'IN_FLIGHT' -- by the primary key (unclaimedByID)`,
+           FROM owed h
+          WHERE ` + heldRow + ` AND o.seq = h.s AND o.attempts = h.att`,
 		`DELETE FROM messaging_relay_lane`,
 		`INSERT INTO messaging_relay_lane (lane) SELECT g FROM generate_series(0, $1 - 1) g`,
 		`INSERT INTO messaging_relay_lane_held (lane) SELECT g FROM generate_series(0, $1 - 1) g`,

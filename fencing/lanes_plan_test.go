@@ -35,7 +35,7 @@ func cteRescans(node map[string]any) (worst float64, where string) {
 // claimParams are the parameters of r's next claim of up to limit rows.
 func (r *laneRelay) claimParams(limit int) fencing.ClaimParams {
 	return fencing.ClaimParams{Owner: r.owner, Limit: limit, MaxAttempts: 25,
-		Lanes: r.lanes(), LaneCount: r.state.Total, Held: r.held}
+		Lanes: r.lanes(), LaneCount: r.state.Total, HeldSeqs: r.held}
 }
 
 // The lane statements as a relay runs them (prepared, on their generic
@@ -63,13 +63,13 @@ func TestLaneStatementsReadNoCTEPerRow(t *testing.T) {
 	second := r.claimParams(1000)
 	seen := map[string]bool{}
 	for _, c := range held {
-		r.held = append(r.held, c.Row.MessageID)
+		r.held = append(r.held, c.Row.Seq)
 		if k := c.Row.OrderingKey; k != "" && !seen[k] {
 			seen[k] = true
 			second.Continue = append(second.Continue, fencing.Continuation{Key: k, AfterSeq: c.Row.Seq, AfterID: c.Row.MessageID})
 		}
 	}
-	second.Held = r.held
+	second.HeldSeqs = r.held
 
 	conn := genericConn(t, s.DB)
 
@@ -82,7 +82,7 @@ func TestLaneStatementsReadNoCTEPerRow(t *testing.T) {
 	require.LessOrEqual(t, tidScanLoops(root, "messaging_outbox"), 1.0, "keyed claim: the held rows were read by a TID scan each")
 
 	unkeyed := r.claimParams(1000)
-	unkeyed.NoKeyWalk, unkeyed.Held = true, r.held
+	unkeyed.NoKeyWalk, unkeyed.HeldSeqs = true, r.held
 	q, args, err = fencing.ClaimStatement(unkeyed)
 	require.NoError(t, err)
 	root = genericPlan(t, conn, q, args...)

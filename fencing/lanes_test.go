@@ -22,7 +22,7 @@ import (
 type laneRelay struct {
 	owner string
 	state fencing.LaneState
-	held  []string
+	held  []int64 // seqs
 }
 
 // laneDB is a test schema whose lanes' index is built (32 lanes), as
@@ -52,12 +52,12 @@ func (r *laneRelay) lanes() []int {
 func (r *laneRelay) claim(t *testing.T, db fencing.DBTX, budget int) []fencing.Claimed {
 	t.Helper()
 	p := fencing.ClaimParams{Owner: r.owner, Limit: 1000, MaxAttempts: budget,
-		Lanes: r.lanes(), LaneCount: r.state.Total, Held: r.held}
+		Lanes: r.lanes(), LaneCount: r.state.Total, HeldSeqs: r.held}
 	got, err := fencing.Claim(context.Background(), db, p)
 	require.NoError(t, err)
 	for _, c := range got {
 		if c.Held() {
-			r.held = append(r.held, c.Row.MessageID)
+			r.held = append(r.held, c.Row.Seq)
 		}
 	}
 	return got
@@ -98,7 +98,7 @@ func TestLaneClaimWritesNothingAndTheOutcomeIsTheOnlyWrite(t *testing.T) {
 	require.Equal(t, before, xmin(t, s.DB, "u00"), "the claim wrote no new row version")
 	require.Equal(t, 40, s.Count(t, "status = 'PENDING'"))
 	var held int
-	require.NoError(t, s.DB.QueryRow(`SELECT sum(cardinality(d.held_ids)) FROM messaging_relay_lane_held d JOIN messaging_relay_lane l USING (lane) WHERE l.owner = 'a' AND d.epoch = l.epoch`).Scan(&held))
+	require.NoError(t, s.DB.QueryRow(`SELECT sum(cardinality(d.held_seqs)) FROM messaging_relay_lane_held d JOIN messaging_relay_lane l USING (lane) WHERE l.owner = 'a' AND d.epoch = l.epoch`).Scan(&held))
 	require.Equal(t, 40, held, "the lanes record what their owner holds")
 
 	again := a.claim(t, s.DB, 5)
@@ -461,22 +461,60 @@ func TestLaneHeldRecordKeepsWhatIsStillHeldThenTheNewRows(t *testing.T) {
 	}
 	_, err = fencing.Apply(context.Background(), s.DB, published(out))
 	require.NoError(t, err)
-	a.held = []string{"u01", "u03", "u04", "u06", "u07", "u08"}
+	idOf := map[int64]string{}
+	seqOf := map[string]int64{}
+	for _, c := range got {
+		idOf[c.Row.Seq], seqOf[c.Row.MessageID] = c.Row.MessageID, c.Row.Seq
+	}
+	a.held = nil
+	for _, id := range []string{"u01", "u03", "u04", "u06", "u07", "u08"} {
+		a.held = append(a.held, seqOf[id])
+	}
 	for i := 10; i < 13; i++ {
 		insert(t, s.DB, fmt.Sprintf("u%02d", i), "")
 	}
-	require.Len(t, a.claim(t, s.DB, 5), 3)
+	for _, c := range a.claim(t, s.DB, 5) {
+		idOf[c.Row.Seq] = c.Row.MessageID
+	}
+	require.Len(t, idOf, 13)
 
-	var ids []string
-	var atts []int64
-	require.NoError(t, s.DB.QueryRow(`SELECT held_ids, held_attempts FROM messaging_relay_lane_held WHERE cardinality(held_ids) > 0`).
-		Scan(pq.Array(&ids), pq.Array(&atts)))
-	require.Len(t, ids, 9)
+	var seqs, atts []int64
+	require.NoError(t, s.DB.QueryRow(`SELECT held_seqs, held_attempts FROM messaging_relay_lane_held WHERE cardinality(held_seqs) > 0`).
+		Scan(pq.Array(&seqs), pq.Array(&atts)))
+	require.Len(t, seqs, 9)
 	require.Len(t, atts, 9)
 	held := map[string]int64{}
-	for i, id := range ids {
-		held[id] = atts[i]
+	for i, seq := range seqs {
+		held[idOf[seq]] = atts[i]
 	}
 	require.Equal(t, map[string]int64{"u01": 0, "u03": 2, "u04": 0, "u06": 0, "u07": 2, "u08": 0, "u10": 0, "u11": 0, "u12": 0}, held)
-	require.ElementsMatch(t, a.held[:6], ids[:6], "what is still held comes first, the new claim's rows after it")
+	require.ElementsMatch(t, a.held[:6], seqs[:6], "what is still held comes first, the new claim's rows after it")
+}
+
+// ClaimParams.Held, the held rows by message id (deprecated for HeldSeqs),
+// still keeps them from being claimed again: Claim looks their seqs up
+// first, and records them on their lanes as held. ClaimStatement, which
+// runs no query, refuses them with FENCING_INVALID_ARGUMENT.
+func TestLaneClaimStillTakesHeldRowsByMessageID(t *testing.T) {
+	ctx := context.Background()
+	s := laneDB(t)
+	for i := range 6 {
+		insert(t, s.DB, fmt.Sprintf("u%02d", i), "")
+	}
+	a := takeLanes(t, s.DB, "a", time.Minute, 5)
+	first := a.claim(t, s.DB, 5)
+	require.Len(t, first, 6)
+	insert(t, s.DB, "u06", "")
+
+	p := fencing.ClaimParams{Owner: "a", Limit: 1000, MaxAttempts: 5, Lanes: a.lanes(), LaneCount: a.state.Total,
+		Held: []string{"u00", "u01", "u02", "u03", "u04", "u05", "no-such-row"}}
+	_, _, err := fencing.ClaimStatement(p)
+	require.ErrorIs(t, err, fencing.ErrInvalidArgument)
+
+	got, err := fencing.Claim(ctx, s.DB, p)
+	require.NoError(t, err)
+	require.Equal(t, []string{"u06"}, ids(got), "the held rows are not claimed again")
+	var held int
+	require.NoError(t, s.DB.QueryRow(`SELECT sum(cardinality(d.held_seqs)) FROM messaging_relay_lane_held d JOIN messaging_relay_lane l USING (lane) WHERE l.owner = 'a' AND d.epoch = l.epoch`).Scan(&held))
+	require.Equal(t, 7, held, "what it still holds stays recorded beside the new row")
 }

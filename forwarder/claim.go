@@ -120,7 +120,7 @@ func (cl *claimer) claim(ctx context.Context, cont []fencing.Continuation) claim
 		if lanes != nil {
 			// What the earlier statements of this claim took is held now:
 			// not claimed again, and recorded on the lanes with the rest.
-			p.Lanes, p.LaneCount, p.Held = lanes, laneCount, cl.heldIDs()
+			p.Lanes, p.LaneCount, p.HeldSeqs = lanes, laneCount, cl.heldSeqs()
 		}
 		if buf, err = fencing.ClaimAppend(dbctx, cl.q, buf, p); err != nil {
 			if !errors.Is(err, fencing.ErrInvalidArgument) {

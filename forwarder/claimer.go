@@ -44,10 +44,11 @@ type claimer struct {
 
 	mem chan *batchMem // finished batches' memory, for the next (keptBatches at most)
 	// held are the rows this relay holds IN_FLIGHT (claimed, outcome not
-	// yet written), with the local time of their claim: a failed claim
-	// releases every other row of this owner.
+	// yet written), by message id, with their seq and the local time of
+	// their claim: a failed claim releases every other row of this owner,
+	// and a lane claim skips them (by seq).
 	heldMu sync.Mutex
-	held   map[string]time.Time
+	held   map[string]heldRow
 	// lanes are the lanes this relay owns (FenceLanes), under lanesMu.
 	lanesMu sync.Mutex
 	lanes   laneKeeper

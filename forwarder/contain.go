@@ -32,6 +32,12 @@ func payloadBytes(claimed []fencing.Claimed) int64 {
 	return n
 }
 
+// heldRow is a row the relay holds: its seq and when it was claimed.
+type heldRow struct {
+	seq int64
+	at  time.Time
+}
+
 // hold records the rows a claim returned IN_FLIGHT as this relay's, and
 // forgets rows recorded more than a lease ago (their outcome write failed
 // and their leases have expired since).
@@ -39,16 +45,16 @@ func (cl *claimer) hold(rows []fencing.Claimed, at time.Time) {
 	cl.heldMu.Lock()
 	defer cl.heldMu.Unlock()
 	if cl.held == nil {
-		cl.held = make(map[string]time.Time)
+		cl.held = make(map[string]heldRow)
 	}
-	for id, when := range cl.held {
-		if at.Sub(when) > cl.cfg.LeaseDuration {
+	for id, h := range cl.held {
+		if at.Sub(h.at) > cl.cfg.LeaseDuration {
 			delete(cl.held, id)
 		}
 	}
 	for _, c := range rows {
 		if c.Held() {
-			cl.held[c.Row.MessageID] = at
+			cl.held[c.Row.MessageID] = heldRow{seq: c.Row.Seq, at: at}
 		}
 	}
 }
@@ -60,6 +66,18 @@ func (cl *claimer) unhold(outcomes []fencing.Outcome) {
 	for _, o := range outcomes {
 		delete(cl.held, o.Lease.MessageID)
 	}
+}
+
+// heldSeqs are the seqs of the rows the relay holds (a lane claim's
+// ClaimParams.HeldSeqs).
+func (cl *claimer) heldSeqs() []int64 {
+	cl.heldMu.Lock()
+	defer cl.heldMu.Unlock()
+	seqs := make([]int64, 0, len(cl.held))
+	for _, h := range cl.held {
+		seqs = append(seqs, h.seq)
+	}
+	return seqs
 }
 
 func (cl *claimer) heldIDs() []string {

@@ -193,8 +193,8 @@ func (cl *claimer) giveBackLanes(ctx context.Context) {
 func (cl *claimer) heldSince(t time.Time) bool {
 	cl.heldMu.Lock()
 	defer cl.heldMu.Unlock()
-	for _, at := range cl.held {
-		if !at.After(t) {
+	for _, h := range cl.held {
+		if !h.at.After(t) {
 			return true
 		}
 	}

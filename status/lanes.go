@@ -27,7 +27,7 @@ func readLanes(ctx context.Context, tx *sql.Tx, s *Snapshot) error {
 		return fmt.Errorf("status: fence: %w", err)
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT l.lane, coalesce(l.owner, ''), l.epoch, l.lease_expires_at,
-       coalesce(l.lease_expires_at > $1::timestamptz, false), coalesce(cardinality(d.held_ids), 0)
+       coalesce(l.lease_expires_at > $1::timestamptz, false), coalesce(cardinality(d.held_seqs), 0)
   FROM messaging_relay_lane l LEFT JOIN messaging_relay_lane_held d ON d.lane = l.lane AND d.epoch = l.epoch
  ORDER BY l.lane`, s.At)
 	if err != nil {

@@ -86,7 +86,7 @@ SELECT to_regclass('messaging_relay_lane') IS NOT NULL,
 // lanesQuery: every lane (a few dozen rows) with its owner, epoch, lease
 // and how many rows its owner holds in flight.
 const lanesQuery = `
-SELECT l.lane, coalesce(l.owner, ''), l.epoch, l.lease_expires_at, coalesce(cardinality(d.held_ids), 0)
+SELECT l.lane, coalesce(l.owner, ''), l.epoch, l.lease_expires_at, coalesce(cardinality(d.held_seqs), 0)
   FROM messaging_relay_lane l
   LEFT JOIN messaging_relay_lane_held d ON d.lane = l.lane AND d.epoch = l.epoch
  ORDER BY l.lane`
