@@ -101,17 +101,15 @@ type LaneState struct {
 const lockOwnLanes = `SELECT k.lane FROM messaging_relay_lane k WHERE k.owner = $1 ORDER BY k.lane FOR NO KEY UPDATE`
 
 // heldRow is "row o may still be held in flight by a lane's owner" for a
-// statement that finds o by the seq a held record lists (CTE owed, column
-// s): neither
-// published nor parked, written as the claimable indexes' predicate so
-// that a seq is a point probe of messaging_outbox_claimable_idx (the table
-// has no other index on seq), and not under a per-row lease.
-//
-// The seqs are also given to the index as one array (seq = ANY), so that
-// every plan reads the index at those seqs only: joined with the held
-// record alone, a plan on a small or never-analyzed table read the whole
-// index and filtered it, and a snapshot held open keeps an entry in it for
-// every row published since (see unclaimedByID).
+// statement that finds o by the seqs a held record lists (CTE owed, column
+// s): neither published nor parked, and not under a per-row lease. It is
+// written as the claimable indexes' predicate, so that a seq is a point
+// probe of messaging_outbox_claimable_idx (the table has no other index on
+// seq), and the seqs are given to the index as one array (seq = ANY): joined
+// with the held record alone, the takeover's plan on a small table
+// (TestLaneStatementsByIDUseNoClaimableIndex) read the whole index and
+// filtered it, and a snapshot held open keeps an entry there for every row
+// published since (see unclaimedByID).
 const heldRow = `o.published_at IS NULL AND o.parked_at IS NULL AND o.status <> 'IN_FLIGHT'
        AND o.seq = ANY (ARRAY(SELECT w.s FROM owed w))`
 
