@@ -21,5 +21,5 @@ var (
 )
 
 // TakeLanesSQL is TakeLanes' statement (its charge of what a lapsed owner
-// held finds the rows by id).
-const TakeLanesSQL = takeLanesSQL
+// held finds the rows by seq).
+var TakeLanesSQL = takeLanesSQL

@@ -100,18 +100,33 @@ type LaneState struct {
 // straddle an UPDATE of a lane see two orders.
 const lockOwnLanes = `SELECT k.lane FROM messaging_relay_lane k WHERE k.owner = $1 ORDER BY k.lane FOR NO KEY UPDATE`
 
-// heldRow is "row o may still be held in flight by a lane's owner" for a
-// statement that finds o by the seqs a held record lists (CTE owed, column
-// s): neither published nor parked, and not under a per-row lease. It is
-// written as the claimable indexes' predicate, so that a seq is a point
-// probe of messaging_outbox_claimable_idx (the table has no other index on
-// seq), and the seqs are given to the index as one array (seq = ANY): joined
-// with the held record alone, the takeover's plan on a small table
-// (TestLaneStatementsByIDUseNoClaimableIndex) read the whole index and
-// filtered it, and a snapshot held open keeps an entry there for every row
-// published since (see unclaimedByID).
-const heldRow = `o.published_at IS NULL AND o.parked_at IS NULL AND o.status <> 'IN_FLIGHT'
-       AND o.seq = ANY (ARRAY(SELECT w.s FROM owed w))`
+// chargeOwed is the UPDATE that charges an attempt to each row of CTE owed
+// (lane, s: a seq its lane's record listed, att: the attempts it had then)
+// that is still as it was read: neither published nor parked, not under a
+// per-row lease, with the same attempts. A row that spends the budget
+// (budget, a parameter) is parked EXHAUSTED; detail is the failure detail,
+// an SQL expression over h (owed). Used by a takeover and by SetLaneCount.
+//
+// The rows are found by seq, written with the claimable indexes' predicate
+// so that a seq is a point probe of messaging_outbox_claimable_idx (the
+// table has no other index on seq), and the seqs are given to the index as
+// one array (seq = ANY): joined with the held record alone, the takeover's
+// plan on a small table (TestLaneStatementsByIDUseNoClaimableIndex) read
+// the whole index and filtered it, and a snapshot held open keeps an entry
+// there for every row published since (see unclaimedByID).
+func chargeOwed(budget, detail string) string {
+	return `UPDATE messaging_outbox o
+       SET attempts = o.attempts + 1,
+           status = CASE WHEN o.attempts + 1 >= ` + budget + ` THEN 'EXHAUSTED' ELSE 'AMBIGUOUS' END,
+           parked_at = CASE WHEN o.attempts + 1 >= ` + budget + ` THEN now() ELSE NULL END,
+           next_attempt_at = NULL,
+           last_attempt_at = now(),
+           last_failure_code = '` + CodeLeaseExpired + `',
+           last_failure_detail = ` + detail + `
+      FROM owed h
+     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.status <> 'IN_FLIGHT'
+       AND o.seq = ANY (ARRAY(SELECT w.s FROM owed w)) AND o.seq = h.s AND o.attempts = h.att`
+}
 
 // takeLanesSQL renews every lane of $1 (one statement per heartbeat), marks
 // its heartbeat as a lane relay's, and takes unowned or expired lanes up to
@@ -119,7 +134,7 @@ const heldRow = `o.published_at IS NULL AND o.parked_at IS NULL AND o.status <> 
 // ones. Each lane taken gets a new epoch; the rows its expired owner held
 // there and wrote no outcome for (the same attempts as recorded) are
 // charged an attempt, and parked EXHAUSTED when that spends the budget $3.
-const takeLanesSQL = `
+var takeLanesSQL = `
 WITH beat AS (
     UPDATE messaging_relay_heartbeat SET fence = 'LANES' WHERE owner = $1 AND fence IS DISTINCT FROM 'LANES'
 ),
@@ -171,17 +186,8 @@ owed AS MATERIALIZED (
      CROSS JOIN LATERAL unnest(d.held_seqs, d.held_attempts) AS x(s, att)
 ),
 charged AS (
-    UPDATE messaging_outbox o
-       SET attempts = o.attempts + 1,
-           status = CASE WHEN o.attempts + 1 >= $3 THEN 'EXHAUSTED' ELSE 'AMBIGUOUS' END,
-           parked_at = CASE WHEN o.attempts + 1 >= $3 THEN now() ELSE NULL END,
-           next_attempt_at = NULL,
-           last_attempt_at = now(),
-           last_failure_code = '` + CodeLeaseExpired + `',
-           last_failure_detail = 'lane ' || h.lane || ' of ' || h.old_owner || ' (epoch ' || h.old_epoch
-                                 || ') expired while it held this row; no outcome was written'
-      FROM owed h
-     WHERE ` + heldRow + ` AND o.seq = h.s AND o.attempts = h.att
+    ` + chargeOwed("$3", `'lane ' || h.lane || ' of ' || h.old_owner || ' (epoch ' || h.old_epoch
+                                 || ') expired while it held this row; no outcome was written'`) + `
     RETURNING o.status
 )
 SELECT lane, epoch, lease_expires_at, false AS taken, (SELECT n FROM share), (SELECT n FROM total),
@@ -387,15 +393,7 @@ func SetLaneCount(ctx context.Context, db *sql.DB, n, maxAttempts int) error {
               CROSS JOIN LATERAL unnest(d.held_seqs, d.held_attempts) AS x(s, att)
               WHERE l.owner IS NOT NULL
          )
-         UPDATE messaging_outbox o
-            SET attempts = o.attempts + 1,
-                status = CASE WHEN o.attempts + 1 >= $1 THEN 'EXHAUSTED' ELSE 'AMBIGUOUS' END,
-                parked_at = CASE WHEN o.attempts + 1 >= $1 THEN now() ELSE NULL END,
-                next_attempt_at = NULL, last_attempt_at = now(),
-                last_failure_code = '` + CodeLeaseExpired + `',
-                last_failure_detail = 'lane ' || h.lane || ' of ' || h.owner || ' expired while it held this row; no outcome was written'
-           FROM owed h
-          WHERE ` + heldRow + ` AND o.seq = h.s AND o.attempts = h.att`,
+         ` + chargeOwed("$1", `'lane ' || h.lane || ' of ' || h.owner || ' expired while it held this row; no outcome was written'`),
 		`DELETE FROM messaging_relay_lane`,
 		`INSERT INTO messaging_relay_lane (lane) SELECT g FROM generate_series(0, $1 - 1) g`,
 		`INSERT INTO messaging_relay_lane_held (lane) SELECT g FROM generate_series(0, $1 - 1) g`,

@@ -5,11 +5,11 @@
 -- Every lane claim rewrites the record of each lane it reads (what the
 -- owner still holds there and the new rows), and tests every row it reads
 -- against what the owner holds. With message ids (36-byte UUID text in
--- most services) a lane's array outgrew PostgreSQL's inline limit at
--- about 55 entries and was written out of line at every claim, and each
--- comparison hashed a string. With seqs (8 bytes, fixed width, unique: the
--- column is GENERATED ALWAYS AS IDENTITY) a claim of 1,000 rows costs the
--- server 2.8 µs less per row (9.7 against 6.9 on 1 KB rows, 2,000 held;
+-- most services) a lane's array grew past PostgreSQL's inline limit and
+-- was written out of line at every claim, and each comparison hashed a
+-- string. With seqs (8 bytes, fixed width, unique: the column is GENERATED
+-- ALWAYS AS IDENTITY) a claim of 1,000 rows of 1 KB holding 2,000 costs the
+-- server 5.1-5.3 µs per row against 7.2-7.6 (BenchmarkLaneClaimHoldingRows,
 -- BENCHMARKS.md). A takeover finds the rows it charges by seq, through
 -- messaging_outbox_claimable_idx (an entry per row neither published nor
 -- parked: exactly the rows it may charge).
