@@ -28,8 +28,15 @@ import (
 // Safe for concurrent use. Close releases the statements; afterwards every
 // statement runs unprepared on db.
 type Prepared struct {
-	db    *sql.DB
+	db    conn
 	stmts stmtset.Set
+}
+
+// conn is what *sql.DB and *sql.Conn have in common: a Prepared runs on a
+// pool or on one of its connections.
+type conn interface {
+	DBTX
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
 }
 
 var _ DBTX = (*Prepared)(nil)
@@ -48,6 +55,15 @@ var preparable = map[string]bool{
 // each statement is prepared by its first use.
 func NewPrepared(db *sql.DB) *Prepared {
 	return &Prepared{db: db}
+}
+
+// NewPreparedConn returns a Prepared over one connection of a pool: its
+// statements are prepared on that connection alone, by their first use.
+// The caller keeps the connection to itself while it uses the Prepared (a
+// connection runs one statement at a time), and closes the Prepared before
+// the connection.
+func NewPreparedConn(c *sql.Conn) *Prepared {
+	return &Prepared{db: c}
 }
 
 // stmt returns the prepared form of query, preparing it on first use, or nil

@@ -134,3 +134,33 @@ func TestPreparedSurvivesALostConnection(t *testing.T) {
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql`).Scan(&prepared))
 	require.Equal(t, 1, prepared, "the claim is prepared again on it")
 }
+
+// NewPreparedConn prepares the hot statements on its one connection only,
+// and Close releases them there; the connection is the caller's to give
+// back.
+func TestPreparedConnPreparesOnItsConnection(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	db := s.Open(t)
+	db.SetMaxOpenConns(3)
+	for i := range 3 {
+		insert(t, s.DB, fmt.Sprintf("m%d", i), "")
+	}
+	conn, err := db.Conn(ctx)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, conn.Close()) }()
+	prepared := func() int {
+		var n int
+		require.NoError(t, conn.QueryRowContext(ctx, `SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql`).Scan(&n))
+		return n
+	}
+	p := fencing.NewPreparedConn(conn)
+	par := params("relay-c", t0)
+	par.Limit = 3
+	c, err := fencing.Claim(ctx, p, par)
+	require.NoError(t, err)
+	require.Len(t, c, 3)
+	require.Equal(t, 1, prepared(), "prepared on this connection")
+	require.NoError(t, p.Close())
+	require.Zero(t, prepared(), "released by Close")
+}

@@ -65,6 +65,10 @@ func (cl *claimer) claim(ctx context.Context, cont []fencing.Continuation) claim
 	cl.takePace()
 	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cl.dbTimeout)
 	defer cancel()
+	// The claim statements run on the claims' own connection (pinned).
+	pc := cl.claimConn.take(dbctx)
+	defer func() { cl.claimConn.give(pc) }() // after the batch's draining is known
+	dbctx = withPinned(dbctx, pc)
 	at := cl.localNow()
 	// Every statement below may commit on the server and still fail here
 	// (a row the client cannot read, the timeout, the connection lost
@@ -273,8 +277,10 @@ func (cl *claimer) claim(ctx context.Context, cont []fencing.Continuation) claim
 	n := len(claimed) - len(probed)
 	cl.size = cl.nextSize(limit, n)
 	mem.claimed = claimed
+	more := cl.full(claimed, n, limit)
+	cl.draining.Store(more)
 	return claimedBatch{claimed: claimed, claimedAt: at, after: after, probes: probed, failures: failures, released: released,
-		full: cl.full(claimed, n, limit), mem: mem}
+		full: more, mem: mem}
 }
 
 // capped are the continuations of the chains the walk found that stopped at

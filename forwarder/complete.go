@@ -155,7 +155,13 @@ func (c *completer) apply(ctx context.Context, outcomes []fencing.Outcome) ([]fe
 	var err error
 	for try := range 3 {
 		var res []fencing.Result
-		if res, err = fencing.Apply(ctx, c.q, outcomes); err == nil || errors.Is(err, fencing.ErrInvalidArgument) {
+		// On the outcomes' own connection (pinned) when it is free; a
+		// failure that may have broken it gives it back to the pool, so
+		// the next try takes another.
+		pc := c.outcomeConn.take(ctx)
+		res, err = fencing.Apply(withPinned(ctx, pc), c.q, outcomes)
+		c.outcomeConn.give(pc)
+		if err == nil || errors.Is(err, fencing.ErrInvalidArgument) {
 			return res, err
 		}
 		c.logger.Error("Writing outcomes failed", err, watermill.LogFields{"try": try + 1, "rows": len(outcomes)})

@@ -155,7 +155,12 @@
 // a crash leaves behind is the same. A relay then holds up to 3 x MaxBatchSize
 // rows (the batch being published, the one claimed ahead, and the one before
 // until its outcomes are written), and the claim ahead and the outcome statement each hold a
-// connection of the pool while they run. Order
+// connection of the pool while they run: the claims keep to one connection
+// and the outcome statements to another (pinned) when the pool allows at
+// least three (MaxOpenConns 0 or 3 and more), so that two PostgreSQL
+// backends, not every one of the pool, map the outbox's pages and plan the
+// relay's statements (docs/CONFIGURATION.md, "The relay's connections").
+// Order
 // per key is unaffected (rows stay IN_FLIGHT, blocking their keys for every
 // claim, until their outcome commits), a prefetched batch's start-by deadline
 // counts from its own claim, and it is reported as its own pass, once its

@@ -17,9 +17,19 @@ import (
 // or RunOnce started (export_test.go's SetDBTimeout and WrapStatements set
 // dbTimeout and q before).
 type env struct {
-	cfg        Config
-	db         *sql.DB
-	q          fencing.DBTX            // db, or its prepared form for the claim and outcome statements
+	cfg Config
+	db  *sql.DB
+	// q runs the claim and outcome statements: on the connection pinned
+	// for them when the context carries it (routed), else on db or its
+	// prepared form.
+	q        fencing.DBTX
+	prepared *fencing.Prepared // nil with DisablePreparedStatements
+	// claimConn and outcomeConn are the connections the claims and the
+	// outcome writes prefer (pinned).
+	claimConn, outcomeConn *pinned
+	// draining is whether the latest claim came back full (the
+	// connections stay pinned only then).
+	draining   *atomic.Bool
 	logger     watermill.LoggerAdapter // with the owner's field
 	baseLogger watermill.LoggerAdapter // as given, for the optional Warner
 	tracer     trace.Tracer

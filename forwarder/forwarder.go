@@ -117,18 +117,24 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
-	var q fencing.DBTX = db
+	var pool fencing.DBTX = db
+	var prepared *fencing.Prepared
 	if !cfg.DisablePreparedStatements {
-		q = fencing.NewPrepared(db)
+		prepared = fencing.NewPrepared(db)
+		pool = prepared
 	}
 	e := &env{
-		db: db, q: q, cfg: cfg, metrics: m,
-		logger:     logger.With(watermill.LogFields{"owner": cfg.Owner}),
-		baseLogger: logger,
-		tracer:     tp.Tracer(tracerName),
-		seed:       seedOf(cfg.Owner),
-		dbTimeout:  cfg.DBTimeout,
+		db: db, q: routed{pool: pool}, prepared: prepared, cfg: cfg, metrics: m,
+		logger:      logger.With(watermill.LogFields{"owner": cfg.Owner}),
+		baseLogger:  logger,
+		tracer:      tp.Tracer(tracerName),
+		seed:        seedOf(cfg.Owner),
+		dbTimeout:   cfg.DBTimeout,
+		claimConn:   newPinned(db, !cfg.DisablePreparedStatements),
+		outcomeConn: newPinned(db, !cfg.DisablePreparedStatements),
+		draining:    new(atomic.Bool),
 	}
+	e.claimConn.busy, e.outcomeConn.busy = e.draining.Load, e.draining.Load
 	beat := &beatGate{epoch: time.Now()}
 	cl := newClaimer(e, beat)
 	x := newExecutor(e, out, &cl.chains, &cl.paces, beat)
@@ -170,11 +176,13 @@ func (f *Forwarder) Close() error {
 		f.claimer.giveBackLanes(ctx)
 		cancel()
 	}
-	if p, ok := f.q.(*fencing.Prepared); ok {
+	if f.prepared != nil {
 		// Releases the statements on the pool's connections; a RunOnce
 		// after Close still works, unprepared.
-		_ = p.Close()
+		_ = f.prepared.Close()
 	}
+	f.claimConn.close()
+	f.outcomeConn.close()
 	return err
 }
 
@@ -200,6 +208,9 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		if errors.Is(err, ErrOutcomesNotWritten) || errors.Is(err, errReleaseFailed) {
 			drainErr = err
 		}
+		// A stopped relay holds no connection of the pool.
+		f.claimConn.unpin()
+		f.outcomeConn.unpin()
 		f.life.Finish(drainErr)
 	}()
 

@@ -1,0 +1,274 @@
+package forwarder
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+	"github.com/fencedoutbox/watermill-outbox/internal/pgerr"
+)
+
+// pinned keeps one connection of the relay's pool for one kind of
+// statement while the relay drains full batches: the claims on one, the
+// outcome writes on another. A relay that keeps up (its claims come back
+// short) pins nothing between statements, so a pool it shares with the
+// service is not held by an idle relay.
+//
+// Why: every PostgreSQL backend that reads the outbox maps the shared
+// buffers it touches into its own page tables, one page fault per page the
+// first time, and plans and caches the relay's statements for itself. Left
+// to the pool, a pipelining relay's claims and outcomes move between three
+// connections (the pool hands out the connection freed last, and the
+// heartbeat's joins them), so three backends each pay that. On the
+// project's 2-core host a 50,000-row drain cost the server 24,000 page
+// faults on three backends against 5,600 for the minimal relay's one
+// (`perf record -e minor-faults`), at about 16 µs each there.
+//
+// A pinned connection is only ever a preference: a statement that finds
+// it in use (a second outcome write while the first runs) or cannot have it
+// runs on the pool, as before. The relay never waits for it. It pins only
+// when the pool leaves a connection for everything else (MaxOpenConns 0 or
+// at least 3): with two, the heartbeat would wait behind two connections
+// that never go back to the pool. A connection whose failure may have
+// ended it (lost, timed out, cancelled, or the session ended by the server)
+// goes back to the pool, which discards it when it is broken, and the next
+// statement takes another. Every repinAfter the pinned connection goes back to the pool
+// too, so the pool's ConnMaxLifetime and ConnMaxIdleTime still apply
+// within that much.
+type pinned struct {
+	db      *sql.DB
+	prepare bool          // prepare the hot statements on it (fencing.NewPreparedConn)
+	maxAge  time.Duration // repinAfter
+	// busy reports whether the relay is draining full batches: only then
+	// does a connection stay pinned between statements (nil: always).
+	busy func() bool
+	// slot holds the idle pinned connection (nil: none yet); empty while a
+	// statement uses it.
+	slot chan *pinnedConn
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// repinAfter is how long a connection stays pinned before it goes back
+// to the pool (see pinned).
+const repinAfter = time.Minute
+
+func newPinned(db *sql.DB, prepare bool) *pinned {
+	p := &pinned{db: db, prepare: prepare, maxAge: repinAfter, slot: make(chan *pinnedConn, 1)}
+	p.slot <- nil
+	return p
+}
+
+// take returns the pinned connection for one caller until give, or nil
+// when another caller has it, pinning is off (a pool of one or two
+// connections, or after close) or no connection could be had. The caller
+// then uses the pool.
+func (p *pinned) take(ctx context.Context) *pinnedConn {
+	if n := p.db.Stats().MaxOpenConnections; n > 0 && n < 3 {
+		return nil
+	}
+	var c *pinnedConn
+	select {
+	case c = <-p.slot:
+	default:
+		return nil
+	}
+	if c != nil && poolClosed(p.db) {
+		// Closing the pool stops the statements of the connections in use
+		// only when they go back to it: this one never would.
+		c.release()
+		c = nil
+	}
+	if c == nil {
+		p.mu.Lock()
+		closed := p.closed
+		p.mu.Unlock()
+		if closed {
+			p.slot <- nil
+			return nil
+		}
+		conn, err := p.db.Conn(ctx)
+		if err != nil {
+			p.slot <- nil
+			return nil
+		}
+		c = &pinnedConn{conn: conn, q: conn, since: time.Now()}
+		if p.prepare {
+			c.prepared = fencing.NewPreparedConn(conn)
+			c.q = c.prepared
+		}
+	}
+	return c
+}
+
+// poolClosed reports whether db was closed. database/sql refuses a closed
+// pool before it looks at the caller's context, so asking with a context
+// already cancelled takes no connection and costs no round trip.
+func poolClosed(db *sql.DB) bool {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c, err := db.Conn(ctx)
+	if err == nil { // not expected; a connection is a connection
+		_ = c.Close()
+		return false
+	}
+	return !errors.Is(err, context.Canceled)
+}
+
+// give returns c (from take; nil is a no-op) for the next caller, or to
+// the pool when a failure may have ended it (connectionLost), when the
+// relay is not draining full batches, when it was pinned for repinAfter,
+// or after close.
+func (p *pinned) give(c *pinnedConn) {
+	if c == nil {
+		return
+	}
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if closed || c.failed || (p.busy != nil && !p.busy()) || !c.valid() || time.Since(c.since) >= p.maxAge {
+		c.release()
+		c = nil
+	}
+	p.slot <- c
+}
+
+// close gives the pinned connection back to the pool and pins no more
+// (take then returns nil).
+func (p *pinned) close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.unpin()
+}
+
+// unpin gives the idle pinned connection back to the pool; the next take
+// pins one again. A connection in use goes back when given after close, or
+// stays pinned.
+func (p *pinned) unpin() {
+	select {
+	case c := <-p.slot:
+		if c != nil {
+			c.release()
+		}
+		p.slot <- nil
+	default: // in use: give releases it
+	}
+}
+
+// pinnedConn is a pinned connection as a fencing.DBTX. It notes a failure
+// that may have ended the connection (connectionLost), so that give does
+// not keep it.
+type pinnedConn struct {
+	conn     *sql.Conn
+	prepared *fencing.Prepared // nil when the relay does not prepare
+	q        fencing.DBTX      // prepared, or conn
+	since    time.Time
+	failed   bool
+}
+
+var _ fencing.DBTX = (*pinnedConn)(nil)
+
+func (c *pinnedConn) note(err error) {
+	if err != nil && connectionLost(pgerr.State(err)) {
+		c.failed = true
+	}
+}
+
+// connectionLost reports whether an error of SQLSTATE state ("" for an
+// error not from PostgreSQL: the network, a timeout, a cancel) may have
+// ended the connection: a connection exception (class 08) or one of the
+// errors PostgreSQL ends a session with (57P01-57P05: terminated by an
+// administrator, a crash, shutdown, a dropped database, an idle session's
+// timeout; 25P03 an idle transaction's). pgx reports a terminated backend
+// as its FATAL error and finds the connection closed only at the next
+// statement.
+func connectionLost(state string) bool {
+	return state == "" || strings.HasPrefix(state, "08") || strings.HasPrefix(state, "57P") || state == "25P03"
+}
+
+func (c *pinnedConn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	res, err := c.q.ExecContext(ctx, query, args...)
+	c.note(err)
+	return res, err
+}
+
+func (c *pinnedConn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	rows, err := c.q.QueryContext(ctx, query, args...)
+	c.note(err)
+	return rows, err
+}
+
+func (c *pinnedConn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return c.q.QueryRowContext(ctx, query, args...)
+}
+
+// errInvalid is what valid's Raw callback returns for a broken connection.
+var errInvalid = errors.New("connection not valid")
+
+// valid reports whether the driver still considers the connection usable
+// (driver.Validator, which lib/pq and pgx's stdlib implement; a driver
+// without it is trusted): a connection lost while its rows were read fails
+// no call of c, and is caught here instead.
+func (c *pinnedConn) valid() bool {
+	err := c.conn.Raw(func(dc any) error {
+		if v, ok := dc.(driver.Validator); ok && !v.IsValid() {
+			return errInvalid
+		}
+		return nil
+	})
+	return err == nil
+}
+
+// release closes c's statements and gives its connection back to the pool.
+func (c *pinnedConn) release() {
+	if c.prepared != nil {
+		_ = c.prepared.Close()
+	}
+	_ = c.conn.Close()
+}
+
+// pinnedKey is the context key of the pinned connection a caller took.
+type pinnedKey struct{}
+
+// withPinned returns ctx carrying c (nil: ctx as it is), for the
+// statements run through routed.
+func withPinned(ctx context.Context, c *pinnedConn) context.Context {
+	if c == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, pinnedKey{}, c)
+}
+
+// routed is the relay's fencing.DBTX (env.q): a statement runs on the
+// pinned connection its context carries (withPinned), else on pool. One
+// DBTX for both, so a wrapper of it (export_test.go's WrapStatements) sees
+// every statement.
+type routed struct{ pool fencing.DBTX }
+
+var _ fencing.DBTX = routed{}
+
+func (r routed) on(ctx context.Context) fencing.DBTX {
+	if c, ok := ctx.Value(pinnedKey{}).(*pinnedConn); ok {
+		return c
+	}
+	return r.pool
+}
+
+func (r routed) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return r.on(ctx).ExecContext(ctx, query, args...)
+}
+
+func (r routed) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return r.on(ctx).QueryContext(ctx, query, args...)
+}
+
+func (r routed) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return r.on(ctx).QueryRowContext(ctx, query, args...)
+}

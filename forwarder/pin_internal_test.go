@@ -1,0 +1,179 @@
+package forwarder
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
+)
+
+// backendOf is the PostgreSQL backend a pinned connection runs on.
+func backendOf(t *testing.T, c *pinnedConn) int {
+	t.Helper()
+	var pid int
+	require.NoError(t, c.QueryRowContext(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid))
+	return pid
+}
+
+// A pinned connection serves one caller at a time and the same backend to
+// each; a caller that finds it taken gets nil (and uses the pool), never
+// waits.
+func TestAPinnedConnectionIsOneCallersAtATime(t *testing.T) {
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(3)
+	p := newPinned(s.DB, true)
+	t.Cleanup(p.close)
+	ctx := context.Background()
+
+	c := p.take(ctx)
+	require.NotNil(t, c)
+	first := backendOf(t, c)
+	require.Nil(t, p.take(ctx), "taken: the second caller uses the pool")
+	p.give(c)
+
+	c = p.take(ctx)
+	require.NotNil(t, c)
+	require.Equal(t, first, backendOf(t, c), "the same backend again")
+	p.give(c)
+}
+
+// A pool of one or two connections is not pinned: the heartbeat would wait
+// behind connections that never go back to the pool.
+func TestASmallPoolIsNotPinned(t *testing.T) {
+	s := testdb.New(t)
+	p := newPinned(s.DB, false)
+	t.Cleanup(p.close)
+	for _, n := range []int{1, 2} {
+		s.DB.SetMaxOpenConns(n)
+		require.Nil(t, p.take(context.Background()), "MaxOpenConns %d", n)
+	}
+	s.DB.SetMaxOpenConns(0) // unlimited
+	c := p.take(context.Background())
+	require.NotNil(t, c)
+	p.give(c)
+}
+
+// A refusal from PostgreSQL keeps the connection pinned; a connection the
+// server ended goes back to the pool and the next caller gets another
+// backend.
+func TestAPinnedConnectionThatFailsGoesBackToThePool(t *testing.T) {
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(4)
+	p := newPinned(s.DB, true)
+	t.Cleanup(p.close)
+	ctx := context.Background()
+
+	c := p.take(ctx)
+	first := backendOf(t, c)
+	_, err := c.ExecContext(ctx, `SELECT 1/0`)
+	require.Error(t, err)
+	p.give(c)
+	c = p.take(ctx)
+	require.Equal(t, first, backendOf(t, c), "a refusal leaves the connection pinned")
+	p.give(c)
+
+	_, err = s.DB.Exec(`SELECT pg_terminate_backend($1)`, first)
+	require.NoError(t, err)
+	c = p.take(ctx)
+	_, err = c.QueryContext(ctx, `SELECT 1`)
+	require.Error(t, err, "the backend is gone")
+	p.give(c)
+
+	c = p.take(ctx)
+	require.NotNil(t, c)
+	require.NotEqual(t, first, backendOf(t, c), "a new connection")
+	p.give(c)
+}
+
+// After maxAge a pinned connection goes back to the pool, so the pool's
+// ConnMaxLifetime applies to it; once closed, nothing is pinned.
+func TestAPinnedConnectionGoesBackAfterItsAgeAndOnClose(t *testing.T) {
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(4)
+	s.DB.SetMaxIdleConns(4)
+	p := newPinned(s.DB, false)
+	ctx := context.Background()
+
+	p.maxAge = 0
+	c := p.take(ctx)
+	require.NotNil(t, c)
+	require.Equal(t, 1, s.DB.Stats().InUse)
+	p.give(c)
+	require.Zero(t, s.DB.Stats().InUse, "back in the pool")
+
+	p.maxAge = time.Hour
+	c = p.take(ctx)
+	p.give(c)
+	require.Equal(t, 1, s.DB.Stats().InUse, "pinned")
+	p.close()
+	require.Zero(t, s.DB.Stats().InUse, "closed: back in the pool")
+	require.Nil(t, p.take(ctx), "closed: nothing pinned")
+}
+
+// A pool closed under the relay stops its statements: the pinned
+// connection goes back (database/sql then closes it) and the caller gets
+// the closed pool's error.
+func TestAClosedPoolIsNotPinned(t *testing.T) {
+	s := testdb.New(t)
+	db := s.Open(t)
+	db.SetMaxOpenConns(4)
+	p := newPinned(db, true)
+	t.Cleanup(p.close)
+	ctx := context.Background()
+	c := p.take(ctx)
+	require.NotNil(t, c)
+	require.False(t, poolClosed(db))
+	p.give(c)
+
+	require.NoError(t, db.Close())
+	require.True(t, poolClosed(db))
+	require.Nil(t, p.take(ctx), "closed pool: nothing pinned")
+	require.Zero(t, db.Stats().InUse, "the pinned connection went back")
+}
+
+// A relay that is not draining full batches pins nothing between
+// statements: a pool it shares with the service is not held by an idle
+// relay.
+func TestAConnectionStaysPinnedOnlyWhileTheRelayDrains(t *testing.T) {
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(4)
+	s.DB.SetMaxIdleConns(4)
+	var draining bool
+	p := newPinned(s.DB, false)
+	p.busy = func() bool { return draining }
+	t.Cleanup(p.close)
+	ctx := context.Background()
+
+	c := p.take(ctx)
+	p.give(c)
+	require.Zero(t, s.DB.Stats().InUse, "keeping up: back in the pool")
+	draining = true
+	c = p.take(ctx)
+	p.give(c)
+	require.Equal(t, 1, s.DB.Stats().InUse, "draining: pinned")
+	draining = false
+	c = p.take(ctx)
+	p.give(c)
+	require.Zero(t, s.DB.Stats().InUse, "caught up: back in the pool")
+}
+
+// Which failures give a pinned connection back: those that may have ended
+// it, not PostgreSQL's refusals of one statement.
+func TestWhichFailuresEndAPinnedConnection(t *testing.T) {
+	for state, lost := range map[string]bool{
+		"":      true,  // not from PostgreSQL: the network, a timeout, a cancel
+		"08006": true,  // connection_failure
+		"57P01": true,  // admin_shutdown (pg_terminate_backend)
+		"57P05": true,  // idle_session_timeout
+		"25P03": true,  // idle_in_transaction_session_timeout
+		"57014": false, // query_canceled by statement_timeout: the session goes on
+		"22012": false, // division_by_zero
+		"40001": false, // serialization_failure
+		"55P03": false, // lock_not_available
+	} {
+		require.Equal(t, lost, connectionLost(state), "SQLSTATE %q", state)
+	}
+}
