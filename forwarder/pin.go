@@ -33,8 +33,9 @@ import (
 // it in use (a second outcome write while the first runs) or cannot have it
 // runs on the pool, as before. The relay never waits for it. It pins only
 // when the pool leaves a connection for everything else (MaxOpenConns 0 or
-// at least 3): with two, the heartbeat would wait behind two connections
-// that never go back to the pool. A connection whose failure may have
+// at least 3, and one connection still free after it: several relays, or
+// the service, may share the pool): otherwise the heartbeat would wait
+// behind connections that never go back to the pool. A connection whose failure may have
 // ended it (lost, timed out, cancelled, or the session ended by the server)
 // goes back to the pool, which discards it when it is broken, and the next
 // statement takes another. Every repinAfter the pinned connection goes back to the pool
@@ -89,7 +90,9 @@ func (p *pinned) take(ctx context.Context) *pinnedConn {
 		p.mu.Lock()
 		closed := p.closed
 		p.mu.Unlock()
-		if closed {
+		if st := p.db.Stats(); closed || st.MaxOpenConnections > 0 && st.InUse+2 > st.MaxOpenConnections {
+			// Closed, or the pool would have no connection left for
+			// anything else (several relays, or the service, share it).
 			p.slot <- nil
 			return nil
 		}

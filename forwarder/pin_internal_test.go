@@ -177,3 +177,26 @@ func TestWhichFailuresEndAPinnedConnection(t *testing.T) {
 		require.Equal(t, lost, connectionLost(state), "SQLSTATE %q", state)
 	}
 }
+
+// Relays that share a pool pin while it keeps a connection free for
+// everything else: in a pool of 4, three pins, not a fourth.
+func TestPinsLeaveAConnectionOfASharedPool(t *testing.T) {
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(4)
+	ctx := context.Background()
+	for i := range 4 {
+		p := newPinned(s.DB, false)
+		p.busy = func() bool { return true }
+		c := p.take(ctx)
+		if i < 3 {
+			require.NotNil(t, c, "pin %d", i)
+			p.give(c) // pinned: stays out of the pool
+			t.Cleanup(p.close)
+			continue
+		}
+		require.Nil(t, c, "a fourth pin would leave the pool nothing")
+	}
+	require.Equal(t, 3, s.DB.Stats().InUse)
+	var one int
+	require.NoError(t, s.DB.QueryRowContext(ctx, `SELECT 1`).Scan(&one), "the pool still serves")
+}
