@@ -16,8 +16,8 @@ import (
 // pinned keeps one connection of the relay's pool for one kind of
 // statement while the relay drains full batches: the claims on one, the
 // outcome writes on another. A relay that keeps up (its claims come back
-// short) pins nothing between statements, so a pool it shares with the
-// service is not held by an idle relay.
+// short) pins nothing, so a pool it shares with the service is not held
+// by an idle relay.
 //
 // Why: every PostgreSQL backend that reads the outbox maps the shared
 // buffers it touches into its own page tables, one page fault per page the
@@ -25,20 +25,22 @@ import (
 // to the pool, a pipelining relay's claims and outcomes move between three
 // connections (the pool hands out the connection freed last, and the
 // heartbeat's joins them), so three backends each pay that. On the
-// project's 2-core host a 50,000-row drain cost the server 24,000 page
+// project's 2-core host a 50,000-row drain cost the server 24,400 page
 // faults on three backends against 5,600 for the minimal relay's one
-// (`perf record -e minor-faults`), at about 16 µs each there.
+// (`perf record -e minor-faults`), at about 16 µs each there; pinned,
+// 12,500.
 //
 // A pinned connection is only ever a preference: a statement that finds
-// it in use (a second outcome write while the first runs) or cannot have it
-// runs on the pool, as before. The relay never waits for it. It pins only
-// when the pool leaves a connection for everything else (MaxOpenConns 0 or
-// at least 3, and one connection still free after it: several relays, or
-// the service, may share the pool): otherwise the heartbeat would wait
-// behind connections that never go back to the pool. A connection whose failure may have
-// ended it (lost, timed out, cancelled, or the session ended by the server)
-// goes back to the pool, which discards it when it is broken, and the next
-// statement takes another. Every repinAfter the pinned connection goes back to the pool
+// it in use (a second outcome write while the first runs) or cannot have
+// it runs on the pool, as before, and the relay never waits for it. It
+// pins only when the pool leaves a connection for everything else
+// (MaxOpenConns 0 or at least 3, and one connection still free after it:
+// several relays, or the service, may share the pool); otherwise the
+// heartbeat would wait behind connections that never go back to the pool.
+// A connection whose failure may have ended it (lost, timed out,
+// cancelled, or the session ended by the server) goes back to the pool,
+// which discards it when it is broken, and the next statement takes
+// another. Every repinAfter the pinned connection goes back to the pool
 // too, so the pool's ConnMaxLifetime and ConnMaxIdleTime still apply
 // within that much.
 type pinned struct {
@@ -67,9 +69,9 @@ func newPinned(db *sql.DB, prepare bool) *pinned {
 }
 
 // take returns the pinned connection for one caller until give, or nil
-// when another caller has it, pinning is off (a pool of one or two
-// connections, or after close) or no connection could be had. The caller
-// then uses the pool.
+// when another caller has it, pinning is off (the relay keeps up, a pool of
+// one or two connections or with none to spare, or after close) or no
+// connection could be had. The caller then uses the pool.
 func (p *pinned) take(ctx context.Context) *pinnedConn {
 	if n := p.db.Stats().MaxOpenConnections; n > 0 && n < 3 {
 		return nil
@@ -90,9 +92,17 @@ func (p *pinned) take(ctx context.Context) *pinnedConn {
 		p.mu.Lock()
 		closed := p.closed
 		p.mu.Unlock()
-		if st := p.db.Stats(); closed || st.MaxOpenConnections > 0 && st.InUse+2 > st.MaxOpenConnections {
-			// Closed, or the pool would have no connection left for
-			// anything else (several relays, or the service, share it).
+		st := p.db.Stats()
+		switch {
+		case closed, p.busy != nil && !p.busy():
+			// Closed, or the relay keeps up: its statements stay on the
+			// pool, prepared there once per connection (a connection
+			// pinned for one statement would prepare it again each time).
+			p.slot <- nil
+			return nil
+		case st.MaxOpenConnections > 0 && st.InUse+2 > st.MaxOpenConnections:
+			// The pool would have no connection left for anything else
+			// (several relays, or the service, share it).
 			p.slot <- nil
 			return nil
 		}

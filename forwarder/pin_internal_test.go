@@ -134,9 +134,9 @@ func TestAClosedPoolIsNotPinned(t *testing.T) {
 	require.Zero(t, db.Stats().InUse, "the pinned connection went back")
 }
 
-// A relay that is not draining full batches pins nothing between
-// statements: a pool it shares with the service is not held by an idle
-// relay.
+// A relay that is not draining full batches pins nothing: a pool it shares
+// with the service is not held by an idle relay, and its statements stay
+// prepared on the pool's connections.
 func TestAConnectionStaysPinnedOnlyWhileTheRelayDrains(t *testing.T) {
 	s := testdb.New(t)
 	s.DB.SetMaxOpenConns(4)
@@ -147,17 +147,18 @@ func TestAConnectionStaysPinnedOnlyWhileTheRelayDrains(t *testing.T) {
 	t.Cleanup(p.close)
 	ctx := context.Background()
 
-	c := p.take(ctx)
-	p.give(c)
-	require.Zero(t, s.DB.Stats().InUse, "keeping up: back in the pool")
+	require.Nil(t, p.take(ctx), "keeping up: the pool")
 	draining = true
-	c = p.take(ctx)
+	c := p.take(ctx)
+	require.NotNil(t, c)
 	p.give(c)
 	require.Equal(t, 1, s.DB.Stats().InUse, "draining: pinned")
 	draining = false
 	c = p.take(ctx)
+	require.NotNil(t, c, "the last full batch's connection serves once more")
 	p.give(c)
 	require.Zero(t, s.DB.Stats().InUse, "caught up: back in the pool")
+	require.Nil(t, p.take(ctx))
 }
 
 // Which failures give a pinned connection back: those that may have ended
