@@ -82,7 +82,8 @@
 // all of a claim's rows; 70 for about 40%): a few hundred bytes of WAL and no index entry
 // per row instead of a full row copy plus two index entries. The terminal
 // write adds the row to the published index. [Prepared] runs the claim and [Apply] as prepared statements: the
-// claim's planning would otherwise cost more than claiming 100 rows.
+// claim's planning would otherwise cost more than claiming 100 rows. [NewPreparedConn] does the same on one
+// connection of a pool (the forwarder keeps its claims on one and its outcome writes on another while it drains).
 // BENCHMARKS.md has the measurements.
 //
 // Cost of a blocked key: the claim walks keys, not rows (one index descent
