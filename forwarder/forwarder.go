@@ -208,9 +208,7 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 		if errors.Is(err, ErrOutcomesNotWritten) || errors.Is(err, errReleaseFailed) {
 			drainErr = err
 		}
-		// A stopped relay holds no connection of the pool.
-		f.claimConn.unpin()
-		f.outcomeConn.unpin()
+		f.unpin() // a stopped relay holds no connection of the pool
 		f.life.Finish(drainErr)
 	}()
 

@@ -83,6 +83,7 @@ func (f *Forwarder) RunOnce(ctx context.Context) (Report, error) {
 	}()
 	t, _ := f.pass(ctx, stopping, drainExpired, nil, false, nil)
 	defer f.claimer.waitFloors()
+	defer f.unpin() // a pass on its own leaves no connection pinned
 	return t.wait()
 }
 

@@ -120,6 +120,13 @@ func (p *pinned) take(ctx context.Context) *pinnedConn {
 	return c
 }
 
+// unpin gives the relay's idle pinned connections back to the pool (Run's
+// and RunOnce's end); the next claim that drains pins again.
+func (e *env) unpin() {
+	e.claimConn.unpin()
+	e.outcomeConn.unpin()
+}
+
 // poolClosed reports whether db was closed. database/sql refuses a closed
 // pool before it looks at the caller's context, so asking with a context
 // already cancelled takes no connection and costs no round trip.

@@ -134,3 +134,29 @@ func TestTheRelaysClaimsAndOutcomesKeepToAConnectionEach(t *testing.T) {
 		})
 	}
 }
+
+// RunOnce and Run leave no connection of the pool pinned when they return,
+// though their claims came back full.
+func TestARelayThatReturnedHoldsNoConnection(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)
+	ids := make([]string, 30)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("m%02d", i)
+	}
+	insertN(t, s.DB, "orders", ids...)
+	rec := &recorder{}
+	f := newForwarder(t, s.DB, rec, forwarder.Config{Owner: "once", BatchSize: 10, MaxBatchSize: 10, PollInterval: 5 * time.Millisecond})
+	rep, err := f.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 10, rep.Published, "a full batch: the relay drains")
+	require.Zero(t, s.DB.Stats().InUse, "RunOnce returned: nothing pinned")
+
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(rctx) }()
+	await.Until(t, func() bool { return len(rec.ids()) == 30 }, "30 deliveries")
+	cancel()
+	require.NoError(t, waitOrFail(t, done, "Run returning"))
+	require.Zero(t, s.DB.Stats().InUse, "Run returned: nothing pinned")
+}
