@@ -66,20 +66,46 @@ func ticks(f []string, from, to int) time.Duration {
 	return time.Duration(t) * clockTick
 }
 
-// read returns the server's CPU time so far (0 when it is not here).
+// read returns the server's CPU time so far (0 when it is not here): the
+// postmaster's own and its reaped children's (cutime, cstime), and every
+// live child's. A child reaped between reading the postmaster and finding
+// the child in /proc would be counted in neither (a drop of its whole CPU,
+// which once made a cell's server CPU negative), so the postmaster is read
+// again after the scan, and the reading is taken again while its reaped
+// children's times moved meanwhile.
 func (s serverCPU) read() time.Duration {
 	if s.postmaster == 0 {
 		return 0
 	}
-	pm, err := procStat(s.postmaster)
-	if err != nil {
-		return 0
+	var total time.Duration
+	for range 10 {
+		before, err := procStat(s.postmaster)
+		if err != nil {
+			return 0
+		}
+		children, ok := s.children()
+		if !ok {
+			return 0
+		}
+		after, err := procStat(s.postmaster)
+		if err != nil {
+			return 0
+		}
+		total = ticks(after, 11, 14) + children
+		if ticks(before, 13, 14) == ticks(after, 13, 14) {
+			break
+		}
 	}
-	total := ticks(pm, 11, 14) // its own and its exited children's
+	return total
+}
+
+// children is the CPU time of the postmaster's live children.
+func (s serverCPU) children() (time.Duration, bool) {
 	dirs, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0
+		return 0, false
 	}
+	var total time.Duration
 	ppid := strconv.Itoa(s.postmaster)
 	for _, d := range dirs {
 		pid, err := strconv.Atoi(d.Name())
@@ -90,5 +116,5 @@ func (s serverCPU) read() time.Duration {
 			total += ticks(f, 11, 12)
 		}
 	}
-	return total
+	return total, true
 }
