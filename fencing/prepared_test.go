@@ -2,6 +2,7 @@ package fencing_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"testing"
 	"time"
@@ -11,6 +12,17 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
 )
+
+// preparedOn counts the statements prepared by protocol (not by SQL
+// PREPARE) on the connection q runs on.
+func preparedOn(t *testing.T, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}) int {
+	t.Helper()
+	var n int
+	require.NoError(t, q.QueryRowContext(context.Background(), `SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql`).Scan(&n))
+	return n
+}
 
 // Prepared runs the claim and the outcome writes as prepared statements and
 // gives the same results as the plain statements; after Close it runs them
@@ -24,11 +36,7 @@ func TestPreparedClaimAndApply(t *testing.T) {
 	for i := range 6 {
 		insert(t, s.DB, fmt.Sprintf("m%d", i), "")
 	}
-	prepared := func() int {
-		var n int
-		require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql`).Scan(&n))
-		return n
-	}
+	prepared := func() int { return preparedOn(t, db) }
 	p := fencing.NewPrepared(db)
 	require.Zero(t, prepared(), "nothing is prepared before first use")
 
@@ -128,11 +136,10 @@ func TestPreparedSurvivesALostConnection(t *testing.T) {
 	require.NoError(t, err, "the claim after the lost connection")
 	require.LessOrEqual(t, failures, 1)
 	require.Len(t, c, 1)
-	var newPID, prepared int
+	var newPID int
 	require.NoError(t, db.QueryRow(`SELECT pg_backend_pid()`).Scan(&newPID))
 	require.NotEqual(t, pid, newPID, "a new connection")
-	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql`).Scan(&prepared))
-	require.Equal(t, 1, prepared, "the claim is prepared again on it")
+	require.Equal(t, 1, preparedOn(t, db), "the claim is prepared again on it")
 }
 
 // NewPreparedConn prepares the hot statements on its one connection only,
@@ -149,18 +156,13 @@ func TestPreparedConnPreparesOnItsConnection(t *testing.T) {
 	conn, err := db.Conn(ctx)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, conn.Close()) }()
-	prepared := func() int {
-		var n int
-		require.NoError(t, conn.QueryRowContext(ctx, `SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql`).Scan(&n))
-		return n
-	}
 	p := fencing.NewPreparedConn(conn)
 	par := params("relay-c", t0)
 	par.Limit = 3
 	c, err := fencing.Claim(ctx, p, par)
 	require.NoError(t, err)
 	require.Len(t, c, 3)
-	require.Equal(t, 1, prepared(), "prepared on this connection")
+	require.Equal(t, 1, preparedOn(t, conn), "prepared on this connection")
 	require.NoError(t, p.Close())
-	require.Zero(t, prepared(), "released by Close")
+	require.Zero(t, preparedOn(t, conn), "released by Close")
 }

@@ -29,7 +29,7 @@ type env struct {
 	claimConn, outcomeConn *pinned
 	// draining is whether the latest claim came back full (the
 	// connections stay pinned only then).
-	draining   *atomic.Bool
+	draining   atomic.Bool
 	logger     watermill.LoggerAdapter // with the owner's field
 	baseLogger watermill.LoggerAdapter // as given, for the optional Warner
 	tracer     trace.Tracer

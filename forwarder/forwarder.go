@@ -125,16 +125,14 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 	}
 	e := &env{
 		db: db, q: routed{pool: pool}, prepared: prepared, cfg: cfg, metrics: m,
-		logger:      logger.With(watermill.LogFields{"owner": cfg.Owner}),
-		baseLogger:  logger,
-		tracer:      tp.Tracer(tracerName),
-		seed:        seedOf(cfg.Owner),
-		dbTimeout:   cfg.DBTimeout,
-		claimConn:   newPinned(db, !cfg.DisablePreparedStatements),
-		outcomeConn: newPinned(db, !cfg.DisablePreparedStatements),
-		draining:    new(atomic.Bool),
+		logger:     logger.With(watermill.LogFields{"owner": cfg.Owner}),
+		baseLogger: logger,
+		tracer:     tp.Tracer(tracerName),
+		seed:       seedOf(cfg.Owner),
+		dbTimeout:  cfg.DBTimeout,
 	}
-	e.claimConn.busy, e.outcomeConn.busy = e.draining.Load, e.draining.Load
+	e.claimConn = newPinned(db, !cfg.DisablePreparedStatements, e.draining.Load)
+	e.outcomeConn = newPinned(db, !cfg.DisablePreparedStatements, e.draining.Load)
 	beat := &beatGate{epoch: time.Now()}
 	cl := newClaimer(e, beat)
 	x := newExecutor(e, out, &cl.chains, &cl.paces, beat)

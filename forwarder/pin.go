@@ -62,8 +62,8 @@ type pinned struct {
 // to the pool (see pinned).
 const repinAfter = time.Minute
 
-func newPinned(db *sql.DB, prepare bool) *pinned {
-	p := &pinned{db: db, prepare: prepare, maxAge: repinAfter, slot: make(chan *pinnedConn, 1)}
+func newPinned(db *sql.DB, prepare bool, busy func() bool) *pinned {
+	p := &pinned{db: db, prepare: prepare, busy: busy, maxAge: repinAfter, slot: make(chan *pinnedConn, 1)}
 	p.slot <- nil
 	return p
 }

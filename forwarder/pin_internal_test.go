@@ -2,6 +2,7 @@ package forwarder
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
@@ -9,6 +10,19 @@ import (
 
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
+
+// pinnedOnPool is a pinned (busy nil: always draining) over a fresh test
+// schema's pool of maxOpen connections, all kept idle between uses, closed
+// at the test's end.
+func pinnedOnPool(t *testing.T, maxOpen int, prepare bool, busy func() bool) (*sql.DB, *pinned) {
+	t.Helper()
+	s := testdb.New(t)
+	s.DB.SetMaxOpenConns(maxOpen)
+	s.DB.SetMaxIdleConns(maxOpen)
+	p := newPinned(s.DB, prepare, busy)
+	t.Cleanup(p.close)
+	return s.DB, p
+}
 
 // backendOf is the PostgreSQL backend a pinned connection runs on.
 func backendOf(t *testing.T, c *pinnedConn) int {
@@ -22,10 +36,7 @@ func backendOf(t *testing.T, c *pinnedConn) int {
 // each; a caller that finds it taken gets nil (and uses the pool), never
 // waits.
 func TestAPinnedConnectionIsOneCallersAtATime(t *testing.T) {
-	s := testdb.New(t)
-	s.DB.SetMaxOpenConns(3)
-	p := newPinned(s.DB, true)
-	t.Cleanup(p.close)
+	_, p := pinnedOnPool(t, 3, true, nil)
 	ctx := context.Background()
 
 	c := p.take(ctx)
@@ -44,7 +55,7 @@ func TestAPinnedConnectionIsOneCallersAtATime(t *testing.T) {
 // behind connections that never go back to the pool.
 func TestASmallPoolIsNotPinned(t *testing.T) {
 	s := testdb.New(t)
-	p := newPinned(s.DB, false)
+	p := newPinned(s.DB, false, nil)
 	t.Cleanup(p.close)
 	for _, n := range []int{1, 2} {
 		s.DB.SetMaxOpenConns(n)
@@ -60,10 +71,7 @@ func TestASmallPoolIsNotPinned(t *testing.T) {
 // server ended goes back to the pool and the next caller gets another
 // backend.
 func TestAPinnedConnectionThatFailsGoesBackToThePool(t *testing.T) {
-	s := testdb.New(t)
-	s.DB.SetMaxOpenConns(4)
-	p := newPinned(s.DB, true)
-	t.Cleanup(p.close)
+	db, p := pinnedOnPool(t, 4, true, nil)
 	ctx := context.Background()
 
 	c := p.take(ctx)
@@ -75,7 +83,7 @@ func TestAPinnedConnectionThatFailsGoesBackToThePool(t *testing.T) {
 	require.Equal(t, first, backendOf(t, c), "a refusal leaves the connection pinned")
 	p.give(c)
 
-	_, err = s.DB.Exec(`SELECT pg_terminate_backend($1)`, first)
+	_, err = db.Exec(`SELECT pg_terminate_backend($1)`, first)
 	require.NoError(t, err)
 	c = p.take(ctx)
 	_, err = c.QueryContext(ctx, `SELECT 1`)
@@ -91,25 +99,22 @@ func TestAPinnedConnectionThatFailsGoesBackToThePool(t *testing.T) {
 // After maxAge a pinned connection goes back to the pool, so the pool's
 // ConnMaxLifetime applies to it; once closed, nothing is pinned.
 func TestAPinnedConnectionGoesBackAfterItsAgeAndOnClose(t *testing.T) {
-	s := testdb.New(t)
-	s.DB.SetMaxOpenConns(4)
-	s.DB.SetMaxIdleConns(4)
-	p := newPinned(s.DB, false)
+	db, p := pinnedOnPool(t, 4, false, nil)
 	ctx := context.Background()
 
 	p.maxAge = 0
 	c := p.take(ctx)
 	require.NotNil(t, c)
-	require.Equal(t, 1, s.DB.Stats().InUse)
+	require.Equal(t, 1, db.Stats().InUse)
 	p.give(c)
-	require.Zero(t, s.DB.Stats().InUse, "back in the pool")
+	require.Zero(t, db.Stats().InUse, "back in the pool")
 
 	p.maxAge = time.Hour
 	c = p.take(ctx)
 	p.give(c)
-	require.Equal(t, 1, s.DB.Stats().InUse, "pinned")
+	require.Equal(t, 1, db.Stats().InUse, "pinned")
 	p.close()
-	require.Zero(t, s.DB.Stats().InUse, "closed: back in the pool")
+	require.Zero(t, db.Stats().InUse, "closed: back in the pool")
 	require.Nil(t, p.take(ctx), "closed: nothing pinned")
 }
 
@@ -120,7 +125,7 @@ func TestAClosedPoolIsNotPinned(t *testing.T) {
 	s := testdb.New(t)
 	db := s.Open(t)
 	db.SetMaxOpenConns(4)
-	p := newPinned(db, true)
+	p := newPinned(db, true, nil)
 	t.Cleanup(p.close)
 	ctx := context.Background()
 	c := p.take(ctx)
@@ -138,13 +143,8 @@ func TestAClosedPoolIsNotPinned(t *testing.T) {
 // with the service is not held by an idle relay, and its statements stay
 // prepared on the pool's connections.
 func TestAConnectionStaysPinnedOnlyWhileTheRelayDrains(t *testing.T) {
-	s := testdb.New(t)
-	s.DB.SetMaxOpenConns(4)
-	s.DB.SetMaxIdleConns(4)
 	var draining bool
-	p := newPinned(s.DB, false)
-	p.busy = func() bool { return draining }
-	t.Cleanup(p.close)
+	db, p := pinnedOnPool(t, 4, false, func() bool { return draining })
 	ctx := context.Background()
 
 	require.Nil(t, p.take(ctx), "keeping up: the pool")
@@ -152,12 +152,12 @@ func TestAConnectionStaysPinnedOnlyWhileTheRelayDrains(t *testing.T) {
 	c := p.take(ctx)
 	require.NotNil(t, c)
 	p.give(c)
-	require.Equal(t, 1, s.DB.Stats().InUse, "draining: pinned")
+	require.Equal(t, 1, db.Stats().InUse, "draining: pinned")
 	draining = false
 	c = p.take(ctx)
 	require.NotNil(t, c, "the last full batch's connection serves once more")
 	p.give(c)
-	require.Zero(t, s.DB.Stats().InUse, "caught up: back in the pool")
+	require.Zero(t, db.Stats().InUse, "caught up: back in the pool")
 	require.Nil(t, p.take(ctx))
 }
 
@@ -186,8 +186,7 @@ func TestPinsLeaveAConnectionOfASharedPool(t *testing.T) {
 	s.DB.SetMaxOpenConns(4)
 	ctx := context.Background()
 	for i := range 4 {
-		p := newPinned(s.DB, false)
-		p.busy = func() bool { return true }
+		p := newPinned(s.DB, false, func() bool { return true })
 		c := p.take(ctx)
 		if i < 3 {
 			require.NotNil(t, c, "pin %d", i)
