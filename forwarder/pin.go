@@ -62,6 +62,10 @@ type pinned struct {
 // to the pool (see pinned).
 const repinAfter = time.Minute
 
+// pinWait bounds how long take waits for a connection when the idle one it
+// saw was taken meanwhile; the caller then uses the pool.
+const pinWait = 50 * time.Millisecond
+
 func newPinned(db *sql.DB, prepare bool, busy func() bool) *pinned {
 	p := &pinned{db: db, prepare: prepare, busy: busy, maxAge: repinAfter, slot: make(chan *pinnedConn, 1)}
 	p.slot <- nil
@@ -100,13 +104,20 @@ func (p *pinned) take(ctx context.Context) *pinnedConn {
 			// pinned for one statement would prepare it again each time).
 			p.slot <- nil
 			return nil
-		case st.MaxOpenConnections > 0 && st.InUse+2 > st.MaxOpenConnections:
-			// The pool would have no connection left for anything else
-			// (several relays, or the service, share it).
+		case st.Idle == 0, st.MaxOpenConnections > 0 && st.InUse+2 > st.MaxOpenConnections:
+			// Only an idle connection is pinned: a pin never waits for
+			// the pool (a full pool held an outcome write until its
+			// deadline) nor opens a connection. And the pool keeps one
+			// for anything else (several relays, or the service, may
+			// share it).
 			p.slot <- nil
 			return nil
 		}
-		conn, err := p.db.Conn(ctx)
+		// The idle connection may be taken meanwhile: pinWait bounds
+		// the wait for another.
+		cctx, cancel := context.WithTimeout(ctx, pinWait)
+		conn, err := p.db.Conn(cctx)
+		cancel()
 		if err != nil {
 			p.slot <- nil
 			return nil

@@ -24,6 +24,22 @@ func pinnedOnPool(t *testing.T, maxOpen int, prepare bool, busy func() bool) (*s
 	return s.DB, p
 }
 
+// warm leaves n idle connections in db's pool (only an idle connection is
+// pinned).
+func warm(t *testing.T, db *sql.DB, n int) {
+	t.Helper()
+	db.SetMaxIdleConns(n)
+	conns := make([]*sql.Conn, n)
+	for i := range conns {
+		c, err := db.Conn(context.Background())
+		require.NoError(t, err)
+		conns[i] = c
+	}
+	for _, c := range conns {
+		require.NoError(t, c.Close())
+	}
+}
+
 // backendOf is the PostgreSQL backend a pinned connection runs on.
 func backendOf(t *testing.T, c *pinnedConn) int {
 	t.Helper()
@@ -125,6 +141,7 @@ func TestAClosedPoolIsNotPinned(t *testing.T) {
 	s := testdb.New(t)
 	db := s.Open(t)
 	db.SetMaxOpenConns(4)
+	warm(t, db, 1)
 	p := newPinned(db, true, nil)
 	t.Cleanup(p.close)
 	ctx := context.Background()
@@ -184,6 +201,7 @@ func TestWhichFailuresEndAPinnedConnection(t *testing.T) {
 func TestPinsLeaveAConnectionOfASharedPool(t *testing.T) {
 	s := testdb.New(t)
 	s.DB.SetMaxOpenConns(4)
+	warm(t, s.DB, 4)
 	ctx := context.Background()
 	for i := range 4 {
 		p := newPinned(s.DB, false, func() bool { return true })
