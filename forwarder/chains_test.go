@@ -2,6 +2,7 @@ package forwarder_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -163,12 +164,22 @@ func chainsUnderFaults(t *testing.T, fence forwarder.Fence) {
 		return true, nil
 	}}
 
+	// The faults expire leases through SQL, so the lease's length plays no
+	// part in them; it sets the relays' DBTimeout (half of it), and the
+	// heartbeat's interval is its beat's budget. With a 2 s lease and
+	// 100 ms beats this test failed in CI, three suites at once on two
+	// cores, about one run in three on pgx: a last pass's outcome write
+	// missed its 1 s while a commit of the server had waited 2 s on its WAL
+	// flush (logWaits: IO/WALSync), and beats that needed a new connection
+	// timed out while connecting, beat after beat (pgx closes a connection
+	// whose statement timed out). Budgets of the machine, which a test must
+	// not set.
 	cfg := forwarder.Config{
 		BatchSize: 40, Concurrency: 4, OrderingPolicy: fencing.SkipParked,
-		LeaseDuration: 2 * time.Second, PublishTimeout: time.Second, DrainTimeout: 500 * time.Millisecond,
+		LeaseDuration: 10 * time.Second, PublishTimeout: time.Second, DrainTimeout: 500 * time.Millisecond,
 		PollInterval: time.Millisecond, MaxPollInterval: 20 * time.Millisecond,
 		BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond, MaxAttempts: 1000,
-		Fence: fence, HeartbeatInterval: 100 * time.Millisecond,
+		Fence: fence, HeartbeatInterval: 500 * time.Millisecond,
 	}
 	type running struct {
 		f    *forwarder.Forwarder
@@ -229,6 +240,9 @@ func chainsUnderFaults(t *testing.T, fence forwarder.Fence) {
 		closeErr := relays[i].f.Close()
 		runErr := <-relays[i].done
 		relays[i] = start()
+		if closeErr != nil {
+			logWaits(t, s.DB)
+		}
 		require.NoError(t, closeErr)
 		require.NoError(t, runErr)
 		time.Sleep(20 * time.Millisecond) // pacing between faults, not a wait for an outcome
@@ -456,5 +470,29 @@ func TestHostileUnavailableKeyedRowSpinsWithoutPollInterval(t *testing.T) {
 			// A lower bound only: a slow machine makes this easier to meet.
 			require.GreaterOrEqual(t, took, 29*poll, "30 publishes of the same put-back row in %s: less than one PollInterval (%s) between passes", took, poll)
 		})
+	}
+}
+
+// logWaits logs the pool's counters and what the server's sessions wait
+// on, for a failure that a statement's deadline ended.
+func logWaits(t *testing.T, db *sql.DB) {
+	t.Helper()
+	t.Logf("pool: %+v", db.Stats())
+	rows, err := db.Query(`SELECT pid, coalesce(state, ''), coalesce(wait_event_type, ''), coalesce(wait_event, ''),
+		coalesce(now() - xact_start, '0'), left(query, 80)
+		FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+	if err != nil {
+		t.Logf("pg_stat_activity: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var pid int
+		var state, typ, event, age, query string
+		if err := rows.Scan(&pid, &state, &typ, &event, &age, &query); err != nil {
+			t.Logf("pg_stat_activity: %v", err)
+			return
+		}
+		t.Logf("backend %d %s wait %s/%s in transaction for %s: %s", pid, state, typ, event, age, query)
 	}
 }
