@@ -169,11 +169,12 @@ func chainsUnderFaults(t *testing.T, fence forwarder.Fence) {
 	// heartbeat's interval is its beat's budget. With a 2 s lease and
 	// 100 ms beats this test failed in CI, three suites at once on two
 	// cores, about one run in three on pgx: a last pass's outcome write
-	// missed its 1 s while a commit of the server had waited 2 s on its WAL
-	// flush (logWaits: IO/WALSync), and beats that needed a new connection
-	// timed out while connecting, beat after beat (pgx closes a connection
-	// whose statement timed out). Budgets of the machine, which a test must
-	// not set.
+	// missed its 1 s, and beats that needed a new connection timed out
+	// while connecting, beat after beat (pgx closes a connection whose
+	// statement timed out). No statement had waited for the pool; the
+	// server's sessions were on the CPU, and another suite's commit had
+	// waited 2 s on its WAL flush (logWaits). Budgets of a busy machine,
+	// which a test must not set.
 	cfg := forwarder.Config{
 		BatchSize: 40, Concurrency: 4, OrderingPolicy: fencing.SkipParked,
 		LeaseDuration: 10 * time.Second, PublishTimeout: time.Second, DrainTimeout: 500 * time.Millisecond,

@@ -6,7 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencedoutbox/watermill-outbox/fencing"
@@ -54,8 +54,7 @@ type pinned struct {
 	// statement uses it.
 	slot chan *pinnedConn
 
-	mu     sync.Mutex
-	closed bool
+	closed atomic.Bool
 }
 
 // repinAfter is how long a connection stays pinned before it goes back
@@ -77,7 +76,8 @@ func newPinned(db *sql.DB, prepare bool, busy func() bool) *pinned {
 // one or two connections or with none to spare, or after close) or no
 // connection could be had. The caller then uses the pool.
 func (p *pinned) take(ctx context.Context) *pinnedConn {
-	if n := p.db.Stats().MaxOpenConnections; n > 0 && n < 3 {
+	st := p.db.Stats()
+	if n := st.MaxOpenConnections; n > 0 && n < 3 {
 		return nil
 	}
 	var c *pinnedConn
@@ -93,12 +93,8 @@ func (p *pinned) take(ctx context.Context) *pinnedConn {
 		c = nil
 	}
 	if c == nil {
-		p.mu.Lock()
-		closed := p.closed
-		p.mu.Unlock()
-		st := p.db.Stats()
 		switch {
-		case closed, p.busy != nil && !p.busy():
+		case p.closed.Load(), p.busy != nil && !p.busy():
 			// Closed, or the relay keeps up: its statements stay on the
 			// pool, prepared there once per connection (a connection
 			// pinned for one statement would prepare it again each time).
@@ -160,10 +156,7 @@ func (p *pinned) give(c *pinnedConn) {
 	if c == nil {
 		return
 	}
-	p.mu.Lock()
-	closed := p.closed
-	p.mu.Unlock()
-	if closed || c.failed || (p.busy != nil && !p.busy()) || !c.valid() || time.Since(c.since) >= p.maxAge {
+	if p.closed.Load() || c.failed || (p.busy != nil && !p.busy()) || !c.valid() || time.Since(c.since) >= p.maxAge {
 		c.release()
 		c = nil
 	}
@@ -173,9 +166,7 @@ func (p *pinned) give(c *pinnedConn) {
 // close gives the pinned connection back to the pool and pins no more
 // (take then returns nil).
 func (p *pinned) close() {
-	p.mu.Lock()
-	p.closed = true
-	p.mu.Unlock()
+	p.closed.Store(true)
 	p.unpin()
 }
 

@@ -112,6 +112,33 @@ func TestAPinnedConnectionThatFailsGoesBackToThePool(t *testing.T) {
 	p.give(c)
 }
 
+// Only a connection idle in the pool is pinned: a pool with none (none
+// opened yet, or all in use) pins nothing and opens nothing for the pin.
+func TestAPinOpensNoConnection(t *testing.T) {
+	s := testdb.New(t)
+	db := s.Open(t) // a pool of its own, no connection opened yet
+	db.SetMaxOpenConns(4)
+	db.SetMaxIdleConns(4)
+	p := newPinned(db, false, nil)
+	t.Cleanup(p.close)
+	ctx := context.Background()
+
+	require.Nil(t, p.take(ctx), "no idle connection: the pool")
+	require.Zero(t, db.Stats().OpenConnections, "the pin opened none")
+
+	warm(t, db, 1)
+	held, err := db.Conn(ctx) // the one idle connection, in use now
+	require.NoError(t, err)
+	require.Nil(t, p.take(ctx), "the only connection in use: the pool")
+	require.Equal(t, 1, db.Stats().OpenConnections, "the pin opened none")
+	require.NoError(t, held.Close())
+
+	c := p.take(ctx)
+	require.NotNil(t, c, "an idle connection: pinned")
+	require.Equal(t, 1, db.Stats().OpenConnections, "the idle one, not a new one")
+	p.give(c)
+}
+
 // After maxAge a pinned connection goes back to the pool, so the pool's
 // ConnMaxLifetime applies to it; once closed, nothing is pinned.
 func TestAPinnedConnectionGoesBackAfterItsAgeAndOnClose(t *testing.T) {
