@@ -92,15 +92,15 @@ all: lint test
 db:
 	@scripts/ensure-db.sh
 
-## test: every module's suite with the race detector and the core's database suites again on pgx, without it (TEST_JOBS at a time), the consumer dependency check, then every fuzz target for $(FUZZTIME) inputs each (the core's suite on its pinned dependency versions runs in test-versions)
+## test: every module's suite with the race detector and the core's database suites again on pgx, without it (TEST_JOBS at a time), and the consumer dependency check; the fuzz targets' seed corpora run as tests in those suites (fuzzing them for $(FUZZTIME) inputs each is `make fuzz`, and the core's suite on its pinned dependency versions and PostgreSQL 14 to 18 is `make test-versions`: CI runs both after this)
 test: units
 
-## units: unit, unit-pgx, deps and fuzz together, TEST_JOBS jobs at a time (3 unless JOBS is given) (deps and fuzz start as soon as a slot frees, not after the last suite); each job's output is printed whole when it ends, and any failure fails the target (after every job ended)
+## units: unit, unit-pgx and deps together, TEST_JOBS jobs at a time (3 unless JOBS is given) (deps starts as soon as a slot frees, not after the last suite); each job's output is printed whole when it ends, and any failure fails the target (after every job ended)
 units:
 	@export OUTBOX_TEST_DATABASE_URL="$$(scripts/ensure-db.sh)"; \
 	export OUTBOX_CHROMIUM="$$(scripts/ensure-chromium.sh || true)"; \
 	echo "tests against $$OUTBOX_TEST_DATABASE_URL, $(TEST_JOBS) jobs at a time"; \
-	JOBS=$(TEST_JOBS) scripts/run-jobs.sh '$(call UNIT_JOB,.)' '$(PGX_JOB)' '$(call UNIT_JOB,./cmd/outboxctl)' 'fuzz=$(MAKE) -s fuzz' 'deps=$(MAKE) -s deps' \
+	JOBS=$(TEST_JOBS) scripts/run-jobs.sh '$(call UNIT_JOB,.)' '$(PGX_JOB)' '$(call UNIT_JOB,./cmd/outboxctl)' 'deps=$(MAKE) -s deps' \
 	  $(foreach m,$(filter-out . ./cmd/outboxctl,$(ORDERED_MODULES)),'$(call UNIT_JOB,$(m))')
 
 ## unit: every module's suite with the race detector, JOBS modules at a time
