@@ -118,7 +118,10 @@ func claimSQL(notParked string, lanes int) string {
        FOR UPDATE OF o SKIP LOCKED`
 	heldAfter := `(p.status = 'IN_FLIGHT' AND p.lease_owner = $2
                                                                   AND p.lease_expires_at > coalesce($1::timestamptz, now()))`
-	unkeyed := unkeyedHalf(lanes)
+	unkeyed, runs := unkeyedHalf(lanes), ""
+	if lanes > 0 {
+		runs = unkeyedRunsCTE(lanes)
+	}
 	finish := claimUpdate("picked")
 	// locked is the candidates as they are now; ranked joins each to its
 	// position in its chain (pos). The per-row scheme locks them through
@@ -192,7 +195,7 @@ candidates AS (
     SELECT * FROM chains UNION ALL SELECT * FROM continued
 ),
 locked AS (` + locked + `
-),
+),` + runs + `
 unkeyed AS (` + unkeyed + `
 ),
 picked AS (
@@ -213,10 +216,17 @@ picked AS (
 
 // unkeyedHalf is the claim's unkeyed rows ($12 at most, from seq $6): one
 // index range scan with SKIP LOCKED in the per-row scheme; in the lane
-// scheme a range scan of messaging_outbox_lane_idx per lane of $18 from
-// greatest($6, the lane's floor) (floor.go), in the array's order, stopping once $12 rows are found (the lanes are not merged
-// in seq order: unkeyed rows have no order to keep, and a merge would read
-// every lane's rows to return the first $12).
+// scheme the rows of the runs that unkeyed_runs walks (unkeyedRunsCTE: a
+// descent of messaging_outbox_lane_idx per run, from greatest($6, the
+// lane's floor), floor.go), a run of each lane of $18 at a time, stopping
+// once $12 rows are found (the lanes are not merged in seq order: unkeyed
+// rows have no order to keep, and a merge would read every lane's rows to
+// return the first $12). Read as one ordered scan per lane, cut at $12,
+// the lane was read through a bitmap of every entry above its floor and
+// sorted: a bitmap scan never marks the dead index entries it meets, so
+// every claim fetched the heap of every row published there since the
+// floor last rose (a 100-row claim on 32 lanes after 40,000 rows: 1,051
+// buffers, 966 heap pages).
 func unkeyedHalf(lanes int) string {
 	if lanes == 0 {
 		return `
@@ -228,14 +238,10 @@ func unkeyedHalf(lanes int) string {
        FOR UPDATE OF o SKIP LOCKED`
 	}
 	return `
-    SELECT u.* FROM unnest($18::int[]) AS ln(lane) CROSS JOIN LATERAL (
+    SELECT u.* FROM unkeyed_runs r CROSS JOIN LATERAL (
         SELECT o.ctid AS picked_ctid, o.seq, ` + rowBytes + ` AS bytes, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
           FROM messaging_outbox o
-         WHERE ` + unkeyedLaneExpr("o", lanes) + ` = ln.lane
-           AND o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.seq NOT IN (SELECT unnest($19::int8[]))
-           AND o.seq >= greatest($6, (SELECT f.floor_seq FROM messaging_relay_lane f WHERE f.lane = ln.lane))
-         ORDER BY o.seq
-         LIMIT $12) u
+         WHERE ` + runRows("r.s") + `) u
      LIMIT $12`
 }
 

@@ -219,6 +219,47 @@ func laneStatement(k laneKey, build func() string) string {
 	return q
 }
 
+// runHead is the first seq at or above from (an SQL expression) of the
+// unkeyed rows of lane (an SQL expression) in a table of lanes lanes that
+// are neither published nor parked: one descent of
+// messaging_outbox_lane_idx, in order (ORDER BY seq LIMIT 1: an index
+// scan, which marks the dead entries it steps over, never a bitmap).
+func runHead(lanes int, lane, from string) string {
+	return `SELECT o.seq FROM messaging_outbox o
+         WHERE ` + unkeyedLaneExpr("o", lanes) + ` = ` + lane + `
+           AND o.ordering_key IS NULL AND o.published_at IS NULL AND o.parked_at IS NULL AND o.seq >= ` + from + `
+         ORDER BY o.seq
+         LIMIT 1`
+}
+
+// runRows is the condition (on alias o) that reads the claimable unkeyed
+// rows of the run that starts at seq s (an SQL expression) and are not
+// held ($19), followed by the LIMIT of a run: a run has no more rows, and
+// the LIMIT also keeps the read a loop over the runs (joined as a flat
+// join, the runs were scanned again for every row of the table's range).
+func runRows(s string) string {
+	return `o.seq BETWEEN ` + s + ` AND (` + s + ` | ` + strconv.Itoa(unkeyedRun-1) + `)
+           AND o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.seq NOT IN (SELECT unnest($19::int8[]))
+         LIMIT ` + strconv.Itoa(unkeyedRun)
+}
+
+// unkeyedRunsCTE is the walk over the runs of the lanes $18 that the full
+// lane claim's unkeyed half reads (unkeyedHalf), as laneUnkeyedClaimSQL's
+// runs: the first run of each lane at or above greatest($6, the lane's
+// floor), in the array's order, then each lane's next run, one descent
+// each; read lazily, so it stops once the claim has its rows.
+func unkeyedRunsCTE(lanes int) string {
+	shift := strconv.Itoa(unkeyedRunShift)
+	return `
+unkeyed_runs(lane, s) AS (
+    SELECT ln.lane, f.seq FROM unnest($18::int[]) AS ln(lane) CROSS JOIN LATERAL (` +
+		runHead(lanes, "ln.lane", "greatest($6, (SELECT fl.floor_seq FROM messaging_relay_lane fl WHERE fl.lane = ln.lane))") + `) f
+  UNION ALL
+    SELECT r.lane, f.seq FROM unkeyed_runs r CROSS JOIN LATERAL (` +
+		runHead(lanes, "r.lane", "((r.s >> "+shift+") + 1) << "+shift) + `) f
+),`
+}
+
 // laneUnkeyedClaimSQL is the lane claim without the walk over keys and
 // without continuations (as claimUnkeyedSQL is for the per-row scheme):
 // planning the full statement costs more than running it. Its parameters
@@ -245,13 +286,7 @@ func laneStatement(k laneKey, build func() string) string {
 // the rest recorded as held (laneClaimFinish explains both).
 func laneUnkeyedClaimSQL(lanes int) string {
 	return laneStatement(laneKey{lanes, "claim-unkeyed"}, func() string {
-		next := func(lane, from string) string {
-			return `SELECT o.seq FROM messaging_outbox o
-         WHERE ` + unkeyedLaneExpr("o", lanes) + ` = ` + lane + `
-           AND o.ordering_key IS NULL AND o.published_at IS NULL AND o.parked_at IS NULL AND o.seq >= ` + from + `
-         ORDER BY o.seq
-         LIMIT 1`
-		}
+		next := func(lane, from string) string { return runHead(lanes, lane, from) }
 		q := `
 WITH RECURSIVE own AS MATERIALIZED (
     SELECT l.lane, l.epoch, l.lease_expires_at, l.floor_seq
@@ -272,12 +307,7 @@ unkeyed AS MATERIALIZED (
                ` + rowBytes + ` AS bytes, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park,
                o.seq, o.attempts
           FROM messaging_outbox o
-         WHERE o.seq BETWEEN r.s AND (r.s | ` + strconv.Itoa(unkeyedRun-1) + `)
-           AND o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.seq NOT IN (SELECT unnest($19::int8[]))
-         -- a run has no more rows; the LIMIT also keeps this a loop over
-         -- the runs (joined as a flat join, the runs were scanned again for
-         -- every row of the table's range)
-         LIMIT ` + strconv.Itoa(unkeyedRun) + `) u
+         WHERE ` + runRows("r.s") + `) u
      LIMIT $12
 ),
 got AS MATERIALIZED (

@@ -73,6 +73,15 @@ func laneClaimCases(rep int) []laneClaimCase {
 }
 
 const (
+	// As the forwarder runs its claims on a backlog without ordering keys:
+	// it walks the keys on every walkEvery-th claim only (forwarder's
+	// walkEvery: the others run the unkeyed claim), and advances its lanes'
+	// floors every floorEvery (forwarder's floorEvery). Without the floors
+	// every claim descended each lane from its first entry, over the dead
+	// entries of every row published there (no VACUUM runs meanwhile), and
+	// a claim cost more the longer the cell ran.
+	walkEvery    = 8
+	floorEvery   = 250 * time.Millisecond
 	probeLanes   = 32
 	probeLaneTTL = 10 * time.Minute
 )
@@ -206,6 +215,7 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial 
 				sumMu.Unlock()
 			}()
 			var cpu0, cpu1 time.Duration
+			var floorsAt time.Time
 			p := probeParams()
 			p.Owner, p.Limit, p.MaxChain, p.LaneCount = o.name, batch, 0, total
 			for turn := 0; ; turn++ {
@@ -214,6 +224,7 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial 
 					return
 				}
 				t := turn % len(o.lanes)
+				p.NoKeyWalk = turn%walkEvery != 0
 				p.Lanes = append(append([]int(nil), o.lanes[t:]...), o.lanes[:t]...)
 				if serial {
 					mu.Lock()
@@ -237,6 +248,10 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial 
 							}
 						}
 					}
+				}
+				if err == nil && time.Since(floorsAt) >= floorEvery {
+					floorsAt = time.Now()
+					_, err = fencing.AdvanceLaneFloors(ctx, o.db, o.name, o.lanes, total)
 				}
 				if serial {
 					mu.Unlock()
