@@ -346,6 +346,27 @@ func TestOrderCheck(t *testing.T) {
 	}
 }
 
+// On the mixed backlog (unkeyedToo) a message without a key is counted and
+// not judged; the keyed ones still are.
+func TestOrderCheckOnTheMixedBacklog(t *testing.T) {
+	msg := func(g int, key string) *message.Message {
+		m := message.NewMessage(fmt.Sprintf("ob-%d", g), nil)
+		if key != "" {
+			envelope.SetOrderingKey(m, key)
+		}
+		return m
+	}
+	pub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	defer pub.Close()
+	oc := newOrderCheck(pub, "ob-", 10)
+	oc.unkeyedToo = true
+	require.NoError(t, oc.Publish("t", msg(3, ""), msg(1, ""), msg(2, "hot0"), msg(3, ""), msg(4, "hot0")))
+	require.NoError(t, oc.violation())
+	require.Equal(t, 4, oc.firstDeliveries(), "a redelivery of an unkeyed message counted once")
+	require.NoError(t, oc.Publish("t", msg(6, "hot0"), msg(5, "hot0")))
+	require.ErrorContains(t, oc.violation(), "key hot0: ob-5 published after ob-6")
+}
+
 // A steady load is spread over transactions of several messages once the
 // writers' transaction rate would exceed maxTxPerWriter each.
 func TestLoadShape(t *testing.T) {

@@ -117,7 +117,9 @@ type drainStats struct {
 
 // drainCell measures how fast d.relays relays of d.kind drain a backlog of n
 // rows into a GoChannel, from start to the last message received, and the
-// process CPU spent meanwhile per message. With d.keys > 0 the backlog's
+// process CPU spent meanwhile per message. With d.keys = mixKeys the
+// backlog is mixedKeys' (hot keys, small keys and rows without a key),
+// checked for per-key order as below. With d.keys > 0 the backlog's
 // rows carry d.keys ordering keys, interleaved in seq (row g has key
 // 'k' || g % keys), and every message is checked for per-key order as it is
 // published (orderCheck): a violation fails the cell.
@@ -134,12 +136,19 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 			return st, err
 		}
 	}
-	if d.keys > 0 {
+	switch {
+	case d.keys == mixKeys:
+		if err := prefillRows(ctx, s.db, "ob-", n, payload, mixedKeys, ""); err != nil {
+			return st, err
+		}
+	case d.keys > 0:
 		if err := prefillRows(ctx, s.db, "ob-", n, payload, keyedBy(d.keys), ""); err != nil {
 			return st, err
 		}
-	} else if err := fillFor(ctx, s, d.kind, n, payload); err != nil {
-		return st, err
+	default:
+		if err := fillFor(ctx, s, d.kind, n, payload); err != nil {
+			return st, err
+		}
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -150,8 +159,9 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 	defer snk.close()
 	var out message.Publisher = snk.ch
 	var oc *orderCheck
-	if d.keys > 0 {
+	if d.keys != 0 {
 		oc = newOrderCheck(snk.ch, "ob-", n)
+		oc.unkeyedToo = d.keys == mixKeys
 		out = oc
 	}
 	settle(ctx, s.db)

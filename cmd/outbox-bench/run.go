@@ -40,12 +40,19 @@ func walName(drain string) string {
 type drainKind struct {
 	kind   string
 	relays int
-	keys   int
+	keys   int // ordering keys of the backlog; 0: none, mixKeys: mixedKeys
 }
 
-// name is the cell's result name: drain/outbox/x1, drain/outbox-k10/x1.
+// mixKeys is drainKind.keys of a cell on the mixed backlog (mixedKeys).
+const mixKeys = -1
+
+// name is the cell's result name: drain/outbox/x1, drain/outbox-k10/x1,
+// drain/outbox-lanes-mix/x1.
 func (d drainKind) name() string {
-	if d.keys > 0 {
+	switch {
+	case d.keys == mixKeys:
+		return drainName(d.kind+"-mix", d.relays)
+	case d.keys > 0:
 		return drainName(fmt.Sprintf("%s-k%d", d.kind, d.keys), d.relays)
 	}
 	return drainName(d.kind, d.relays)
@@ -63,7 +70,8 @@ func keyedKinds(keys []int) []drainKind {
 
 var drainKinds = []drainKind{{relayOurs, 1, 0}, {relayOursB100, 1, 0}, {relayOursNoPF, 1, 0}, {relayOurs, 4, 0}, {relayOursTuned, 1, 0}, {relayOursTunedNoPF, 1, 0},
 	{relayWMDefault, 1, 0}, {relayWMTuned, 1, 0}, {relayMinimal, 1, 0}, {relayMinimalTuned, 1, 0},
-	{relayOursLanes, 1, 0}, {relayOursLanes, 4, 0}, {relayOursLanes, 1, 100}, {relayOursLanes, 4, 100}, {relayOurs, 4, 100}}
+	{relayOursLanes, 1, 0}, {relayOursLanes, 4, 0}, {relayOursLanes, 1, 100}, {relayOursLanes, 4, 100}, {relayOurs, 4, 100},
+	{relayOurs, 1, mixKeys}, {relayOursLanes, 1, mixKeys}, {relayOursLanes, 4, mixKeys}}
 
 // writeImpls are the write side's implementations, run back to back per cell.
 var writeImpls = []string{implPublisher, implWatermill, implRaw, implPublisherPlain, implRawPrepared}

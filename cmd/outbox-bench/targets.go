@@ -337,4 +337,15 @@ func laneDrainTargets(c *collector, add func(name string, r, need float64, note 
 	add("drain: outbox-lanes-k100 x4 / outbox-lanes-k100 x1", c.pairRatio(k4, k1), 1.0, strings.TrimPrefix(c.cpuNote(k4, k1), "; "))
 	r1, r4 := drainKind{relayOurs, 1, 100}.name(), drainKind{relayOurs, 4, 100}.name()
 	add("drain: outbox-k100 x4 / outbox-k100 x1", c.pairRatio(r4, r1), 1.0, "evidence (per-row leases)"+c.cpuNote(r4, r1))
+	// The mixed backlog (mixedKeys: 3 hot keys, 4,999 small ones, half the
+	// rows without a key), against the unkeyed one, with the keyed drains'
+	// 0.5 of issue 14; and lanes' 4 relays against 1 on it.
+	for _, kind := range []string{relayOurs, relayOursLanes} {
+		mix, unk := drainKind{kind, 1, mixKeys}.name(), drainName(kind, 1)
+		add(fmt.Sprintf("drain mixed: %s-mix x1 / %s x1", kind, kind), c.pairRatio(mix, unk), 0.5,
+			cmp.Or(ifMissing(c, mix, "not measured in this run ("+mix+" missing)"), "evidence: hot, small and no keys against no keys, same backlog size"+c.cpuNote(mix, unk)))
+	}
+	m1, m4 := drainKind{relayOursLanes, 1, mixKeys}.name(), drainKind{relayOursLanes, 4, mixKeys}.name()
+	add("drain: outbox-lanes-mix x4 / outbox-lanes-mix x1", c.pairRatio(m4, m1), 1.0,
+		cmp.Or(ifMissing(c, m4, "not measured in this run ("+m4+" missing)"), "evidence"+c.cpuNote(m4, m1)))
 }
