@@ -118,10 +118,7 @@ func claimSQL(notParked string, lanes int) string {
        FOR UPDATE OF o SKIP LOCKED`
 	heldAfter := `(p.status = 'IN_FLIGHT' AND p.lease_owner = $2
                                                                   AND p.lease_expires_at > coalesce($1::timestamptz, now()))`
-	unkeyed, runs := unkeyedHalf(lanes), ""
-	if lanes > 0 {
-		runs = unkeyedRunsCTE(lanes)
-	}
+	runs, unkeyed := unkeyedHalf(lanes)
 	finish := claimUpdate("picked")
 	// locked is the candidates as they are now; ranked joins each to its
 	// position in its chain (pos). The per-row scheme locks them through
@@ -214,9 +211,10 @@ picked AS (
 ` + finish
 }
 
-// unkeyedHalf is the claim's unkeyed rows ($12 at most, from seq $6): one
-// index range scan with SKIP LOCKED in the per-row scheme; in the lane
-// scheme the rows of the runs that unkeyed_runs walks (unkeyedRunsCTE: a
+// unkeyedHalf is the claim's unkeyed rows ($12 at most, from seq $6), and
+// the CTEs they read (ctes, to precede the unkeyed CTE; none in the per-row
+// scheme): one index range scan with SKIP LOCKED in the per-row scheme; in
+// the lane scheme the rows of the runs that unkeyed_runs walks (unkeyedRunsCTE: a
 // descent of messaging_outbox_lane_idx per run, from greatest($6, the
 // lane's floor), floor.go), a run of each lane of $18 at a time, stopping
 // once $12 rows are found (the lanes are not merged in seq order: unkeyed
@@ -227,9 +225,9 @@ picked AS (
 // every claim fetched the heap of every row published there since the
 // floor last rose (a 100-row claim on 32 lanes after 40,000 rows: 1,051
 // buffers, 966 heap pages).
-func unkeyedHalf(lanes int) string {
+func unkeyedHalf(lanes int) (ctes, rows string) {
 	if lanes == 0 {
-		return `
+		return "", `
     SELECT o.ctid AS picked_ctid, o.seq, ` + rowBytes + ` AS bytes, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
       FROM messaging_outbox o
      WHERE o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.seq >= $6
@@ -237,7 +235,7 @@ func unkeyedHalf(lanes int) string {
      LIMIT $12
        FOR UPDATE OF o SKIP LOCKED`
 	}
-	return `
+	return unkeyedRunsCTE(lanes), `
     SELECT u.* FROM unkeyed_runs r CROSS JOIN LATERAL (
         SELECT o.ctid AS picked_ctid, o.seq, ` + rowBytes + ` AS bytes, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
           FROM messaging_outbox o

@@ -222,8 +222,9 @@ func laneStatement(k laneKey, build func() string) string {
 // runHead is the first seq at or above from (an SQL expression) of the
 // unkeyed rows of lane (an SQL expression) in a table of lanes lanes that
 // are neither published nor parked: one descent of
-// messaging_outbox_lane_idx, in order (ORDER BY seq LIMIT 1: an index
-// scan, which marks the dead entries it steps over, never a bitmap).
+// messaging_outbox_lane_idx, in order (ORDER BY seq LIMIT 1 stops at the
+// first entry it finds; a bitmap scan would collect every entry of the
+// range first).
 func runHead(lanes int, lane, from string) string {
 	return `SELECT o.seq FROM messaging_outbox o
          WHERE ` + unkeyedLaneExpr("o", lanes) + ` = ` + lane + `
@@ -249,15 +250,21 @@ func runRows(s string) string {
 // floor), in the array's order, then each lane's next run, one descent
 // each; read lazily, so it stops once the claim has its rows.
 func unkeyedRunsCTE(lanes int) string {
-	shift := strconv.Itoa(unkeyedRunShift)
 	return `
 unkeyed_runs(lane, s) AS (
     SELECT ln.lane, f.seq FROM unnest($18::int[]) AS ln(lane) CROSS JOIN LATERAL (` +
 		runHead(lanes, "ln.lane", "greatest($6, (SELECT fl.floor_seq FROM messaging_relay_lane fl WHERE fl.lane = ln.lane))") + `) f
   UNION ALL
     SELECT r.lane, f.seq FROM unkeyed_runs r CROSS JOIN LATERAL (` +
-		runHead(lanes, "r.lane", "((r.s >> "+shift+") + 1) << "+shift) + `) f
+		runHead(lanes, "r.lane", nextRun("r.s")) + `) f
 ),`
+}
+
+// nextRun is the first seq of the run after the one holding seq s (an SQL
+// expression).
+func nextRun(s string) string {
+	shift := strconv.Itoa(unkeyedRunShift)
+	return "((" + s + " >> " + shift + ") + 1) << " + shift
 }
 
 // laneUnkeyedClaimSQL is the lane claim without the walk over keys and
@@ -286,7 +293,6 @@ unkeyed_runs(lane, s) AS (
 // the rest recorded as held (laneClaimFinish explains both).
 func laneUnkeyedClaimSQL(lanes int) string {
 	return laneStatement(laneKey{lanes, "claim-unkeyed"}, func() string {
-		next := func(lane, from string) string { return runHead(lanes, lane, from) }
 		q := `
 WITH RECURSIVE own AS MATERIALIZED (
     SELECT l.lane, l.epoch, l.lease_expires_at, l.floor_seq
@@ -296,10 +302,10 @@ WITH RECURSIVE own AS MATERIALIZED (
 ),
 runs(lane, epoch, lane_expires, s) AS (
     SELECT w.lane, w.epoch, w.lease_expires_at, f.seq
-      FROM own w CROSS JOIN LATERAL (` + next("w.lane", "greatest($6, w.floor_seq)") + `) f
+      FROM own w CROSS JOIN LATERAL (` + runHead(lanes, "w.lane", "greatest($6, w.floor_seq)") + `) f
     UNION ALL
     SELECT r.lane, r.epoch, r.lane_expires, f.seq
-      FROM runs r CROSS JOIN LATERAL (` + next("r.lane", "((r.s >> "+strconv.Itoa(unkeyedRunShift)+") + 1) << "+strconv.Itoa(unkeyedRunShift)) + `) f
+      FROM runs r CROSS JOIN LATERAL (` + runHead(lanes, "r.lane", nextRun("r.s")) + `) f
 ),
 unkeyed AS MATERIALIZED (
     SELECT u.* FROM runs r CROSS JOIN LATERAL (

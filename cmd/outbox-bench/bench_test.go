@@ -317,29 +317,32 @@ func requireTargets(t *testing.T, rep Report, prefixes ...string) {
 	}
 }
 
+// backlogMsg is the backlog's message g ("ob-<g>"), with ordering key key
+// unless it is "".
+func backlogMsg(g int, key string) *message.Message {
+	m := message.NewMessage(fmt.Sprintf("ob-%d", g), nil)
+	if key != "" {
+		envelope.SetOrderingKey(m, key)
+	}
+	return m
+}
+
 // The order check judges first deliveries at Publish: a key's messages must
 // come in seq order (g increasing), a redelivery is not judged, and a
 // message without its key or from outside the backlog is a failure.
 func TestOrderCheck(t *testing.T) {
-	msg := func(g int, key string) *message.Message {
-		m := message.NewMessage(fmt.Sprintf("ob-%d", g), nil)
-		if key != "" {
-			envelope.SetOrderingKey(m, key)
-		}
-		return m
-	}
 	pub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	defer pub.Close()
 	oc := newOrderCheck(pub, "ob-", 10)
-	require.NoError(t, oc.Publish("t", msg(1, "k1"), msg(2, "k0"), msg(3, "k1")))
-	require.NoError(t, oc.Publish("t", msg(1, "k1"))) // a redelivery
-	require.NoError(t, oc.Publish("t", msg(4, "k0")))
+	require.NoError(t, oc.Publish("t", backlogMsg(1, "k1"), backlogMsg(2, "k0"), backlogMsg(3, "k1")))
+	require.NoError(t, oc.Publish("t", backlogMsg(1, "k1"))) // a redelivery
+	require.NoError(t, oc.Publish("t", backlogMsg(4, "k0")))
 	require.NoError(t, oc.violation())
 	require.Equal(t, 4, oc.firstDeliveries())
-	require.NoError(t, oc.Publish("t", msg(6, "k1"), msg(5, "k1")))
+	require.NoError(t, oc.Publish("t", backlogMsg(6, "k1"), backlogMsg(5, "k1")))
 	require.ErrorContains(t, oc.violation(), "key k1: ob-5 published after ob-6")
 
-	for _, m := range []*message.Message{msg(7, ""), msg(11, "k1"), message.NewMessage("other", nil)} {
+	for _, m := range []*message.Message{backlogMsg(7, ""), backlogMsg(11, "k1"), message.NewMessage("other", nil)} {
 		oc := newOrderCheck(pub, "ob-", 10)
 		require.NoError(t, oc.Publish("t", m))
 		require.Error(t, oc.violation(), m.UUID)
@@ -349,21 +352,14 @@ func TestOrderCheck(t *testing.T) {
 // On the mixed backlog (unkeyedToo) a message without a key is counted and
 // not judged; the keyed ones still are.
 func TestOrderCheckOnTheMixedBacklog(t *testing.T) {
-	msg := func(g int, key string) *message.Message {
-		m := message.NewMessage(fmt.Sprintf("ob-%d", g), nil)
-		if key != "" {
-			envelope.SetOrderingKey(m, key)
-		}
-		return m
-	}
 	pub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	defer pub.Close()
 	oc := newOrderCheck(pub, "ob-", 10)
 	oc.unkeyedToo = true
-	require.NoError(t, oc.Publish("t", msg(3, ""), msg(1, ""), msg(2, "hot0"), msg(3, ""), msg(4, "hot0")))
+	require.NoError(t, oc.Publish("t", backlogMsg(3, ""), backlogMsg(1, ""), backlogMsg(2, "hot0"), backlogMsg(3, ""), backlogMsg(4, "hot0")))
 	require.NoError(t, oc.violation())
 	require.Equal(t, 4, oc.firstDeliveries(), "a redelivery of an unkeyed message counted once")
-	require.NoError(t, oc.Publish("t", msg(6, "hot0"), msg(5, "hot0")))
+	require.NoError(t, oc.Publish("t", backlogMsg(6, "hot0"), backlogMsg(5, "hot0")))
 	require.ErrorContains(t, oc.violation(), "key hot0: ob-5 published after ob-6")
 }
 
