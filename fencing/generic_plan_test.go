@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
 // genericConn is a connection of db whose prepared statements run on their
@@ -27,24 +28,17 @@ func genericConn(t *testing.T, db *sql.DB) *sql.Conn {
 	return conn
 }
 
-// genericPlan runs q with args prepared on conn (genericConn) under EXPLAIN
-// (ANALYZE, FORMAT JSON), in a transaction it rolls back, and returns the
-// plan's root.
+// genericPlan runs q with args on conn (genericConn) as a prepared
+// statement on its generic plan (on a custom plan when conn has
+// plan_cache_mode = force_custom_plan), under EXPLAIN (ANALYZE, FORMAT
+// JSON), in a transaction it rolls back, and returns the plan's root.
 func genericPlan(t *testing.T, conn *sql.Conn, q string, args ...any) map[string]any {
 	t.Helper()
-	ctx := context.Background()
-	stmt, err := conn.PrepareContext(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+q)
-	require.NoError(t, err)
-	defer stmt.Close()
-	tx, err := conn.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback() }()
-	var raw []byte
-	require.NoError(t, tx.StmtContext(ctx, stmt).QueryRowContext(ctx, args...).Scan(&raw))
+	raw := testdb.ExplainPrepared(t, conn, "ANALYZE, FORMAT JSON", q, args...)
 	var plan []struct {
 		Plan map[string]any `json:"Plan"`
 	}
-	require.NoError(t, json.Unmarshal(raw, &plan))
+	require.NoError(t, json.Unmarshal([]byte(raw), &plan))
 	return plan[0].Plan
 }
 

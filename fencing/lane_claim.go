@@ -314,7 +314,7 @@ unkeyed AS MATERIALIZED (
                o.seq, o.attempts
           FROM messaging_outbox o
          WHERE ` + runRows("r.s") + `) u
-     LIMIT $12
+     ` + limit("$12") + `
 ),
 got AS MATERIALIZED (
     SELECT b.* FROM (

@@ -499,9 +499,9 @@ SELECT 'r-' || g, 'dest-' || (g % 50), 'x',
 	}
 }
 
-// explain returns the text EXPLAIN of q with args, under a custom or a
-// generic plan (a pooled prepared statement gets the generic one after
-// five executions).
+// explain returns the text EXPLAIN of q with args, run as a prepared
+// statement on a custom or on its generic plan (a pooled prepared statement
+// gets the generic one after five executions).
 func explain(t *testing.T, s *testdb.Schema, q string, generic bool, args ...any) string {
 	t.Helper()
 	ctx := context.Background()
@@ -515,17 +515,7 @@ func explain(t *testing.T, s *testdb.Schema, q string, generic bool, args ...any
 	_, err = conn.ExecContext(ctx, "SET plan_cache_mode = "+mode)
 	require.NoError(t, err)
 	defer func() { _, _ = conn.ExecContext(ctx, "RESET plan_cache_mode") }()
-	rows, err := conn.QueryContext(ctx, "EXPLAIN "+q, args...)
-	require.NoError(t, err)
-	defer rows.Close()
-	var b strings.Builder
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		b.WriteString(line + "\n")
-	}
-	require.NoError(t, rows.Err())
-	return b.String()
+	return testdb.ExplainPrepared(t, conn, "", q, args...)
 }
 
 // flip returns token with its first character changed.
