@@ -60,33 +60,10 @@ import "strings"
 // then neither updated nor returned, keeps its state, and is claimed by a
 // later pass; it is never returned without being marked.
 
-// A claim is a prepared statement (Prepared), and PostgreSQL plans a
-// prepared statement afresh at every execution for as long as the custom
-// plans it makes for the parameters' values look cheaper than the generic
-// plan. A custom plan of a claim always did: it knew the limit (a small
-// LIMIT cuts the estimated cost of an ordered scan) and it folded the
-// destination filters away (no destination excluded, none required), where
-// the generic plan estimated them to keep a few rows, so its LIMIT cut
-// nothing. The statements never switched, and every claim was planned
-// again: 1.5-2.6 ms for the claim that walks the keys, 0.2-0.4 ms for the
-// unkeyed one, against 0.3-0.6 ms of running a claim of 10 rows. So the
-// limits and the destination filters read their parameters through
-// sub-selects, which the planner never folds into constants: custom and
-// generic plans are costed alike, and the statement switches to its
-// generic plan after five executions (TestClaimsSwitchToTheirGenericPlans).
-// The generic plans are the ones the plan tests pin (genericConn).
-
-// limit is a LIMIT of parameter p that the planner cannot see (it assumes
-// a tenth of the rows for every plan, custom or generic).
-func limit(p string) string {
-	return "LIMIT (SELECT " + p + "::int8)"
-}
-
 // claimable is the predicate "a relay may take this row now" on alias a.
-// The destination filters read $14 and $15 through sub-selects (see limit).
 func claimable(a string) string {
 	return strings.NewReplacer("a.", a+".").Replace(`(a.published_at IS NULL AND a.parked_at IS NULL
-         AND a.destination <> ALL((SELECT $14::text[])::text[]) AND ((SELECT $15::text) = '' OR a.destination = (SELECT $15::text)) AND (
+         AND a.destination <> ALL($14::text[]) AND ($15::text = '' OR a.destination = $15::text) AND (
             (a.status <> 'IN_FLIGHT' AND (a.attempts >= $4 OR a.next_attempt_at IS NULL
                                           OR a.next_attempt_at <= coalesce($1::timestamptz, now())))
          OR (a.status = 'IN_FLIGHT' AND a.lease_expires_at <= coalesce($1::timestamptz, now()))))`)
@@ -193,7 +170,7 @@ WITH RECURSIVE walk(row_ctid, k, seq, pos, wrapped, take, park) AS (
 chains AS (
     SELECT row_ctid, k, seq, pos FROM walk
      WHERE take AND k <> ALL($9::text[])
-     ` + limit("$13") + `
+     LIMIT $13
 ),
 continued AS (
     WITH RECURSIVE run(row_ctid, k, seq, pos, wrapped, take, park) AS (
@@ -209,7 +186,7 @@ continued AS (
           FROM run c CROSS JOIN LATERAL (` + rowAfter("c.k", "c.seq", notParked) + `) y
          WHERE NOT c.park AND c.pos < $17 AND ` + claimableIn("y", lanes) + `
     )
-    SELECT row_ctid, k, seq, pos FROM run ` + limit("$5") + `
+    SELECT row_ctid, k, seq, pos FROM run LIMIT $5
 ),
 candidates AS (
     SELECT * FROM chains UNION ALL SELECT * FROM continued
@@ -229,7 +206,7 @@ picked AS (
          WHERE r.rank = r.pos
     ) u
     ORDER BY u.seq
-    ` + limit("$5") + `
+    LIMIT $5
 )
 ` + finish
 }
@@ -255,7 +232,7 @@ func unkeyedHalf(lanes int) (ctes, rows string) {
       FROM messaging_outbox o
      WHERE o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.seq >= $6
      ORDER BY o.seq
-     ` + limit("$12") + `
+     LIMIT $12
        FOR UPDATE OF o SKIP LOCKED`
 	}
 	return unkeyedRunsCTE(lanes), `
@@ -263,7 +240,7 @@ func unkeyedHalf(lanes int) (ctes, rows string) {
         SELECT o.ctid AS picked_ctid, o.seq, ` + rowBytes + ` AS bytes, o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park
           FROM messaging_outbox o
          WHERE ` + runRows("r.s") + `) u
-     ` + limit("$12")
+     LIMIT $12`
 }
 
 // rowBytes is what a row weighs against ClaimParams.MaxBytes, on alias o:
@@ -313,9 +290,10 @@ RETURNING `+claimColumns, "{src}", src)
 // continuations: only its unkeyed half, one index range scan. Its
 // parameters are numbered on their own ($1 now, $2 owner, $3 lease, $4
 // budget, $5 limit, $6 from seq, $7 excluded destinations, $8 only
-// destination, $9 byte budget). It exists because the full claim costs more
-// to plan and to run: a relay whose backlog has no keyed rows runs this
-// one, and walks the keys only now and then.
+// destination, $9 byte budget). It exists because PostgreSQL plans the full claim afresh on
+// every execution when no key has unpublished rows (its custom plans look so
+// much cheaper than the generic one that the prepared statement never
+// switches to the generic plan), and that planning costs milliseconds.
 func unkeyedClaimSQL() string {
 	q := `
 WITH unkeyed AS (
@@ -323,7 +301,7 @@ WITH unkeyed AS (
       FROM messaging_outbox o
      WHERE o.ordering_key IS NULL AND ` + claimable("o") + ` AND o.seq >= $6
      ORDER BY o.seq
-     ` + limit("$5") + `
+     LIMIT $5
        FOR UPDATE OF o SKIP LOCKED
 )
 ` + claimUpdate("unkeyed")
