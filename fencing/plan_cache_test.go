@@ -121,7 +121,8 @@ func TestCustomPlansOfTheClaimsReadNoTableWhole(t *testing.T) {
 				for mode, conn := range conns {
 					plan := testdb.ExplainPrepared(t, conn, "ANALYZE, COSTS OFF, TIMING OFF", q, args...)
 					what := fmt.Sprintf("%s claim, limit %d, walk %v, %s", scheme, limit, walk, mode)
-					require.Contains(t, plan, fmt.Sprintf("rows=%d ", limit), "%s: the claim took its rows\n%s", what, plan)
+					// PostgreSQL 18 prints row counts with two decimals.
+					require.Regexp(t, fmt.Sprintf(`^\S.*actual rows=%d(\.00)? `, limit), plan, "%s: the claim took its rows\n%s", what, plan)
 					require.NotContains(t, plan, "Seq Scan on messaging_outbox", "%s\n%s", what, plan)
 					require.NotContains(t, plan, "Bitmap Index Scan on messaging_outbox_lane_idx", "%s\n%s", what, plan)
 				}
