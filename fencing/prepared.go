@@ -15,10 +15,14 @@ import (
 // Why: PostgreSQL parses and plans an unprepared statement on every call, and
 // the claim's plan costs more than claiming 100 rows (about 0.8 ms of planning
 // against 0.4–0.6 ms of execution on PostgreSQL 15). A prepared statement is
-// planned once per connection (PostgreSQL switches to a cached generic plan
-// after five executions when it is no costlier), lib/pq sends it in one round
-// trip instead of two, and it receives bytea and integer columns in binary
-// form instead of hex text. database/sql prepares each statement lazily on
+// parsed once per connection, lib/pq sends it in one round trip instead of
+// two, and it receives bytea and integer columns in binary form instead of
+// hex text. PostgreSQL switches a prepared statement to a cached generic
+// plan after five executions when that plan is estimated no costlier than
+// the custom ones. The lane claims do (TestClaimsSwitchToTheirGenericPlans);
+// the per-row claims, whose custom plans are estimated cheaper, are planned
+// at every execution (TestCustomPlansOfTheClaimsReadNoTableWhole says why
+// they are left so). database/sql prepares each statement lazily on
 // each pooled connection and again after a reconnect.
 //
 // Connection poolers in transaction mode that do not track prepared

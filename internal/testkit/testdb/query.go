@@ -70,8 +70,9 @@ func ExplainIn(t testing.TB, tx *sql.Tx, q string, args ...any) string {
 // statement on conn, with args, on the plan conn's plan_cache_mode gives it:
 // the generic plan under force_generic_plan, a custom one under
 // force_custom_plan (anything else is refused: the test would not know which
-// plan it read). A statement without arguments has only its generic plan. It runs in a transaction it rolls back (options may hold
-// ANALYZE), and one line of the result is one line of the plan.
+// plan it read). A statement without arguments has only its generic plan.
+// It runs in a transaction it rolls back (options may hold ANALYZE), and
+// one line of the result is one line of the plan.
 //
 // The statement is PREPAREd in SQL and EXPLAINed through EXECUTE, with args
 // as literals. EXPLAIN of q itself with the arguments bound would not do:
