@@ -20,10 +20,17 @@ import (
 // PostgreSQL has seen a few.
 func genericConn(t *testing.T, db *sql.DB) *sql.Conn {
 	t.Helper()
+	return planConn(t, db, "force_generic_plan")
+}
+
+// planConn is a connection of db with plan_cache_mode set to mode
+// (force_generic_plan or force_custom_plan), closed at the test's end.
+func planConn(t *testing.T, db *sql.DB, mode string) *sql.Conn {
+	t.Helper()
 	conn, err := db.Conn(context.Background())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
-	_, err = conn.ExecContext(context.Background(), `SET plan_cache_mode = force_generic_plan`)
+	_, err = conn.ExecContext(context.Background(), `SET plan_cache_mode = `+mode)
 	require.NoError(t, err)
 	return conn
 }

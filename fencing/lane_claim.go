@@ -297,9 +297,9 @@ func nextRun(s string) string {
 // to 10 rows were always estimated cheaper than the generic plan, so the
 // prepared statement never switched to it and every such claim was planned
 // again (2.3 and 3.1 ms a claim at limits 1 and 10, against 1.1 and 1.5 on
-// the generic plan: TestClaimsSwitchToTheirGenericPlans). The runs walk
-// leaves the planner no other way to read the lanes, so an unknown limit
-// does not turn the claim into a scan of the table
+// the generic plan: TestClaimsSwitchToTheirGenericPlans). With the limit
+// unknown, its custom and generic plans still read the lanes through their
+// index on a large analyzed backlog
 // (TestCustomPlansOfTheClaimsReadNoTableWhole).
 func laneUnkeyedClaimSQL(lanes int) string {
 	return laneStatement(laneKey{lanes, "claim-unkeyed"}, func() string {

@@ -19,10 +19,11 @@ import (
 // two, and it receives bytea and integer columns in binary form instead of
 // hex text. PostgreSQL switches a prepared statement to a cached generic
 // plan after five executions when that plan is estimated no costlier than
-// the custom ones. The lane claims do (TestClaimsSwitchToTheirGenericPlans);
-// the per-row claims, whose custom plans are estimated cheaper, are planned
-// at every execution (TestCustomPlansOfTheClaimsReadNoTableWhole says why
-// they are left so). database/sql prepares each statement lazily on
+// the custom ones. The lane claims do (TestClaimsSwitchToTheirGenericPlans).
+// The per-row claims' custom plans were estimated cheaper in every case
+// measured, so they were planned at every execution (BENCHMARKS.md,
+// "Prepared claims and their plans";
+// TestCustomPlansOfTheClaimsReadNoTableWhole says why they are left so). database/sql prepares each statement lazily on
 // each pooled connection and again after a reconnect.
 //
 // Connection poolers in transaction mode that do not track prepared

@@ -82,23 +82,25 @@ func ExplainIn(t testing.TB, tx *sql.Tx, q string, args ...any) string {
 func ExplainPrepared(t testing.TB, conn *sql.Conn, options, q string, args ...any) string {
 	t.Helper()
 	ctx := context.Background()
-	tx, err := conn.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatalf("testdb: explain prepared: begin: %v", err)
-	}
-	defer func() { _ = tx.Rollback() }()
 	var mode string
-	if err := tx.QueryRowContext(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&mode); err != nil {
+	if err := conn.QueryRowContext(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&mode); err != nil {
 		t.Fatalf("testdb: explain prepared: %v", err)
 	}
 	if mode != "force_generic_plan" && mode != "force_custom_plan" {
 		t.Fatalf("testdb: explain prepared: set plan_cache_mode to force_generic_plan or force_custom_plan on the connection (it is %s)", mode)
 	}
-	if _, err := tx.ExecContext(ctx, `PREPARE explain_prepared AS `+q); err != nil {
+	// A prepared statement belongs to the session, not to a transaction:
+	// it is dropped after the rollback below, on a session no longer in a
+	// failed transaction.
+	if _, err := conn.ExecContext(ctx, `PREPARE explain_prepared AS `+q); err != nil {
 		t.Fatalf("testdb: PREPARE %s: %v", q, err)
 	}
-	// PREPARE is not undone by the rollback.
 	defer func() { _, _ = conn.ExecContext(ctx, `DEALLOCATE explain_prepared`) }()
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatalf("testdb: explain prepared: begin: %v", err)
+	}
+	defer func() { _ = tx.Rollback() }()
 	lits := make([]string, len(args))
 	for i, a := range args {
 		lits[i] = literal(t, a)
