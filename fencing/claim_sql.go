@@ -124,9 +124,14 @@ func claimSQL(notParked string, lanes int) string {
 	// position in its chain (pos). The per-row scheme locks them through
 	// their ctids, then joins them back to the candidates (the lock makes
 	// locked a materialized CTE, the join a hash join). The lane scheme
-	// locks nothing and reads each candidate's row by its ctid in the
-	// join itself: joined afterwards, the unlocked read was planned as a
-	// nested loop over the candidates for every row (770 ms for 1,500).
+	// locks nothing and reads each candidate's row by its ctid, one TID
+	// lookup per candidate: joined afterwards, the unlocked read was
+	// planned as a nested loop over the candidates for every row (770 ms
+	// for 1,500); as a plain join of the candidates with the table, the
+	// planner could drive it from the table, and on a table not analyzed
+	// since it filled read every claimable row through
+	// messaging_outbox_claimable_idx (TestLaneWalkClaimReadsOnlyItsCandidates).
+	// The LIMIT keeps the subquery from being pulled up into such a join.
 	locked := `
     SELECT o.ctid AS picked_ctid, o.seq, o.ordering_key AS k, ` + rowBytes + ` AS bytes,
            o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park,
@@ -138,10 +143,13 @@ func claimSQL(notParked string, lanes int) string {
 		heldAfter = `p.seq IN (SELECT unnest($19::int8[]))`
 		finish = laneClaimFinish("picked", lanes)
 		locked = `
-    SELECT o.ctid AS picked_ctid, o.seq, o.ordering_key AS k, ` + rowBytes + ` AS bytes,
-           o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park,
-           ` + claimableIn("o", lanes) + ` AS ok, c.pos
-      FROM candidates c JOIN messaging_outbox o ON o.ctid = c.row_ctid`
+    SELECT r.*, c.pos FROM candidates c CROSS JOIN LATERAL (
+        SELECT o.ctid AS picked_ctid, o.seq, o.ordering_key AS k, ` + rowBytes + ` AS bytes,
+               o.status = 'IN_FLIGHT' AS expired, ` + parks("o") + ` AS park,
+               ` + claimableIn("o", lanes) + ` AS ok
+          FROM messaging_outbox o
+         WHERE o.ctid = c.row_ctid
+         LIMIT 1) r`
 		ranked = `SELECT l.* FROM locked l`
 	}
 	return `
