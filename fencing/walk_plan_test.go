@@ -46,6 +46,42 @@ func mostRowsScanned(plan string) (int, string) {
 // without keys and on one where some rows have keys: no scan of the table
 // reads more than a few times the claim's limit.
 func TestLaneWalkClaimReadsOnlyItsCandidates(t *testing.T) {
+	forEachPlanBacklog(t, func(t *testing.T, r *laneRelay, conns map[string]*sql.Conn) {
+		for _, limit := range []int{10, 100} {
+			p := r.claimParams(limit)
+			p.MaxChain = 13
+			requireScansNearLimit(t, conns, p, fmt.Sprintf("lane walk claim, limit %d", limit))
+		}
+	})
+}
+
+// Every claim statement, of both schemes, with and without the walk over
+// keys, under both ordering policies, holds to the same bound as the lane
+// walk claim above on the same backlogs.
+func TestEveryClaimReadsNearItsLimit(t *testing.T) {
+	forEachPlanBacklog(t, func(t *testing.T, r *laneRelay, conns map[string]*sql.Conn) {
+		for _, limit := range []int{10, 100} {
+			for _, walk := range []bool{false, true} {
+				for _, policy := range []fencing.OrderingPolicy{fencing.BlockKey, fencing.SkipParked} {
+					rows := fencing.ClaimParams{Owner: "r", Limit: limit, MaxAttempts: 25, Lease: time.Minute, MaxChain: 13}
+					lanes := r.claimParams(limit)
+					lanes.MaxChain = 13
+					for scheme, p := range map[string]fencing.ClaimParams{"rows": rows, "lanes": lanes} {
+						p.NoKeyWalk, p.Policy = !walk, policy
+						requireScansNearLimit(t, conns, p, fmt.Sprintf("%s claim, limit %d, walk %v, policy %d", scheme, limit, walk, policy))
+					}
+				}
+			}
+		}
+	})
+}
+
+// forEachPlanBacklog runs check on four backlogs of 20,000 rows, with the
+// table's statistics stale (never analyzed, autovacuum off) and fresh, all
+// rows unkeyed or one in ten on one of 7 ordering keys, with 32 lanes all
+// owned by relay r, and a connection forcing generic and one forcing custom
+// plans.
+func forEachPlanBacklog(t *testing.T, check func(t *testing.T, r *laneRelay, conns map[string]*sql.Conn)) {
 	for _, analyzed := range []bool{false, true} {
 		for _, keyed := range []bool{false, true} {
 			t.Run(fmt.Sprintf("analyzed=%v,keyed=%v", analyzed, keyed), func(t *testing.T) {
@@ -68,22 +104,25 @@ func TestLaneWalkClaimReadsOnlyItsCandidates(t *testing.T) {
 				for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
 					conns[mode] = planConn(t, s.DB, mode)
 				}
-				for _, limit := range []int{10, 100} {
-					p := r.claimParams(limit)
-					p.NoKeyWalk = false
-					p.MaxChain = 13
-					q, args, err := fencing.ClaimStatement(p)
-					require.NoError(t, err)
-					for mode, conn := range conns {
-						plan := testdb.ExplainPrepared(t, conn, "ANALYZE, COSTS OFF, TIMING OFF", q, args...)
-						what := fmt.Sprintf("limit %d, %s", limit, mode)
-						require.Regexp(t, fmt.Sprintf(`^\S.*actual rows=%d(\.00)? `, limit), plan, "%s: the claim took its rows\n%s", what, plan)
-						most, line := mostRowsScanned(plan)
-						require.NotZero(t, most, "%s: no scan of messaging_outbox found in the plan\n%s", what, plan)
-						require.LessOrEqual(t, most, 4*limit+64, "%s: a scan read %d rows: %s\n%s", what, most, line, plan)
-					}
-				}
+				check(t, r, conns)
 			})
 		}
+	}
+}
+
+// requireScansNearLimit explains the claim p (run and rolled back) on
+// each connection of conns: it must take its limit of rows, and no scan of
+// messaging_outbox may read more than four times the limit plus 64 rows
+// (the descents of the lanes' runs: one per lane).
+func requireScansNearLimit(t *testing.T, conns map[string]*sql.Conn, p fencing.ClaimParams, what string) {
+	t.Helper()
+	q, args, err := fencing.ClaimStatement(p)
+	require.NoError(t, err)
+	for mode, conn := range conns {
+		plan := testdb.ExplainPrepared(t, conn, "ANALYZE, COSTS OFF, TIMING OFF", q, args...)
+		require.Regexp(t, fmt.Sprintf(`^\S.*actual rows=%d(\.00)? `, p.Limit), plan, "%s, %s: the claim took its rows\n%s", what, mode, plan)
+		most, line := mostRowsScanned(plan)
+		require.NotZero(t, most, "%s, %s: no scan of messaging_outbox found in the plan\n%s", what, mode, plan)
+		require.LessOrEqual(t, most, 4*p.Limit+64, "%s, %s: a scan read %d rows: %s\n%s", what, mode, most, line, plan)
 	}
 }
