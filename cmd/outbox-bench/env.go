@@ -100,7 +100,8 @@ func newEnv(ctx context.Context, baseURL string) (*env, error) {
 // type: the records with a block reference to one of its relations ($3: "
 // rel <tablespace>/<database oid>/"), and the commit and abort records of
 // the transactions that wrote such records (one group, relation "-").
-// Full-page images are in record_length, and apart in fpi_length.
+// Full-page images are in record_length, and apart in fpi_length; the
+// records that carry one are counted apart too.
 const ownWALSQL = `
 WITH r AS MATERIALIZED (
     SELECT xid, resource_manager, record_type, record_length, fpi_length, block_ref,
@@ -109,10 +110,10 @@ WITH r AS MATERIALIZED (
 ),
 mine AS (SELECT DISTINCT xid FROM r WHERE block_ref LIKE $3 AND xid <> '0'::xid)
 SELECT coalesce(c.relname, r.node::text, '-'), r.resource_manager || '/' || r.record_type,
-       count(*), sum(r.record_length)::int8, sum(r.fpi_length)::int8
+       count(*), count(*) FILTER (WHERE r.fpi_length > 0), sum(r.record_length)::int8, sum(r.fpi_length)::int8
   FROM r LEFT JOIN pg_class c ON c.relfilenode = r.node
  WHERE r.block_ref LIKE $3 OR (coalesce(r.block_ref, '') = '' AND r.xid IN (SELECT xid FROM mine))
- GROUP BY 1, 2 ORDER BY 4 DESC`
+ GROUP BY 1, 2 ORDER BY 5 DESC`
 
 // ownWAL is the WAL this run's database wrote between two positions (the
 // server is shared, and a cluster-wide LSN difference counts every other
@@ -156,13 +157,13 @@ func (e *env) ownWAL(ctx context.Context, from, to string) (total, fpi float64, 
 	defer rows.Close()
 	for shown := 0; rows.Next(); shown++ {
 		var rel, kind string
-		var n, bytes, images int64
-		if err := rows.Scan(&rel, &kind, &n, &bytes, &images); err != nil {
+		var n, pages, bytes, images int64
+		if err := rows.Scan(&rel, &kind, &n, &pages, &bytes, &images); err != nil {
 			return 0, 0, err
 		}
 		total, fpi = total+float64(bytes), fpi+float64(images)
 		if e.walDetail && shown < 20 {
-			fmt.Fprintf(os.Stderr, "  wal %-40s %-28s %8d records %12d B (fpi %d B)\n", rel, kind, n, bytes, images)
+			fmt.Fprintf(os.Stderr, "  wal %-40s %-28s %8d records %12d B (%d with a full-page image: %d B)\n", rel, kind, n, bytes, pages, images)
 		}
 	}
 	if err := rows.Err(); err != nil {
