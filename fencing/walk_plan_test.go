@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,20 +15,42 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
-// scanRows matches a scan of messaging_outbox in a text plan run with
-// ANALYZE, TIMING OFF: the node and its actual rows and loops (PostgreSQL
-// 18 prints the rows with two decimals).
-var scanRows = regexp.MustCompile(`(Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan|Tid Scan|Tid Range Scan) (?:using \S+ )?on messaging_outbox \S+ .*actual rows=(\d+)(?:\.\d+)? loops=(\d+)`)
+// scanNode matches a scan of messaging_outbox in a text plan run with
+// ANALYZE, TIMING OFF, with its actual rows and loops (PostgreSQL 18 prints
+// the rows with two decimals); removed matches a "Rows Removed by ..." line
+// of the node's details.
+var (
+	scanNode = regexp.MustCompile(`(Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan|Tid Scan|Tid Range Scan) (?:using \S+ )?on messaging_outbox \S+ .*actual rows=(\d+)(?:\.\d+)? loops=(\d+)`)
+	removed  = regexp.MustCompile(`^\s+Rows Removed by (?:Filter|Index Recheck): (\d+)`)
+)
 
 // mostRowsScanned is the largest number of rows a single scan node of plan
-// read from messaging_outbox over all its loops, and that node's line.
+// read from messaging_outbox over all its loops (the rows it returned and
+// those its filters removed; EXPLAIN prints both per loop), and that node's
+// line.
 func mostRowsScanned(plan string) (int, string) {
 	most, line := 0, ""
-	for _, m := range scanRows.FindAllStringSubmatch(plan, -1) {
+	lines := strings.Split(plan, "\n")
+	for i, l := range lines {
+		m := scanNode.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
 		rows, _ := strconv.Atoi(m[2])
 		loops, _ := strconv.Atoi(m[3])
+		// The node's details follow it, up to the next node (a line that
+		// starts with "->"; a detail may hold jsonb's ->> operator).
+		for _, d := range lines[i+1:] {
+			if strings.HasPrefix(strings.TrimSpace(d), "->") {
+				break
+			}
+			if r := removed.FindStringSubmatch(d); r != nil {
+				n, _ := strconv.Atoi(r[1])
+				rows += n
+			}
+		}
 		if rows*loops > most {
-			most, line = rows*loops, m[0]
+			most, line = rows*loops, strings.TrimSpace(l)
 		}
 	}
 	return most, line
