@@ -227,6 +227,9 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 	// in common with it ($1-$6, then the three it renumbers); the lane
 	// scheme appends its lanes and held ids to either.
 	short := p.NoKeyWalk && n == 0 && !p.NoUnkeyed
+	// A claim of any destination runs the statement without destination
+	// filters (anyDestination).
+	anyDest := len(p.ExcludeDestinations) == 0 && p.OnlyDestination == ""
 	args := []any{nowArg(p.Now), p.Owner, p.Lease.Seconds(), p.MaxAttempts, p.Limit, p.FromSeq}
 	if short {
 		args = append(args, excluded, p.OnlyDestination, maxBytes)
@@ -243,15 +246,21 @@ func ClaimStatement(p ClaimParams) (string, []any, error) {
 		}
 		args = append(args, laneArgs(p)...)
 		if short {
-			return laneUnkeyedClaimSQL(p.LaneCount), args, nil
+			return laneUnkeyedClaimSQL(p.LaneCount, anyDest), args, nil
 		}
-		return laneClaimSQL(p.Policy, p.LaneCount), args, nil
+		return laneClaimSQL(p.Policy, p.LaneCount, anyDest), args, nil
 	}
 	switch {
+	case short && anyDest:
+		return claimUnkeyedAnySQL, args, nil
 	case short:
 		return claimUnkeyedSQL, args, nil
+	case p.Policy == SkipParked && anyDest:
+		return claimSkipParkedAnySQL, args, nil
 	case p.Policy == SkipParked:
 		return claimSkipParkedSQL, args, nil
+	case anyDest:
+		return claimBlockKeyAnySQL, args, nil
 	}
 	return claimBlockKeySQL, args, nil
 }

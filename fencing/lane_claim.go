@@ -301,7 +301,10 @@ func nextRun(s string) string {
 // unknown, its custom and generic plans still read the lanes through their
 // index on a large analyzed backlog
 // (TestCustomPlansOfTheClaimsReadNoTableWhole).
-func laneUnkeyedClaimSQL(lanes int) string {
+func laneUnkeyedClaimSQL(lanes int, anyDest bool) string {
+	if anyDest {
+		return laneStatement(laneKey{lanes, "claim-unkeyed-any"}, func() string { return anyDestination(laneUnkeyedClaimSQL(lanes, false)) })
+	}
 	return laneStatement(laneKey{lanes, "claim-unkeyed"}, func() string {
 		q := `
 WITH RECURSIVE own AS MATERIALIZED (
@@ -337,7 +340,10 @@ got AS MATERIALIZED (
 	})
 }
 
-func laneClaimSQL(policy OrderingPolicy, lanes int) string {
+func laneClaimSQL(policy OrderingPolicy, lanes int, anyDest bool) string {
+	if anyDest {
+		return laneStatement(laneKey{lanes, "claim-" + policy.String() + "-any"}, func() string { return anyDestination(laneClaimSQL(policy, lanes, false)) })
+	}
 	if policy == SkipParked {
 		return laneStatement(laneKey{lanes, "claim-skip-parked"}, func() string { return claimSQL(skipParked, lanes) })
 	}

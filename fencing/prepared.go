@@ -8,8 +8,8 @@ import (
 )
 
 // Prepared is a [DBTX] that runs the claim and outcome statements of this
-// package (the three statements of [Claim], see [ClaimStatement], and the two
-// of [Apply]) as prepared statements on db, and passes every other
+// package (the statements of [Claim], see [ClaimStatement], and those of
+// [Apply]) as prepared statements on db, and passes every other
 // statement to db unchanged. Pass it to [Claim] and [Apply] in place of db.
 //
 // Why: PostgreSQL parses and plans an unprepared statement on every call, and
@@ -19,11 +19,11 @@ import (
 // two, and it receives bytea and integer columns in binary form instead of
 // hex text. PostgreSQL switches a prepared statement to a cached generic
 // plan after five executions when that plan is estimated no costlier than
-// the custom ones. The lane claims do (TestClaimsSwitchToTheirGenericPlans).
-// The per-row claims' custom plans were estimated cheaper in every case
-// measured, so they were planned at every execution (BENCHMARKS.md,
-// "Prepared claims and their plans";
-// TestCustomPlansOfTheClaimsReadNoTableWhole says why they are left so). database/sql prepares each statement lazily on
+// the custom ones. Every claim of any destination does, in both fence
+// schemes (TestClaimsSwitchToTheirGenericPlans); a claim that excludes or
+// requires a destination (an open breaker, a probe) runs a statement with
+// destination filters, whose custom plans PostgreSQL may keep making
+// (anyDestination says why). database/sql prepares each statement lazily on
 // each pooled connection and again after a reconnect.
 //
 // Connection poolers in transaction mode that do not track prepared
@@ -49,11 +49,14 @@ var _ DBTX = (*Prepared)(nil)
 // preparable is the set of statements Prepared prepares: the ones a relay
 // runs on every pass. Everything else is rare and runs unprepared.
 var preparable = map[string]bool{
-	claimBlockKeySQL:   true,
-	claimSkipParkedSQL: true,
-	claimUnkeyedSQL:    true,
-	applySQL:           true,
-	applyPublishedSQL:  true,
+	claimBlockKeySQL:      true,
+	claimSkipParkedSQL:    true,
+	claimUnkeyedSQL:       true,
+	claimBlockKeyAnySQL:   true,
+	claimSkipParkedAnySQL: true,
+	claimUnkeyedAnySQL:    true,
+	applySQL:              true,
+	applyPublishedSQL:     true,
 }
 
 // NewPrepared returns a Prepared over db. It does not touch the database:

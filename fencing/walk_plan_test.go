@@ -79,19 +79,22 @@ func TestLaneWalkClaimReadsOnlyItsCandidates(t *testing.T) {
 }
 
 // Every claim statement, of both schemes, with and without the walk over
-// keys, under both ordering policies, holds to the same bound as the lane
-// walk claim above on the same backlogs.
+// keys, under both ordering policies, for any destination and with one
+// excluded (the statements with destination filters), holds to the same
+// bound as the lane walk claim above on the same backlogs.
 func TestEveryClaimReadsNearItsLimit(t *testing.T) {
 	forEachPlanBacklog(t, func(t *testing.T, r *laneRelay, conns map[string]*sql.Conn) {
 		for _, limit := range []int{10, 100} {
 			for _, walk := range []bool{false, true} {
 				for _, policy := range []fencing.OrderingPolicy{fencing.BlockKey, fencing.SkipParked} {
-					rows := fencing.ClaimParams{Owner: "r", Limit: limit, MaxAttempts: 25, Lease: time.Minute, MaxChain: 13}
-					lanes := r.claimParams(limit)
-					lanes.MaxChain = 13
-					for scheme, p := range map[string]fencing.ClaimParams{"rows": rows, "lanes": lanes} {
-						p.NoKeyWalk, p.Policy = !walk, policy
-						requireScansNearLimit(t, conns, p, fmt.Sprintf("%s claim, limit %d, walk %v, policy %d", scheme, limit, walk, policy))
+					for _, excluded := range [][]string{nil, {"elsewhere"}} {
+						rows := fencing.ClaimParams{Owner: "r", Limit: limit, MaxAttempts: 25, Lease: time.Minute, MaxChain: 13}
+						lanes := r.claimParams(limit)
+						lanes.MaxChain = 13
+						for scheme, p := range map[string]fencing.ClaimParams{"rows": rows, "lanes": lanes} {
+							p.NoKeyWalk, p.Policy, p.ExcludeDestinations = !walk, policy, excluded
+							requireScansNearLimit(t, conns, p, fmt.Sprintf("%s claim, limit %d, walk %v, policy %d, excluded %v", scheme, limit, walk, policy, excluded))
+						}
 					}
 				}
 			}
