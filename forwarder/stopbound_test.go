@@ -100,9 +100,12 @@ func TestCloseReturnsWithinStopBoundWhenManyBreakersChange(t *testing.T) {
 	t.Cleanup(release)
 	// Every row in flight at once; no breaker opens on a single failure
 	// (the threshold), so the pass's evidence opens them all together.
+	// DBTimeout leaves the pass's outcome write room on a busy host (at
+	// 300 ms it once timed out during `make test`, every suite running);
+	// StopBound (6 s) stays below 12 x DBTimeout.
 	cfg := forwarder.Config{Owner: "bounded-breakers", Concurrency: 2 * dests, BatchSize: 2 * dests, BreakerThreshold: 100,
-		LeaseDuration: 4 * time.Second, PublishTimeout: time.Second, DrainTimeout: time.Second,
-		DBTimeout: 300 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond}
+		LeaseDuration: 8 * time.Second, PublishTimeout: time.Second, DrainTimeout: time.Second,
+		DBTimeout: time.Second, HeartbeatInterval: 200 * time.Millisecond}
 	f := newForwarder(t, s.DB, p, cfg)
 	runErr := make(chan error, 1)
 	go func() { runErr <- f.Run(context.Background()) }()
