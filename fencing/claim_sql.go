@@ -301,10 +301,9 @@ RETURNING `+claimColumns, "{src}", src)
 // continuations: only its unkeyed half, one index range scan. Its
 // parameters are numbered on their own ($1 now, $2 owner, $3 lease, $4
 // budget, $5 limit, $6 from seq, $7 excluded destinations, $8 only
-// destination, $9 byte budget). It exists because PostgreSQL plans the full claim afresh on
-// every execution when no key has unpublished rows (its custom plans look so
-// much cheaper than the generic one that the prepared statement never
-// switches to the generic plan), and that planning costs milliseconds.
+// destination, $9 byte budget). It exists because the full claim costs more
+// to plan and to run: a relay whose backlog has no keyed rows runs this
+// one, and walks the keys only now and then.
 func unkeyedClaimSQL() string {
 	q := `
 WITH unkeyed AS (
@@ -332,12 +331,17 @@ aggregate_type, aggregate_id, aggregate_version, NULL::timestamptz, routing_key`
 // skipParked is the walks' condition under [SkipParked].
 const skipParked = " AND x.status NOT IN ('FAILED', 'EXHAUSTED')"
 
-// hiddenLimit matches a LIMIT taken from a parameter; destFilter matches
+// hiddenLimit is a LIMIT of parameter p that the planner cannot see: read
+// through a sub-select, which it never folds into a constant (it assumes a
+// tenth of the rows for every plan, custom or generic).
+func hiddenLimit(p string) string { return "LIMIT (SELECT " + p + "::int8)" }
+
+// paramLimit matches a LIMIT taken from a parameter; destFilter matches
 // claimable's destination filter in a generated claim statement, on any
 // alias and with its two parameters however renumbered.
 var (
-	hiddenLimit = regexp.MustCompile(`LIMIT (\$\d+)\b`)
-	destFilter  = regexp.MustCompile(`\s*AND (\w+)\.destination <> ALL\((\$\d+)::text\[\]\) AND \((\$\d+)::text = '' OR \w+\.destination = \$\d+::text\)`)
+	paramLimit = regexp.MustCompile(`LIMIT (\$\d+)\b`)
+	destFilter = regexp.MustCompile(`\s*AND (\w+)\.destination <> ALL\((\$\d+)::text\[\]\) AND \((\$\d+)::text = '' OR \w+\.destination = \$\d+::text\)`)
 )
 
 // anyDestination is the claim statement q for a claim that excludes no
@@ -374,7 +378,7 @@ func anyDestination(q string) string {
 	}
 	typed := head + "destinations AS (SELECT " + m[2] + "::text[] AS excluded, " + m[3] + "::text AS required),\n"
 	out := destFilter.ReplaceAllString(body[len(head):], "")
-	out = hiddenLimit.ReplaceAllString(out, "LIMIT (SELECT $1::int8)")
+	out = paramLimit.ReplaceAllStringFunc(out, func(l string) string { return hiddenLimit(strings.TrimPrefix(l, "LIMIT ")) })
 	return "\n" + typed + out
 }
 

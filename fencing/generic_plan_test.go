@@ -23,6 +23,27 @@ func genericConn(t *testing.T, db *sql.DB) *sql.Conn {
 	return planConn(t, db, "force_generic_plan")
 }
 
+// planConns is a connection of db forcing generic plans and one forcing
+// custom plans, by their plan_cache_mode.
+func planConns(t *testing.T, db *sql.DB) map[string]*sql.Conn {
+	t.Helper()
+	conns := map[string]*sql.Conn{}
+	for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+		conns[mode] = planConn(t, db, mode)
+	}
+	return conns
+}
+
+// fillOutbox inserts n rows into db's outbox: ids 'm' || g for g in 1..n,
+// destination 'd', payloads of payload bytes, and the ordering key given by
+// the SQL expression key over g (NULL: none).
+func fillOutbox(t *testing.T, db *sql.DB, n, payload int, key string) {
+	t.Helper()
+	_, err := db.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, ordering_key)
+		SELECT 'm' || g, 'd', convert_to(repeat('x', $2), 'UTF8'), `+key+` FROM generate_series(1, $1::int) g`, n, payload)
+	require.NoError(t, err)
+}
+
 // planConn is a connection of db with plan_cache_mode set to mode
 // (force_generic_plan or force_custom_plan), closed at the test's end.
 func planConn(t *testing.T, db *sql.DB, mode string) *sql.Conn {

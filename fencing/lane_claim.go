@@ -327,7 +327,7 @@ unkeyed AS MATERIALIZED (
                o.seq, o.attempts
           FROM messaging_outbox o
          WHERE ` + runRows("r.s") + `) u
-     LIMIT (SELECT $12::int8) -- hidden from the planner: see laneUnkeyedClaimSQL
+     ` + hiddenLimit("$12") + `
 ),
 got AS MATERIALIZED (
     SELECT b.* FROM (

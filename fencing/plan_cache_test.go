@@ -2,7 +2,6 @@ package fencing_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"testing"
 	"time"
@@ -63,11 +62,8 @@ func claimsSwitch(t *testing.T, scheme string, policy fencing.OrderingPolicy, wa
 	} else {
 		s = newDB(t)
 	}
-	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, ordering_key)
-		SELECT 'm' || g, 'd', convert_to(repeat('x', 1024), 'UTF8'), CASE WHEN g % 4 = 0 THEN 'k' || (g % 100) END
-		  FROM generate_series(1, 20000) g`)
-	require.NoError(t, err)
-	_, err = s.DB.Exec(`ANALYZE messaging_outbox`)
+	fillOutbox(t, s.DB, 20000, 1024, `CASE WHEN g % 4 = 0 THEN 'k' || (g % 100) END`)
+	_, err := s.DB.Exec(`ANALYZE messaging_outbox`)
 	require.NoError(t, err)
 	var r *laneRelay
 	if scheme == "lanes" {
@@ -123,16 +119,11 @@ func TestCustomPlansOfTheClaimsReadNoTableWhole(t *testing.T) {
 	s := laneDB(t)
 	_, err := s.DB.Exec(`ALTER TABLE messaging_outbox SET (autovacuum_enabled = false)`)
 	require.NoError(t, err)
-	_, err = s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload)
-		SELECT 'm' || g, 'd', convert_to(repeat('x', 1024), 'UTF8') FROM generate_series(1, 50000) g`)
-	require.NoError(t, err)
+	fillOutbox(t, s.DB, 50000, 1024, `NULL`)
 	_, err = s.DB.Exec(`ANALYZE messaging_outbox`)
 	require.NoError(t, err)
 	r := takeLanes(t, s.DB, "r", time.Minute, 25)
-	conns := map[string]*sql.Conn{}
-	for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
-		conns[mode] = planConn(t, s.DB, mode)
-	}
+	conns := planConns(t, s.DB)
 	for _, limit := range []int{1, 100} {
 		for _, walk := range []bool{false, true} {
 			rows := fencing.ClaimParams{Owner: "r", Limit: limit, MaxAttempts: 25, Lease: time.Minute, NoKeyWalk: !walk}

@@ -118,19 +118,13 @@ func forEachPlanBacklog(t *testing.T, check func(t *testing.T, r *laneRelay, con
 				if keyed {
 					key = `CASE WHEN g % 10 = 0 THEN 'k' || (g % 7) END`
 				}
-				_, err = s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload, ordering_key)
-					SELECT 'm' || g, 'd', convert_to(repeat('x', 200), 'UTF8'), ` + key + ` FROM generate_series(1, 20000) g`)
-				require.NoError(t, err)
+				fillOutbox(t, s.DB, 20000, 200, key)
 				if analyzed {
 					_, err = s.DB.Exec(`ANALYZE messaging_outbox`)
 					require.NoError(t, err)
 				}
 				r := takeLanes(t, s.DB, "r", time.Minute, 25)
-				conns := map[string]*sql.Conn{}
-				for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
-					conns[mode] = planConn(t, s.DB, mode)
-				}
-				check(t, r, conns)
+				check(t, r, planConns(t, s.DB))
 			})
 		}
 	}
