@@ -128,6 +128,17 @@ func chargeOwed(budget, detail string) string {
        AND o.seq = ANY (ARRAY(SELECT w.s FROM owed w)) AND o.seq = h.s AND o.attempts = h.att`
 }
 
+// laneShareCTEs are the CTEs total (the table's lane count), live (the
+// live polling relays, owner $1 counted whether or not its heartbeat is
+// live) and share (owner $1's fair share: ceil(total / live)), for
+// takeLanesSQL and laneShareSQL.
+const laneShareCTEs = `total AS (SELECT count(*)::int AS n FROM messaging_relay_lane),
+live AS (
+    SELECT 1 + count(*)::int AS n FROM messaging_relay_heartbeat
+     WHERE kind = 'POLLING' AND expires_at > now() AND owner <> $1
+),
+share AS (SELECT ((SELECT n FROM total) + (SELECT n FROM live) - 1) / (SELECT n FROM live) AS n)`
+
 // takeLanesSQL renews every lane of $1 (one statement per heartbeat), marks
 // its heartbeat as a lane relay's, and takes unowned or expired lanes up to
 // its fair share: ceil(lanes / live polling relays), preferring unowned
@@ -138,12 +149,7 @@ var takeLanesSQL = `
 WITH beat AS (
     UPDATE messaging_relay_heartbeat SET fence = 'LANES' WHERE owner = $1 AND fence IS DISTINCT FROM 'LANES'
 ),
-total AS (SELECT count(*)::int AS n FROM messaging_relay_lane),
-live AS (
-    SELECT 1 + count(*)::int AS n FROM messaging_relay_heartbeat
-     WHERE kind = 'POLLING' AND expires_at > now() AND owner <> $1
-),
-share AS (SELECT ((SELECT n FROM total) + (SELECT n FROM live) - 1) / (SELECT n FROM live) AS n),
+` + laneShareCTEs + `,
 renewed AS (
     UPDATE messaging_relay_lane
        SET lease_expires_at = now() + make_interval(secs => $2)
@@ -245,6 +251,27 @@ func TakeLanes(ctx context.Context, db DBTX, p LaneParams) (LaneState, error) {
 	}
 	slices.SortFunc(st.Owned, func(a, b LaneLease) int { return cmp.Compare(a.Lane, b.Lane) })
 	return st, nil
+}
+
+const laneShareSQL = `WITH ` + laneShareCTEs + ` SELECT (SELECT n FROM share), (SELECT n FROM total)`
+
+// LaneShare returns owner's fair share of the lanes now, as [TakeLanes]
+// would take it (ceil(lanes / live polling relays), owner counted), and the
+// lane count, writing nothing. A relay reads it between renewals to learn
+// soon that relays joined or left: the relays already running give back
+// or take lanes then, not at their next renewal.
+func LaneShare(ctx context.Context, db DBTX, owner string) (share, total int, err error) {
+	const op = "fencing.LaneShare"
+	if owner == "" {
+		return 0, 0, outbox.Errorf(CodeInvalidArgument, op, "owner must not be empty")
+	}
+	if err := db.QueryRowContext(ctx, laneShareSQL, owner).Scan(&share, &total); err != nil {
+		return 0, 0, fmt.Errorf("%s: %w", op, err)
+	}
+	if total == 0 {
+		return 0, 0, outbox.Errorf(CodeLanesMissing, op, "messaging_relay_lane has no rows: run the migrations (00050)")
+	}
+	return share, total, nil
 }
 
 // giveBackSQL ends owner $1's lease on the lanes $2 (all of them when $2 is

@@ -518,3 +518,48 @@ func TestLaneClaimStillTakesHeldRowsByMessageID(t *testing.T) {
 	require.NoError(t, s.DB.QueryRow(`SELECT sum(cardinality(d.held_seqs)) FROM messaging_relay_lane_held d JOIN messaging_relay_lane l USING (lane) WHERE l.owner = 'a' AND d.epoch = l.epoch`).Scan(&held))
 	require.Equal(t, 7, held, "what it still holds stays recorded beside the new row")
 }
+
+// LaneShare reads what TakeLanes would take as the owner's share,
+// ceil(lanes / live polling relays, the owner counted), and writes
+// nothing: relays whose heartbeats expired, relays of the CDC mode and the
+// owner's own heartbeat do not change it. Bad input is refused with a code.
+func TestLaneShareReadsTheFairShareWithoutWriting(t *testing.T) {
+	s := laneDB(t)
+	ctx := context.Background()
+	share := func(owner string) int {
+		t.Helper()
+		n, total, err := fencing.LaneShare(ctx, s.DB, owner)
+		require.NoError(t, err)
+		require.Equal(t, 32, total)
+		return n
+	}
+	require.Equal(t, 32, share("a"), "alone")
+	_, err := s.DB.Exec(`INSERT INTO messaging_relay_heartbeat (owner, expires_at, fence) VALUES
+		('a', now() + interval '1 minute', 'LANES'), ('b', now() + interval '1 minute', 'LANES'),
+		('c', now() + interval '1 minute', 'LANES'), ('gone', now() - interval '1 second', 'LANES')`)
+	require.NoError(t, err)
+	require.Equal(t, 11, share("a"), "three live relays: ceil(32 / 3)")
+	require.Equal(t, 8, share("d"), "a fourth, not yet beating, counts itself")
+	_, err = s.DB.Exec(`INSERT INTO messaging_relay_heartbeat (owner, expires_at, kind, slot_name) VALUES ('cdc', now() + interval '1 minute', 'CDC', 'slot')`)
+	require.NoError(t, err)
+	require.Equal(t, 11, share("a"), "a CDC relay claims no lanes")
+
+	r := takeLanes(t, s.DB, "a", time.Minute, 25)
+	require.Len(t, r.state.Owned, 11, "TakeLanes takes the share LaneShare read")
+	var lanesBefore, heartbeatsBefore string
+	require.NoError(t, s.DB.QueryRow(`SELECT string_agg(l::text, ';' ORDER BY lane) FROM messaging_relay_lane l`).Scan(&lanesBefore))
+	require.NoError(t, s.DB.QueryRow(`SELECT string_agg(h::text, ';' ORDER BY owner) FROM messaging_relay_heartbeat h`).Scan(&heartbeatsBefore))
+	share("a")
+	var lanesAfter, heartbeatsAfter string
+	require.NoError(t, s.DB.QueryRow(`SELECT string_agg(l::text, ';' ORDER BY lane) FROM messaging_relay_lane l`).Scan(&lanesAfter))
+	require.NoError(t, s.DB.QueryRow(`SELECT string_agg(h::text, ';' ORDER BY owner) FROM messaging_relay_heartbeat h`).Scan(&heartbeatsAfter))
+	require.Equal(t, lanesBefore, lanesAfter, "LaneShare writes no lane")
+	require.Equal(t, heartbeatsBefore, heartbeatsAfter, "nor a heartbeat")
+
+	_, _, err = fencing.LaneShare(ctx, s.DB, "")
+	require.ErrorIs(t, err, fencing.ErrInvalidArgument)
+	_, err = s.DB.Exec(`DELETE FROM messaging_relay_lane_held; DELETE FROM messaging_relay_lane`)
+	require.NoError(t, err)
+	_, _, err = fencing.LaneShare(ctx, s.DB, "a")
+	require.ErrorIs(t, err, &outbox.Error{Code: fencing.CodeLanesMissing})
+}

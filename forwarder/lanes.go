@@ -64,7 +64,44 @@ func (cl *claimer) advanceFloors(lanes []int, total int) {
 		if _, err := fencing.AdvanceLaneFloors(ctx, cl.db, cl.cfg.Owner, lanes, total); err != nil {
 			cl.logger.Error("Outbox lane floors not advanced; claims start at the floors as they are", err, nil)
 		}
+		cl.followShare(ctx)
 	}()
+}
+
+// followShare renews the lanes now, not at the next renewal (a third of
+// LeaseDuration away), when the fleet changed since the last renewal (the
+// fair share is not what it was: a relay joined or left) or when a lane
+// over the share waits to be given back and nothing claimed there is held
+// any more. It runs beside the claims, with the floors' advance (every
+// floorEvery while the relay claims), and reads the share without writing
+// (fencing.LaneShare): a renewal writes every lane of the relay and waits
+// for its outcome writes, so it runs only when something is to be done.
+//
+// Without it, a relay that joined a busy fleet claimed nothing until a
+// relay over its share next renewed: on a 50,000-row drain the first of
+// four relays took every lane and relayed the whole backlog alone.
+func (cl *claimer) followShare(ctx context.Context) {
+	share, _, err := fencing.LaneShare(ctx, cl.db, cl.cfg.Owner)
+	if err != nil {
+		cl.logger.Error("Outbox lanes' fair share not read; the lanes follow the fleet at their next renewal", err, nil)
+		return
+	}
+	cl.lanesMu.Lock()
+	defer cl.lanesMu.Unlock()
+	k := &cl.lanes
+	if !k.entered || k.total == 0 {
+		return
+	}
+	due := share != k.share
+	for _, since := range k.draining {
+		if due {
+			break
+		}
+		due = !cl.heldSince(since)
+	}
+	if due {
+		cl.renewLanesLocked(ctx)
+	}
 }
 
 // waitFloors waits for the advance of the floors in progress, if any

@@ -126,3 +126,74 @@ func TestLaneRelaysRebalanceAsTheyJoinAndLeave(t *testing.T) {
 	require.NoError(t, a.Close())
 	require.NoError(t, <-aDone)
 }
+
+// Relays follow the fleet between their renewals: with renewals an hour
+// apart (HeartbeatInterval and LeaseDuration that long), a relay that joins
+// still gets its share at once, while the first relay keeps claiming a
+// backlog (it reads the fair share beside its claims, fencing.LaneShare,
+// and gives back what it no longer holds), and the lanes of a relay that
+// leaves go back to the one left. Before, the newcomer waited for the first
+// relay's next renewal: a third of LeaseDuration, 10 s at the defaults,
+// the whole of a 50,000-row drain.
+func TestLaneRelaysFollowTheFleetBetweenRenewals(t *testing.T) {
+	s := newDB(t)
+	ctx := context.Background()
+	require.NoError(t, fencing.SetLaneCount(ctx, s.DB, 32, 25))
+	owned := func(owner string) int {
+		var n int
+		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_relay_lane WHERE owner = $1 AND lease_expires_at > now()`, owner).Scan(&n))
+		return n
+	}
+	// A backlog the relays work on throughout: each publish waits for the
+	// test to let it through, one at a time.
+	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload)
+		SELECT 'm' || g, 'orders', '\x7b7d' FROM generate_series(1, 2000) g`)
+	require.NoError(t, err)
+	gate := make(chan struct{})
+	defer close(gate)
+	start := func(owner string) (*forwarder.Forwarder, chan error) {
+		down := &recorder{behave: func(string, *message.Message) (bool, error) {
+			<-gate
+			return true, nil
+		}}
+		f, err := forwarder.New(s.DB, down, nil, forwarder.Config{Owner: owner, Fence: forwarder.FenceLanes,
+			HeartbeatInterval: time.Hour, LeaseDuration: time.Hour, PublishTimeout: time.Second,
+			BatchSize: 10, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond})
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- f.Run(ctx) }()
+		return f, done
+	}
+	let := func() { // one publish through, if one waits
+		select {
+		case gate <- struct{}{}:
+		default:
+		}
+	}
+	a, aDone := start("a")
+	await.Until(t, func() bool { return owned("a") == 32 }, "alone, a takes every lane")
+	b, bDone := start("b")
+	await.Until(t, func() bool { let(); return owned("a") == 16 && owned("b") == 16 },
+		"a busy relay gives half its lanes to the one that joined (a has %d, b %d)", owned("a"), owned("b"))
+	closed := make(chan error, 1)
+	go func() { closed <- b.Close() }()
+	for len(closed) == 0 { // b drains what it holds: its publishes go through
+		select {
+		case gate <- struct{}{}:
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	require.NoError(t, <-closed)
+	require.NoError(t, <-bDone)
+	require.Equal(t, 0, owned("b"), "a stopping relay gives its lanes back")
+	await.Until(t, func() bool { let(); return owned("a") == 32 }, "a takes the lanes b gave back")
+	go func() { closed <- a.Close() }()
+	for len(closed) == 0 {
+		select {
+		case gate <- struct{}{}:
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	require.NoError(t, <-closed)
+	require.NoError(t, <-aDone)
+}

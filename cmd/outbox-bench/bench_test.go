@@ -50,7 +50,7 @@ func tinyConfig(t *testing.T) Config {
 	cfg.SteadyRate, cfg.SteadyKeys, cfg.SteadyWriters = 100, 5, 2
 	cfg.RecoveryBacklog, cfg.Outage = cfg.Backlog, time.Second
 	cfg.WriteKeys = 3
-	cfg.LaneClaimRows, cfg.LaneClaimBatch = 400, 50
+	cfg.LaneClaimRows, cfg.LaneClaimBatch, cfg.LaneClaimWarm = 400, 50, 0
 	cfg.SustainedRows, cfg.SustainedRounds = 200, 2
 	return cfg
 }
@@ -202,7 +202,7 @@ func expectedResults(cfg Config) []string {
 	}
 	for _, lc := range laneClaimCases(1) {
 		if cfg.runs("claimcost") {
-			want = append(want, lc.name(), lc.name()+"/cpu")
+			want = append(want, lc.name(), lc.name()+"/cpu", lc.name()+"/cold", lc.name()+"/cold/cpu")
 		}
 	}
 	for _, mode := range []string{modeNoSnapshot, modeSnapshot} {
@@ -521,6 +521,22 @@ func TestSustainedOptIn(t *testing.T) {
 	cfg.SustainedRounds = 1
 	_, err := run(context.Background(), cfg, nil)
 	require.ErrorContains(t, err, "-sustained-rounds")
+}
+
+// A negative warm-up of the lane claim cells is refused before anything
+// runs; a backlog that leaves an owner no claim after its warm-up fails the
+// cell instead of timing nothing.
+func TestLaneClaimWarmUpIsChecked(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.LaneClaimWarm = -1
+	_, err := run(context.Background(), cfg, nil)
+	require.ErrorContains(t, err, "-lane-claim-warm")
+
+	cfg = tinyConfig(t)
+	cfg.Only = []string{"claimcost"}
+	cfg.LaneClaimWarm = 1000
+	_, err = run(context.Background(), cfg, nil)
+	require.ErrorContains(t, err, "raise -lane-claim-rows")
 }
 
 // The lane scheme's targets are bounds from above: met at or below the

@@ -79,6 +79,8 @@ type Config struct {
 	// owners (lanecost.go).
 	LaneClaimRows  int `json:"lane_claim_rows"`
 	LaneClaimBatch int `json:"lane_claim_batch"`
+	LaneClaimWarm  int `json:"lane_claim_warm"` // each owner's first claims, not timed
+
 	// Sustained rounds (group "sustained", opt-in): SustainedRounds
 	// fill-and-drain rounds of SustainedRows rows in one schema.
 	SustainedRows   int `json:"sustained_rows"`
@@ -94,7 +96,7 @@ func defaultConfig() Config {
 		Probes: 30, DrainTimeout: 5 * time.Minute,
 		Keys: []int{1, 10, 100, 1000, 10000}, ParkedBehind: 20000, ClaimKeys: 100, ClaimPerKey: 500, ClaimProbes: 200,
 		SteadyRate: 5000, SteadyKeys: 100, SteadyWriters: 4, RecoveryBacklog: 50000, Outage: 60 * time.Second, WriteKeys: 100,
-		LaneClaimRows: 20000, LaneClaimBatch: forwarder.DefaultBatchSize, SustainedRows: 20000, SustainedRounds: 6,
+		LaneClaimRows: 80000, LaneClaimBatch: forwarder.DefaultBatchSize, LaneClaimWarm: DefaultLaneClaimWarm, SustainedRows: 20000, SustainedRounds: 6,
 	}
 }
 

@@ -32,6 +32,17 @@ import (
 // round trip). Nothing is published; the outcomes are the only other
 // statements.
 //
+// Warm connections: each owner's first LaneClaimWarm claims are not timed
+// (their rows are claimed as the others are). A new backend's first
+// statements pay once what a relay that runs for hours pays once too: its
+// catalog caches, the five custom plans PostgreSQL makes of each prepared
+// statement before it considers the generic one (the walk over keys is
+// 20 KB of SQL, 4-5 ms to plan), and the first touch of every shared buffer
+// it maps. Four owners pay it four times over a quarter of the rows each,
+// which on a short backlog made the cell measure connection start-up
+// (BENCHMARKS.md, session 8). <cell>/cold counts every claim, for
+// comparison.
+//
 // Beside each, <cell>/cpu: the CPU time the owners' server backends ran
 // during their Claim calls (/proc/<backend pid>/schedstat, read before and
 // after each call: nanoseconds on a CPU, time waiting for one left out), per
@@ -84,27 +95,60 @@ const (
 	floorEvery   = 250 * time.Millisecond
 	probeLanes   = 32
 	probeLaneTTL = 10 * time.Minute
+	// DefaultLaneClaimWarm is how many claims of each owner warm its
+	// connection up (not timed; -lane-claim-warm): six walks over keys, so
+	// that every statement the owner runs has been planned five times and
+	// had its generic plan weighed.
+	DefaultLaneClaimWarm = 6 * walkEvery
 )
 
 func runLaneClaimCost(ctx context.Context, e *env, cfg Config, c *collector, rep int, payload []byte, logf func(string, ...any)) error {
 	for _, lc := range laneClaimCases(rep) {
-		res, err := laneClaimCell(ctx, e, cfg.LaneClaimRows, cfg.LaneClaimBatch, lc.relays, lc.serial, payload)
+		res, err := laneClaimCell(ctx, e, cfg.LaneClaimRows, cfg.LaneClaimBatch, cfg.LaneClaimWarm, lc.relays, lc.serial, payload)
 		if err != nil {
 			return fmt.Errorf("%s: %w", lc.name(), err)
 		}
 		c.add("claimcost", lc.name(), "µs/row", res.wallUS)
 		c.add("claimcost", lc.name()+"/cpu", "µs/row", res.cpuUS)
-		logf("  %-28s %8.2f µs per claimed row, server backend CPU %.2f µs (%d claims)", lc.name(), res.wallUS, res.cpuUS, res.claims)
+		c.add("claimcost", lc.name()+"/cold", "µs/row", res.cold.wallUS)
+		c.add("claimcost", lc.name()+"/cold/cpu", "µs/row", res.cold.cpuUS)
+		logf("  %-28s %8.2f µs per claimed row, server backend CPU %.2f µs (%d claims after %d to warm up each connection; counting those: %.2f and %.2f µs)",
+			lc.name(), res.wallUS, res.cpuUS, res.claims, cfg.LaneClaimWarm, res.cold.wallUS, res.cold.cpuUS)
 	}
 	return nil
 }
 
 // laneClaim is one lane claim cell's result: µs per claimed row of the
-// Claim calls (wall) and of their backends' CPU, and the claims that
-// returned rows.
+// timed Claim calls (wall) and of their backends' CPU, and the timed claims
+// that returned rows; cold counts every claim, the warm-up's too.
 type laneClaim struct {
 	wallUS, cpuUS float64
 	claims        int
+	cold          struct{ wallUS, cpuUS float64 }
+}
+
+// claimTally sums Claim calls: their wall time, their backends' CPU, the
+// rows they claimed and how many they were.
+type claimTally struct {
+	wall, cpu    time.Duration
+	rows, claims int
+}
+
+func (t *claimTally) add(o claimTally) {
+	t.wall, t.cpu, t.rows, t.claims = t.wall+o.wall, t.cpu+o.cpu, t.rows+o.rows, t.claims+o.claims
+}
+
+// perRow returns the tally's wall and CPU time per claimed row in µs (CPU
+// 0 when noCPU).
+func (t claimTally) perRow(noCPU bool) (wallUS, cpuUS float64) {
+	if t.rows == 0 {
+		return 0, 0
+	}
+	wallUS = float64(t.wall.Microseconds()) / float64(t.rows)
+	if !noCPU {
+		cpuUS = float64(t.cpu.Microseconds()) / float64(t.rows)
+	}
+	return wallUS, cpuUS
 }
 
 // backendCPU is the CPU time a server process has run, from
@@ -123,8 +167,8 @@ func backendCPU(pid int) (time.Duration, error) {
 }
 
 // laneClaimCell drains a rows-row backlog with relays lane owners as
-// described above.
-func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial bool, payload []byte) (laneClaim, error) {
+// described above, timing each owner's claims after its first warm.
+func laneClaimCell(ctx context.Context, e *env, rows, batch, warm, relays int, serial bool, payload []byte) (laneClaim, error) {
 	if relays < 1 || probeLanes%relays != 0 {
 		return laneClaim{}, fmt.Errorf("%d relays do not share %d lanes evenly", relays, probeLanes)
 	}
@@ -194,24 +238,23 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial 
 	settle(ctx, s.db)
 
 	var (
-		mu      sync.Mutex // serial: one claim and its outcome at a time
-		sumMu   sync.Mutex
-		spent   time.Duration
-		cpu     time.Duration
-		noCPU   bool
-		claimed int
-		claims  int
-		wg      sync.WaitGroup
-		errs    = make([]error, relays)
+		mu          sync.Mutex // serial: one claim and its outcome at a time
+		sumMu       sync.Mutex
+		timed, cold claimTally
+		noCPU       bool
+		cold0       bool // an owner's lanes ran out before its warm-up ended
+		wg          sync.WaitGroup
+		errs        = make([]error, relays)
 	)
 	for i, o := range owners {
 		wg.Go(func() {
-			var own, ownCPU time.Duration
-			var n, k int
+			var own, all claimTally
 			defer func() {
 				sumMu.Lock()
-				spent, cpu, claimed, claims = spent+own, cpu+ownCPU, claimed+n, claims+k
+				timed.add(own)
+				cold.add(all)
 				noCPU = noCPU || o.pid == 0
+				cold0 = cold0 || (warm > 0 && own.claims == 0)
 				sumMu.Unlock()
 			}()
 			var cpu0, cpu1 time.Duration
@@ -263,10 +306,11 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial 
 				if len(got) == 0 {
 					return
 				}
-				own += d
-				ownCPU += cpu1 - cpu0
-				n += len(got)
-				k++
+				one := claimTally{wall: d, cpu: cpu1 - cpu0, rows: len(got), claims: 1}
+				all.add(one)
+				if all.claims > warm {
+					own.add(one)
+				}
 			}
 		})
 	}
@@ -276,12 +320,14 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, relays int, serial 
 			return laneClaim{}, err
 		}
 	}
-	if claimed != rows {
-		return laneClaim{}, fmt.Errorf("%d rows claimed, want %d", claimed, rows)
+	if cold.rows != rows {
+		return laneClaim{}, fmt.Errorf("%d rows claimed, want %d", cold.rows, rows)
 	}
-	res := laneClaim{wallUS: float64(spent.Microseconds()) / float64(claimed), claims: claims}
-	if !noCPU {
-		res.cpuUS = float64(cpu.Microseconds()) / float64(claimed)
+	if cold0 {
+		return laneClaim{}, fmt.Errorf("%d rows in claims of %d leave an owner of %d no claim after its %d to warm up: raise -lane-claim-rows", rows, batch, relays, warm)
 	}
+	res := laneClaim{claims: timed.claims}
+	res.wallUS, res.cpuUS = timed.perRow(noCPU)
+	res.cold.wallUS, res.cold.cpuUS = cold.perRow(noCPU)
 	return res, nil
 }

@@ -63,6 +63,7 @@ func main() {
 	flag.IntVar(&cfg.WriteKeys, "write-keys", cfg.WriteKeys, "write: ordering keys of the keyed write cells")
 	flag.IntVar(&cfg.LaneClaimRows, "lane-claim-rows", cfg.LaneClaimRows, "claimcost: backlog rows of the lane claim cells (claimcost/lanes/x1, x4)")
 	flag.IntVar(&cfg.LaneClaimBatch, "lane-claim-batch", cfg.LaneClaimBatch, "claimcost: rows per claim of the lane claim cells")
+	flag.IntVar(&cfg.LaneClaimWarm, "lane-claim-warm", cfg.LaneClaimWarm, "claimcost: each lane owner's first claims, not timed (they warm its connection up)")
 	flag.IntVar(&cfg.SustainedRows, "sustained-rows", cfg.SustainedRows, "sustained: rows filled and drained per round")
 	flag.IntVar(&cfg.SustainedRounds, "sustained-rounds", cfg.SustainedRounds, "sustained: consecutive rounds in one schema (>= 2)")
 	flag.IntVar(&cfg.DBLatencyMs, "db-latency-ms", 0, "delay every reply from the database by this many milliseconds (an in-process toxiproxy): the relays as they run over a network")

@@ -95,6 +95,9 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 			return nil, fmt.Errorf("%s must be at least 1, got %d", f.flag, f.v)
 		}
 	}
+	if cfg.LaneClaimWarm < 0 {
+		return nil, fmt.Errorf("-lane-claim-warm must be at least 0, got %d", cfg.LaneClaimWarm)
+	}
 	if cfg.SustainedRounds < 2 {
 		return nil, fmt.Errorf("-sustained-rounds must be at least 2, got %d", cfg.SustainedRounds)
 	}
