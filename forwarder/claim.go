@@ -70,6 +70,8 @@ func (cl *claimer) claim(ctx context.Context, cont []fencing.Continuation) claim
 	defer func() { cl.claimConn.give(pc) }() // after the batch's draining is known
 	dbctx = withPinned(dbctx, pc)
 	at := cl.localNow()
+	cl.setClaiming(at)
+	defer cl.setClaiming(time.Time{})
 	// Every statement below may commit on the server and still fail here
 	// (a row the client cannot read, the timeout, the connection lost
 	// while reading). The rows of each one that succeeds are recorded as

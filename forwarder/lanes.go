@@ -226,16 +226,31 @@ func (cl *claimer) giveBackLanes(ctx context.Context) {
 	cl.lanes.owned, cl.lanes.draining = nil, nil
 }
 
-// heldSince reports whether the relay holds a row claimed at or before t.
+// heldSince reports whether the relay holds a row claimed at or before t,
+// counting a claim in progress that started then: its statements may have
+// recorded rows on the lanes already, and it records them in held only
+// when they return (a lane given back in between would be given back with
+// rows in flight, its record cleared, and a crash would charge them no
+// attempt).
 func (cl *claimer) heldSince(t time.Time) bool {
 	cl.heldMu.Lock()
 	defer cl.heldMu.Unlock()
+	if !cl.claiming.IsZero() && !cl.claiming.After(t) {
+		return true
+	}
 	for _, h := range cl.held {
 		if !h.at.After(t) {
 			return true
 		}
 	}
 	return false
+}
+
+// setClaiming records the start of the claim in progress (zero: it ended).
+func (cl *claimer) setClaiming(at time.Time) {
+	cl.heldMu.Lock()
+	cl.claiming = at
+	cl.heldMu.Unlock()
 }
 
 // enterFence makes the relay's fence scheme the fleet's, refusing with
