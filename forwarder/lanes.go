@@ -64,7 +64,9 @@ func (cl *claimer) advanceFloors(lanes []int, total int) {
 		if _, err := fencing.AdvanceLaneFloors(ctx, cl.db, cl.cfg.Owner, lanes, total); err != nil {
 			cl.logger.Error("Outbox lane floors not advanced; claims start at the floors as they are", err, nil)
 		}
-		cl.followShare(ctx)
+		if cl.draining.Load() {
+			cl.followShare(ctx)
+		}
 	}()
 }
 
@@ -73,9 +75,11 @@ func (cl *claimer) advanceFloors(lanes []int, total int) {
 // fair share is not what it was: a relay joined or left) or when a lane
 // over the share waits to be given back and nothing claimed there is held
 // any more. It runs beside the claims, with the floors' advance (every
-// floorEvery while the relay claims), and reads the share without writing
-// (fencing.LaneShare): a renewal writes every lane of the relay and waits
-// for its outcome writes, so it runs only when something is to be done.
+// floorEvery), while the relay drains full batches: an idle relay's lanes
+// follow the fleet at its renewals, and its polls cost no statement more.
+// It reads the share without writing (fencing.LaneShare): a renewal writes
+// every lane of the relay and waits for its outcome writes, so it runs only
+// when something is to be done.
 //
 // Without it, a relay that joined a busy fleet claimed nothing until a
 // relay over its share next renewed: on a 50,000-row drain the first of
