@@ -224,7 +224,7 @@ func expectedResults(cfg Config) []string {
 			}
 		}
 	}
-	for _, k := range latencyKinds {
+	for _, k := range idleKinds {
 		if cfg.runs("idle") {
 			want = append(want, idleName(k))
 		}

@@ -12,6 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+	"github.com/fencedoutbox/watermill-outbox/forwarder"
 )
 
 // load is a latency cell's steady write load: rate messages per second in
@@ -231,7 +233,13 @@ func idleCell(ctx context.Context, e *env, kind string, dur time.Duration) (floa
 		return 0, err
 	}
 	defer s.drop()
-	if kind != relayOurs {
+	ours := kind == relayOurs || kind == relayOursLanes
+	switch {
+	case kind == relayOursLanes:
+		if err := fencing.SetLaneCount(ctx, s.db, 32, forwarder.DefaultMaxAttempts); err != nil {
+			return 0, err
+		}
+	case !ours:
 		if err := initWatermillTables(ctx, s.db); err != nil {
 			return 0, err
 		}
@@ -252,7 +260,7 @@ func idleCell(ctx context.Context, e *env, kind string, dur time.Duration) (floa
 	}
 	defer snk.close()
 	start := time.Now()
-	r, err := startRelay(sctx, s, kind, 1, snk.ch, kind == relayOurs)
+	r, err := startRelay(sctx, s, kind, 1, snk.ch, ours)
 	if err != nil {
 		return 0, err
 	}

@@ -78,6 +78,11 @@ var writeImpls = []string{implPublisher, implWatermill, implRaw, implPublisherPl
 
 var latencyKinds = []string{relayOurs, relayWMDefault, relayWMTuned}
 
+// idleKinds are the relays of the idle cells: the latency cells' and the
+// lane relay (issue 30: its floors and its lanes' upkeep run beside its
+// polls).
+var idleKinds = append(append([]string(nil), latencyKinds...), relayOursLanes)
+
 func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	if cfg.Reps < 1 {
 		return nil, fmt.Errorf("-reps must be at least 1")
@@ -220,7 +225,7 @@ func run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 				return nil, err
 			}
 		}
-		for _, k := range latencyKinds {
+		for _, k := range idleKinds {
 			if !cfg.runs("idle") {
 				break
 			}
