@@ -70,8 +70,7 @@ func (cl *claimer) claim(ctx context.Context, cont []fencing.Continuation) claim
 	defer func() { cl.claimConn.give(pc) }() // after the batch's draining is known
 	dbctx = withPinned(dbctx, pc)
 	at := cl.localNow()
-	cl.setClaiming(at)
-	defer cl.setClaiming(time.Time{})
+	defer cl.setClaiming(time.Time{}) // set by claimLanes
 	// Every statement below may commit on the server and still fail here
 	// (a row the client cannot read, the timeout, the connection lost
 	// while reading). The rows of each one that succeeds are recorded as
@@ -104,7 +103,7 @@ func (cl *claimer) claim(ctx context.Context, cont []fencing.Continuation) claim
 	var laneCount int
 	if cl.cfg.Fence == FenceLanes {
 		var err error
-		if lanes, laneCount, err = cl.claimLanes(dbctx); err != nil || len(lanes) == 0 {
+		if lanes, laneCount, err = cl.claimLanes(dbctx, at); err != nil || len(lanes) == 0 {
 			cl.giveMem(mem)
 			return claimedBatch{claimedAt: at, err: err}
 		}

@@ -65,7 +65,9 @@ func (cl *claimer) advanceFloors(lanes []int, total int) {
 			cl.logger.Error("Outbox lane floors not advanced; claims start at the floors as they are", err, nil)
 		}
 		if cl.draining.Load() {
-			cl.followShare(ctx)
+			sctx, cancel := context.WithTimeout(context.Background(), cl.dbTimeout)
+			defer cancel()
+			cl.followShare(sctx)
 		}
 	}()
 }
@@ -116,11 +118,14 @@ func (cl *claimer) waitFloors() { cl.floorsRun.Wait() }
 // lease, so two renewals may fail before a lane can be taken.
 func (cl *claimer) laneRenewEvery() time.Duration { return cl.cfg.LeaseDuration / 3 }
 
-// claimLanes returns the lanes a claim may read now, in the order to serve
-// them, and the table's lane count, renewing the lanes first when due. It
-// returns no lanes when the relay owns none, or when it could not renew them
-// for so long that another relay may have taken them.
-func (cl *claimer) claimLanes(ctx context.Context) ([]int, int, error) {
+// claimLanes returns the lanes a claim that started at may read now, in the
+// order to serve them, and the table's lane count, renewing the lanes first
+// when due. It returns no lanes when the relay owns none, or when it could
+// not renew them for so long that another relay may have taken them. From
+// the renewal on the claim counts as holding rows (heldSince): a lane over
+// the share marked after that may be in its list. One that the renewal
+// itself marked is not, so the renewal can give it back at once.
+func (cl *claimer) claimLanes(ctx context.Context, at time.Time) ([]int, int, error) {
 	cl.lanesMu.Lock()
 	defer cl.lanesMu.Unlock()
 	k := &cl.lanes
@@ -134,6 +139,7 @@ func (cl *claimer) claimLanes(ctx context.Context) ([]int, int, error) {
 	if now.Sub(k.renewedAt) >= cl.laneRenewEvery() || (len(k.owned) < k.share && now.Sub(k.tried) >= cl.cfg.PollInterval) || k.total == 0 {
 		cl.renewLanesLocked(ctx)
 	}
+	cl.setClaiming(at)
 	if time.Since(k.renewedAt) >= cl.cfg.LeaseDuration/2 {
 		return nil, k.total, nil // not renewed for half a lease: claim nothing until a renewal succeeds
 	}
@@ -184,6 +190,15 @@ func (cl *claimer) renewLanesLocked(ctx context.Context) {
 		if !slices.ContainsFunc(k.owned, func(o fencing.LaneLease) bool { return o.Lane == l }) {
 			delete(k.draining, l)
 		}
+	}
+	// A share that rose again (a relay left before the lanes it caused to
+	// be marked were given back): they are served again, not given back
+	// and taken anew.
+	for l := range k.draining {
+		if len(k.owned)-len(k.draining) >= k.share {
+			break
+		}
+		delete(k.draining, l)
 	}
 	// Lanes over the share (other relays joined): no more claims there;
 	// given back once nothing claimed before is held.

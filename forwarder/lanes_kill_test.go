@@ -157,11 +157,12 @@ func TestLaneRelaysFollowTheFleetBetweenRenewals(t *testing.T) {
 			return true, nil
 		}}
 		f, err := forwarder.New(s.DB, down, nil, forwarder.Config{Owner: owner, Fence: forwarder.FenceLanes,
-			HeartbeatInterval: time.Hour, LeaseDuration: time.Hour, PublishTimeout: time.Second,
+			HeartbeatInterval: time.Hour, LeaseDuration: time.Hour, PublishTimeout: 30 * time.Second,
 			BatchSize: 10, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond})
 		require.NoError(t, err)
 		done := make(chan error, 1)
 		go func() { done <- f.Run(ctx) }()
+		t.Cleanup(func() { _ = f.Close() }) // after the gate closed (a deferred close runs first)
 		return f, done
 	}
 	let := func() { // one publish through, if one waits
