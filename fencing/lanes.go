@@ -51,6 +51,11 @@ var ErrLanesBusy = &outbox.Error{Code: CodeLanesBusy}
 // MaxLanes bounds the lane count (the table's CHECK).
 const MaxLanes = 4096
 
+// noLanes is LANES_MISSING for op: the lane table has no rows.
+func noLanes(op string) error {
+	return outbox.Errorf(CodeLanesMissing, op, "messaging_relay_lane has no rows: run the migrations (00050)")
+}
+
 // LaneCount returns the number of lanes of the schema (the rows of
 // messaging_relay_lane), LANES_MISSING when it has none.
 func LaneCount(ctx context.Context, db DBTX) (int, error) {
@@ -59,7 +64,7 @@ func LaneCount(ctx context.Context, db DBTX) (int, error) {
 		return 0, fmt.Errorf("fencing.LaneCount: %w", err)
 	}
 	if n == 0 {
-		return 0, outbox.Errorf(CodeLanesMissing, "fencing.LaneCount", "messaging_relay_lane has no rows: run the migrations (00050)")
+		return 0, noLanes("fencing.LaneCount")
 	}
 	return n, nil
 }
@@ -247,7 +252,7 @@ func TakeLanes(ctx context.Context, db DBTX, p LaneParams) (LaneState, error) {
 		return LaneState{}, fmt.Errorf("%s: %w", op, err)
 	}
 	if st.Total == 0 {
-		return LaneState{}, outbox.Errorf(CodeLanesMissing, op, "messaging_relay_lane has no rows: run the migrations (00050)")
+		return LaneState{}, noLanes(op)
 	}
 	slices.SortFunc(st.Owned, func(a, b LaneLease) int { return cmp.Compare(a.Lane, b.Lane) })
 	return st, nil
@@ -269,7 +274,7 @@ func LaneShare(ctx context.Context, db DBTX, owner string) (share, total int, er
 		return 0, 0, fmt.Errorf("%s: %w", op, err)
 	}
 	if total == 0 {
-		return 0, 0, outbox.Errorf(CodeLanesMissing, op, "messaging_relay_lane has no rows: run the migrations (00050)")
+		return 0, 0, noLanes(op)
 	}
 	return share, total, nil
 }

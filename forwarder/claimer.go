@@ -49,9 +49,10 @@ type claimer struct {
 	// and a lane claim skips them (by seq).
 	heldMu sync.Mutex
 	held   map[string]heldRow
-	// claiming is the local time the claim in progress started (zero:
-	// none), under heldMu: its rows are held from then on, though recorded
-	// in held only once its statements returned (heldSince).
+	// claiming is the local time the lane claim in progress started (zero:
+	// none; set by claimLanes once the claim's lanes are renewed), under
+	// heldMu: its rows are held from then on, though recorded in held only
+	// once its statements returned (heldSince).
 	claiming time.Time
 	// lanes are the lanes this relay owns (FenceLanes), under lanesMu.
 	lanesMu sync.Mutex

@@ -98,16 +98,22 @@ func (cl *claimer) followShare(ctx context.Context) {
 	if !k.entered || k.total == 0 {
 		return
 	}
-	due := share != k.share
-	for _, since := range k.draining {
-		if due {
-			break
-		}
-		due = !cl.heldSince(since)
-	}
-	if due {
+	if share != k.share || len(cl.settledLocked()) > 0 {
 		cl.renewLanesLocked(ctx)
 	}
+}
+
+// settledLocked returns the lanes over the share that nothing claimed
+// before they were marked is held in any more: those to give back (under
+// lanesMu).
+func (cl *claimer) settledLocked() []int {
+	var back []int
+	for l, since := range cl.lanes.draining {
+		if !cl.heldSince(since) {
+			back = append(back, l)
+		}
+	}
+	return back
 }
 
 // waitFloors waits for the advance of the floors in progress, if any
@@ -210,12 +216,7 @@ func (cl *claimer) renewLanesLocked(ctx context.Context) {
 			k.draining[k.owned[i].Lane] = cl.localNow() // the clock cl.held is stamped with
 		}
 	}
-	var back []int
-	for l, since := range k.draining {
-		if !cl.heldSince(since) {
-			back = append(back, l)
-		}
-	}
+	back := cl.settledLocked()
 	if len(back) == 0 {
 		return
 	}

@@ -242,7 +242,7 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, warm, relays int, s
 		sumMu       sync.Mutex
 		timed, cold claimTally
 		noCPU       bool
-		cold0       bool // an owner's lanes ran out before its warm-up ended
+		unwarmed    bool // an owner's lanes ran out before its warm-up ended
 		wg          sync.WaitGroup
 		errs        = make([]error, relays)
 	)
@@ -254,7 +254,7 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, warm, relays int, s
 				timed.add(own)
 				cold.add(all)
 				noCPU = noCPU || o.pid == 0
-				cold0 = cold0 || (warm > 0 && own.claims == 0)
+				unwarmed = unwarmed || (warm > 0 && own.claims == 0)
 				sumMu.Unlock()
 			}()
 			var cpu0, cpu1 time.Duration
@@ -323,7 +323,7 @@ func laneClaimCell(ctx context.Context, e *env, rows, batch, warm, relays int, s
 	if cold.rows != rows {
 		return laneClaim{}, fmt.Errorf("%d rows claimed, want %d", cold.rows, rows)
 	}
-	if cold0 {
+	if unwarmed {
 		return laneClaim{}, fmt.Errorf("%d rows in claims of %d leave an owner of %d no claim after its %d to warm up: raise -lane-claim-rows", rows, batch, relays, warm)
 	}
 	res := laneClaim{claims: timed.claims}
