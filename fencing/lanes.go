@@ -85,7 +85,9 @@ type LaneParams struct {
 }
 
 // LaneState is what [TakeLanes] found: the lanes the owner holds now and its
-// fair share, ceil(lanes / live polling relays).
+// fair share: the lanes split evenly between the live polling relays, the
+// remainder one each to the first of them by owner name (in bytes), so the
+// shares add up to the lane count.
 type LaneState struct {
 	Owned []LaneLease // in lane order
 	Taken []int       // the lanes of Owned taken by this call
@@ -135,19 +137,31 @@ func chargeOwed(budget, detail string) string {
 
 // laneShareCTEs are the CTEs total (the table's lane count), live (the
 // live polling relays, owner $1 counted whether or not its heartbeat is
-// live) and share (owner $1's fair share: ceil(total / live)), for
-// takeLanesSQL and laneShareSQL.
+// live, and how many of them sort before $1) and share (owner $1's fair
+// share), for takeLanesSQL and laneShareSQL.
+//
+// The shares add up to the lane count: each relay has total / live lanes,
+// and the first total % live of them by owner name one more. Every relay
+// reads the same heartbeats, so each computes the same split. As
+// ceil(total / live) for every relay, the shares added up to more lanes
+// than there are: of three relays on 32 lanes one stayed a lane short, and
+// of five one held 4 against the others' 7, each tried to take its missing
+// lanes at every poll interval, and none was ever free.
 const laneShareCTEs = `total AS (SELECT count(*)::int AS n FROM messaging_relay_lane),
 live AS (
-    SELECT 1 + count(*)::int AS n FROM messaging_relay_heartbeat
-     WHERE kind = 'POLLING' AND expires_at > now() AND owner <> $1
+    SELECT count(*)::int AS n, count(*) FILTER (WHERE r.owner COLLATE "C" < $1 COLLATE "C")::int AS before
+      FROM (SELECT owner FROM messaging_relay_heartbeat
+             WHERE kind = 'POLLING' AND expires_at > now() AND owner <> $1
+            UNION ALL SELECT $1) r
 ),
-share AS (SELECT ((SELECT n FROM total) + (SELECT n FROM live) - 1) / (SELECT n FROM live) AS n)`
+share AS (
+    SELECT t.n / l.n + CASE WHEN l.before < t.n % l.n THEN 1 ELSE 0 END AS n FROM total t, live l
+)`
 
 // takeLanesSQL renews every lane of $1 (one statement per heartbeat), marks
 // its heartbeat as a lane relay's, and takes unowned or expired lanes up to
-// its fair share: ceil(lanes / live polling relays), preferring unowned
-// ones. Each lane taken gets a new epoch; the rows its expired owner held
+// its fair share (laneShareCTEs: the lanes split evenly between the live
+// polling relays), preferring unowned ones. Each lane taken gets a new epoch; the rows its expired owner held
 // there and wrote no outcome for (the same attempts as recorded) are
 // charged an attempt, and parked EXHAUSTED when that spends the budget $3.
 var takeLanesSQL = `
@@ -261,7 +275,7 @@ func TakeLanes(ctx context.Context, db DBTX, p LaneParams) (LaneState, error) {
 const laneShareSQL = `WITH ` + laneShareCTEs + ` SELECT (SELECT n FROM share), (SELECT n FROM total)`
 
 // LaneShare returns owner's fair share of the lanes now, as [TakeLanes]
-// would take it (ceil(lanes / live polling relays), owner counted), and the
+// would take it (LaneState.Share, owner counted), and the
 // lane count, writing nothing. A relay reads it between renewals to learn
 // soon that relays joined or left: the relays already running give back
 // or take lanes then, not at their next renewal.

@@ -519,8 +519,45 @@ func TestLaneClaimStillTakesHeldRowsByMessageID(t *testing.T) {
 	require.Equal(t, 7, held, "what it still holds stays recorded beside the new row")
 }
 
-// LaneShare reads what TakeLanes would take as the owner's share,
-// ceil(lanes / live polling relays, the owner counted), and writes
+// The fair shares add up to the lane count, so every relay of a fleet
+// holds exactly its share once each has renewed: none stays short (and
+// tries to take a lane at every poll interval, none ever free), none holds
+// fewer than the others but one. Three relays on 32 lanes hold 11, 11 and
+// 10; five hold 7, 7, 6, 6 and 6.
+func TestTheFairSharesAddUpToTheLanes(t *testing.T) {
+	for _, owners := range [][]string{{"r1", "r2", "r3"}, {"r1", "r2", "r3", "r4", "r5"}} {
+		t.Run(fmt.Sprint(len(owners)), func(t *testing.T) {
+			s := laneDB(t)
+			for _, o := range owners {
+				_, err := s.DB.Exec(`INSERT INTO messaging_relay_heartbeat (owner, expires_at, fence) VALUES ($1, now() + interval '1 minute', 'LANES')`, o)
+				require.NoError(t, err)
+			}
+			var held []int
+			sum := 0
+			for _, o := range owners {
+				r := takeLanes(t, s.DB, o, time.Minute, 25)
+				require.Len(t, r.state.Owned, r.state.Share, "%s holds its whole share", o)
+				held = append(held, len(r.state.Owned))
+				sum += r.state.Share
+			}
+			require.Equal(t, 32, sum, "the shares add up to the lanes")
+			for i, n := range held {
+				require.InDelta(t, 32/len(owners), n, 1, "relay %d holds %v", i, held)
+			}
+			var unowned int
+			require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_relay_lane WHERE owner IS NULL`).Scan(&unowned))
+			require.Zero(t, unowned)
+			for _, o := range owners {
+				r := takeLanes(t, s.DB, o, time.Minute, 25)
+				require.Empty(t, r.state.Taken, "%s is not short: a renewal takes nothing", o)
+				require.Len(t, r.state.Owned, r.state.Share)
+			}
+		})
+	}
+}
+
+// LaneShare reads what TakeLanes would take as the owner's share (the
+// lanes split between the live polling relays, the owner counted), and writes
 // nothing: relays whose heartbeats expired, relays of the CDC mode and the
 // owner's own heartbeat do not change it. Bad input is refused with a code.
 func TestLaneShareReadsTheFairShareWithoutWriting(t *testing.T) {
@@ -538,7 +575,9 @@ func TestLaneShareReadsTheFairShareWithoutWriting(t *testing.T) {
 		('a', now() + interval '1 minute', 'LANES'), ('b', now() + interval '1 minute', 'LANES'),
 		('c', now() + interval '1 minute', 'LANES'), ('gone', now() - interval '1 second', 'LANES')`)
 	require.NoError(t, err)
-	require.Equal(t, 11, share("a"), "three live relays: ceil(32 / 3)")
+	require.Equal(t, 11, share("a"), "three live relays: 32 / 3, and one of the remainder's two")
+	require.Equal(t, 11, share("b"), "the second by name has the other")
+	require.Equal(t, 10, share("c"), "the third has none")
 	require.Equal(t, 8, share("d"), "a fourth, not yet beating, counts itself")
 	_, err = s.DB.Exec(`INSERT INTO messaging_relay_heartbeat (owner, expires_at, kind, slot_name) VALUES ('cdc', now() + interval '1 minute', 'CDC', 'slot')`)
 	require.NoError(t, err)
