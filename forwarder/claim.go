@@ -65,7 +65,8 @@ func (cl *claimer) claim(ctx context.Context, cont []fencing.Continuation) claim
 	cl.takePace()
 	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cl.dbTimeout)
 	defer cancel()
-	// The claim statements run on the claims' own connection (pinned).
+	// The claim statements run on the claims' pinned connection (shared
+	// with the outcome writes with ShareConnection).
 	pc := cl.claimConn.take(dbctx)
 	defer func() { cl.claimConn.give(pc) }() // after the batch's draining is known
 	dbctx = withPinned(dbctx, pc)

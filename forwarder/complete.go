@@ -155,9 +155,10 @@ func (c *completer) apply(ctx context.Context, outcomes []fencing.Outcome) ([]fe
 	var err error
 	for try := range 3 {
 		var res []fencing.Result
-		// On the outcomes' own connection (pinned) when it is free; a
-		// failure that may have broken it gives it back to the pool, so
-		// the next try takes another.
+		// On the outcomes' pinned connection when it is free (with
+		// ShareConnection, once the claim on it is done, for at most
+		// pinShareWait); a failure that may have broken it gives it back
+		// to the pool, so the next try takes another.
 		pc := c.outcomeConn.take(ctx)
 		res, err = fencing.Apply(withPinned(ctx, pc), c.q, outcomes)
 		c.outcomeConn.give(pc)

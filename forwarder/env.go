@@ -25,7 +25,7 @@ type env struct {
 	q        fencing.DBTX
 	prepared *fencing.Prepared // nil with DisablePreparedStatements
 	// claimConn and outcomeConn are the connections the claims and the
-	// outcome writes prefer (pinned).
+	// outcome writes prefer (pinned): one with Config.ShareConnection.
 	claimConn, outcomeConn *pinned
 	// draining is whether the latest claim came back full (the
 	// connections stay pinned only then).

@@ -15,3 +15,7 @@ func SetDBTimeout(f *Forwarder, d time.Duration) { f.dbTimeout = d }
 // claims and outcome writes on, so a test can fail them after they reached
 // the database. Call it before Run or RunOnce.
 func WrapStatements(f *Forwarder, wrap func(fencing.DBTX) fencing.DBTX) { f.q = wrap(f.q) }
+
+// SetPinShareWait sets how long f's claims and outcome writes wait for the
+// pinned connection while the other uses it (pinShareWait).
+func SetPinShareWait(f *Forwarder, d time.Duration) { f.claimConn.shareWait = d }

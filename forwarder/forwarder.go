@@ -131,8 +131,13 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 		seed:       seedOf(cfg.Owner),
 		dbTimeout:  cfg.DBTimeout,
 	}
-	e.claimConn = newPinned(db, !cfg.DisablePreparedStatements, e.draining.Load)
-	e.outcomeConn = newPinned(db, !cfg.DisablePreparedStatements, e.draining.Load)
+	if cfg.ShareConnection {
+		e.claimConn = newPinned(db, !cfg.DisablePreparedStatements, e.draining.Load, pinShareWait)
+		e.outcomeConn = e.claimConn
+	} else {
+		e.claimConn = newPinned(db, !cfg.DisablePreparedStatements, e.draining.Load, 0)
+		e.outcomeConn = newPinned(db, !cfg.DisablePreparedStatements, e.draining.Load, 0)
+	}
 	beat := &beatGate{epoch: time.Now()}
 	cl := newClaimer(e, beat)
 	x := newExecutor(e, out, &cl.chains, &cl.paces, beat)

@@ -14,10 +14,11 @@ import (
 )
 
 // pinned keeps one connection of the relay's pool for one kind of
-// statement while the relay drains full batches: the claims on one, the
-// outcome writes on another. A relay that keeps up (its claims come back
-// short) pins nothing, so a pool it shares with the service is not held
-// by an idle relay.
+// statement while the relay drains full batches: by default the claims on
+// one, the outcome writes on another; with Config.ShareConnection both on
+// one, taking turns. A relay that keeps up (its claims come back short)
+// pins nothing, so a pool it shares with the service is not held by an
+// idle relay.
 //
 // Why: every PostgreSQL backend that reads the outbox maps the shared
 // buffers it touches into its own page tables, one page fault per page the
@@ -30,19 +31,27 @@ import (
 // (`perf record -e minor-faults`), at about 16 µs each there; pinned,
 // 12,500.
 //
-// A pinned connection is only ever a preference: a statement that finds
-// it in use (a second outcome write while the first runs) or cannot have
-// it runs on the pool, as before, and the relay never waits for it. It
-// pins only when the pool leaves a connection for everything else
-// (MaxOpenConns 0 or at least 3, and one connection still free after it:
-// several relays, or the service, may share the pool); otherwise the
-// heartbeat would wait behind connections that never go back to the pool.
-// A connection whose failure may have ended it (lost, timed out,
-// cancelled, or the session ended by the server) goes back to the pool,
-// which discards it when it is broken, and the next statement takes
-// another. Every repinAfter the pinned connection goes back to the pool
-// too, so the pool's ConnMaxLifetime and ConnMaxIdleTime still apply
-// within that much.
+// Why two by default: a claim running beside an outcome on a second
+// backend costs the server more CPU than the two one after the other (each
+// one's snapshot keeps the other's dead row versions from being pruned),
+// but one relay drains faster, the server's work spread over two cores. On
+// one backend (ShareConnection) the server's CPU per lane message fell by
+// 10 to 25 % and one relay drained 7 to 23 % slower; four relays on 100
+// keys drained 10 to 20 % faster (BENCHMARKS.md, session 10).
+//
+// A pinned connection is only ever a preference: a statement that finds it
+// in use (a second outcome write while the first runs) waits for it at most
+// shareWait (0 without ShareConnection: not at all), then runs on the
+// pool, as does one that cannot have it. It pins only when the pool leaves
+// a connection for everything else (MaxOpenConns 0 or at least 3, and one
+// connection still free after it: several relays, or the service, may
+// share the pool); otherwise the heartbeat would wait behind connections
+// that never go back to the pool. A connection whose failure may have
+// ended it (lost, timed out, cancelled, or the session ended by the
+// server) goes back to the pool, which discards it when it is broken, and
+// the next statement takes another. Every repinAfter the pinned connection
+// goes back to the pool too, so the pool's ConnMaxLifetime and
+// ConnMaxIdleTime still apply within that much.
 type pinned struct {
 	db      *sql.DB
 	prepare bool          // prepare the hot statements on it (fencing.NewPreparedConn)
@@ -53,6 +62,11 @@ type pinned struct {
 	// slot holds the idle pinned connection (nil: none yet); empty while a
 	// statement uses it.
 	slot chan *pinnedConn
+	// shareWait bounds how long a statement waits for the pinned connection
+	// while another uses it (0: it never waits); waiting counts those
+	// waiting now.
+	shareWait time.Duration
+	waiting   atomic.Int32
 
 	closed atomic.Bool
 }
@@ -65,14 +79,21 @@ const repinAfter = time.Minute
 // saw was taken meanwhile; the caller then uses the pool.
 const pinWait = 50 * time.Millisecond
 
-func newPinned(db *sql.DB, prepare bool, busy func() bool) *pinned {
-	p := &pinned{db: db, prepare: prepare, busy: busy, maxAge: repinAfter, slot: make(chan *pinnedConn, 1)}
+// pinShareWait is how long a claim or an outcome write waits for the
+// pinned connection while the other runs on it (Config.ShareConnection):
+// longer than either takes for a full batch on a busy host, short enough
+// that a statement held up by a slow one is soon on a connection of its
+// own.
+const pinShareWait = 250 * time.Millisecond
+
+func newPinned(db *sql.DB, prepare bool, busy func() bool, shareWait time.Duration) *pinned {
+	p := &pinned{db: db, prepare: prepare, busy: busy, maxAge: repinAfter, slot: make(chan *pinnedConn, 1), shareWait: shareWait}
 	p.slot <- nil
 	return p
 }
 
 // take returns the pinned connection for one caller until give, or nil
-// when another caller has it, pinning is off (the relay keeps up, a pool of
+// when another caller kept it past shareWait, pinning is off (the relay keeps up, a pool of
 // one or two connections or with none to spare, or after close) or no
 // connection could be had. The caller then uses the pool.
 func (p *pinned) take(ctx context.Context) *pinnedConn {
@@ -84,7 +105,11 @@ func (p *pinned) take(ctx context.Context) *pinnedConn {
 	select {
 	case c = <-p.slot:
 	default:
-		return nil
+		// In use: wait for it at most shareWait, then the pool.
+		var ok bool
+		if c, ok = p.await(ctx); !ok {
+			return nil
+		}
 	}
 	if c != nil && poolClosed(p.db) {
 		// Closing the pool stops the statements of the connections in use
@@ -125,6 +150,26 @@ func (p *pinned) take(ctx context.Context) *pinnedConn {
 		}
 	}
 	return c
+}
+
+// await waits for the slot another caller holds, at most shareWait and
+// until ctx ends: what it then holds (nil: nothing pinned), or false when
+// the wait ran out.
+func (p *pinned) await(ctx context.Context) (*pinnedConn, bool) {
+	if p.shareWait <= 0 {
+		return nil, false
+	}
+	p.waiting.Add(1)
+	defer p.waiting.Add(-1)
+	t := time.NewTimer(p.shareWait)
+	defer t.Stop()
+	select {
+	case c := <-p.slot:
+		return c, true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return nil, false
 }
 
 // unpin gives the relay's idle pinned connections back to the pool (Run's

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 )
 
@@ -19,7 +20,7 @@ func pinnedOnPool(t *testing.T, maxOpen int, prepare bool, busy func() bool) (*s
 	s := testdb.New(t)
 	s.DB.SetMaxOpenConns(maxOpen)
 	s.DB.SetMaxIdleConns(maxOpen)
-	p := newPinned(s.DB, prepare, busy)
+	p := newPinned(s.DB, prepare, busy, 0)
 	t.Cleanup(p.close)
 	return s.DB, p
 }
@@ -67,11 +68,60 @@ func TestAPinnedConnectionIsOneCallersAtATime(t *testing.T) {
 	p.give(c)
 }
 
+// A statement that finds the pinned connection in use waits for it, at
+// most shareWait: given back in time, it gets the same backend; kept past
+// the wait, the caller uses the pool.
+func TestAStatementWaitsForThePinnedConnectionInUse(t *testing.T) {
+	_, p := pinnedOnPool(t, 3, true, nil)
+	ctx := context.Background()
+	p.shareWait = time.Hour
+
+	c := p.take(ctx)
+	require.NotNil(t, c)
+	first := backendOf(t, c)
+	got := make(chan *pinnedConn, 1)
+	go func() { got <- p.take(ctx) }()
+	await.Until(t, func() bool { return p.waiting.Load() == 1 }, "the second caller waits")
+	p.give(c)
+	c = waitFor(t, got)
+	require.NotNil(t, c, "given back: the waiting caller has it")
+	require.Equal(t, first, backendOf(t, c), "the same backend")
+
+	p.shareWait = time.Millisecond
+	require.Nil(t, p.take(ctx), "kept past the wait: the pool")
+	require.Zero(t, p.waiting.Load())
+	p.give(c)
+
+	// A caller whose context ends stops waiting.
+	p.shareWait = time.Hour
+	c = p.take(ctx)
+	require.NotNil(t, c)
+	cctx, cancel := context.WithCancel(ctx)
+	go func() { got <- p.take(cctx) }()
+	await.Until(t, func() bool { return p.waiting.Load() == 1 }, "the second caller waits")
+	cancel()
+	require.Nil(t, waitFor(t, got), "its context ended: the pool")
+	p.give(c)
+}
+
+// waitFor receives from ch, failing the test after a minute.
+func waitFor[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(time.Minute):
+		t.Fatal("nothing received in a minute")
+		var zero T
+		return zero
+	}
+}
+
 // A pool of one or two connections is not pinned: the heartbeat would wait
 // behind connections that never go back to the pool.
 func TestASmallPoolIsNotPinned(t *testing.T) {
 	s := testdb.New(t)
-	p := newPinned(s.DB, false, nil)
+	p := newPinned(s.DB, false, nil, 0)
 	t.Cleanup(p.close)
 	for _, n := range []int{1, 2} {
 		s.DB.SetMaxOpenConns(n)
@@ -119,7 +169,7 @@ func TestAPinOpensNoConnection(t *testing.T) {
 	db := s.Open(t) // a pool of its own, no connection opened yet
 	db.SetMaxOpenConns(4)
 	db.SetMaxIdleConns(4)
-	p := newPinned(db, false, nil)
+	p := newPinned(db, false, nil, 0)
 	t.Cleanup(p.close)
 	ctx := context.Background()
 
@@ -169,7 +219,7 @@ func TestAClosedPoolIsNotPinned(t *testing.T) {
 	db := s.Open(t)
 	db.SetMaxOpenConns(4)
 	warm(t, db, 1)
-	p := newPinned(db, true, nil)
+	p := newPinned(db, true, nil, 0)
 	t.Cleanup(p.close)
 	ctx := context.Background()
 	c := p.take(ctx)
@@ -231,7 +281,7 @@ func TestPinsLeaveAConnectionOfASharedPool(t *testing.T) {
 	warm(t, s.DB, 4)
 	ctx := context.Background()
 	for i := range 4 {
-		p := newPinned(s.DB, false, func() bool { return true })
+		p := newPinned(s.DB, false, func() bool { return true }, 0)
 		c := p.take(ctx)
 		if i < 3 {
 			require.NotNil(t, c, "pin %d", i)

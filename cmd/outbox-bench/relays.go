@@ -38,6 +38,7 @@ const (
 	relayOursB100      = "outbox-b100"             // BatchSize 100, fixed: the minimal relay's batch, claim for claim
 	relayOursTunedNoPF = "outbox-tuned-noprefetch" // BatchSize ourTunedBatch, DisablePrefetch
 	relayOursLanes     = "outbox-lanes"            // defaults with Fence: FenceLanes (one write per message)
+	relayOursLanesOne  = "outbox-lanes-share"      // lanes with ShareConnection: claims and outcomes on one backend (evidence)
 	ourTunedBatch      = 1000
 	relayWMDefault     = "watermill"        // components/forwarder + watermill-sql subscriber, defaults
 	relayWMTuned       = "watermill-tuned"  // same, PollInterval 10ms, batch 1000
@@ -136,7 +137,7 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 		rctx, cancel := context.WithCancel(ctx)
 		errc := make(chan error, 1)
 		switch kind {
-		case relayOurs, relayOursTuned, relayOursNoPF, relayOursTunedNoPF, relayOursB100, relayOursLanes, relayWMDefault, relayWMTuned:
+		case relayOurs, relayOursTuned, relayOursNoPF, relayOursTunedNoPF, relayOursB100, relayOursLanes, relayOursLanesOne, relayWMDefault, relayWMTuned:
 			f, err := newForwarder(kind, s, db, out, listen)
 			if err != nil {
 				cancel()
@@ -210,6 +211,8 @@ func newForwarder(kind string, s *schema, db *sql.DB, out message.Publisher, lis
 			cfg.BatchSize = minimalBatchSize // set alone: fixed, no growth to MaxBatchSize
 		case relayOursLanes:
 			cfg.Fence = forwarder.FenceLanes
+		case relayOursLanesOne:
+			cfg.Fence, cfg.ShareConnection = forwarder.FenceLanes, true
 		}
 		if listen {
 			cfg.ListenURL = s.url

@@ -71,7 +71,10 @@ func keyedKinds(keys []int) []drainKind {
 var drainKinds = []drainKind{{relayOurs, 1, 0}, {relayOursB100, 1, 0}, {relayOursNoPF, 1, 0}, {relayOurs, 4, 0}, {relayOursTuned, 1, 0}, {relayOursTunedNoPF, 1, 0},
 	{relayWMDefault, 1, 0}, {relayWMTuned, 1, 0}, {relayMinimal, 1, 0}, {relayMinimalTuned, 1, 0},
 	{relayOursLanes, 1, 0}, {relayOursLanes, 4, 0}, {relayOursLanes, 1, 100}, {relayOursLanes, 4, 100}, {relayOurs, 4, 100},
-	{relayOurs, 1, mixKeys}, {relayOursLanes, 1, mixKeys}, {relayOursLanes, 4, mixKeys}}
+	{relayOurs, 1, mixKeys}, {relayOursLanes, 1, mixKeys}, {relayOursLanes, 4, mixKeys},
+	// Evidence for Config.ShareConnection: the lane relay with its claims
+	// and outcomes on one backend, beside the cells above.
+	{relayOursLanesOne, 1, 0}, {relayOursLanesOne, 4, 0}, {relayOursLanesOne, 4, 100}}
 
 // writeImpls are the write side's implementations, run back to back per cell.
 var writeImpls = []string{implPublisher, implWatermill, implRaw, implPublisherPlain, implRawPrepared}
