@@ -65,11 +65,6 @@ func (cl *claimer) claim(ctx context.Context, cont []fencing.Continuation) claim
 	cl.takePace()
 	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cl.dbTimeout)
 	defer cancel()
-	// The claim statements run on the claims' pinned connection (shared
-	// with the outcome writes with ShareConnection).
-	pc := cl.claimConn.take(dbctx)
-	defer func() { cl.claimConn.give(pc) }() // after the batch's draining is known
-	dbctx = withPinned(dbctx, pc)
 	at := cl.localNow()
 	defer cl.setClaiming(time.Time{}) // set by claimLanes
 	// Every statement below may commit on the server and still fail here
@@ -113,6 +108,12 @@ func (cl *claimer) claim(ctx context.Context, cont []fencing.Continuation) claim
 		// (lanes.go).
 		cl.advanceFloors(lanes, laneCount)
 	}
+	// The claim statements run on the claims' pinned connection (shared
+	// with the outcome writes with ShareConnection), taken once the lanes'
+	// upkeep (on the pool) is done.
+	pc := cl.claimConn.take(dbctx)
+	defer func() { cl.claimConn.give(pc) }() // after the batch's draining is known
+	dbctx = withPinned(dbctx, pc)
 	claimFn := func(p fencing.ClaimParams) ([]fencing.Claimed, error) {
 		if failures > 0 {
 			// One failed statement ends the claim: the rest would run past

@@ -220,14 +220,16 @@ type Config struct {
 	// ShareConnection runs the claims and the outcome writes on one pinned
 	// connection, taking turns, instead of one each, while the relay drains
 	// full batches (docs/CONFIGURATION.md, "The relay's connections"). The
-	// relay still claims the next batch while it publishes one. Measured on
-	// a 2-core host (BENCHMARKS.md, session 10): the database server's CPU
-	// per relayed message 10 to 25 % lower; one relay drains 7 to 23 %
-	// slower, its statements then on one core of the server; four relays on
-	// 100 ordering keys drained 10 to 20 % faster, unkeyed about as fast. For
-	// a database whose CPU the relays should spare, or a fleet of relays on a
-	// small server. A statement waits at most 250 ms for the other, then runs
-	// on a connection of the pool. Default false.
+	// relay still claims the next batch while it publishes one. Measured in
+	// paired runs on a 2-core host (BENCHMARKS.md, session 10): the
+	// database server's CPU per relayed message lower in 26 of 27 pairs
+	// (median 18 %); one relay drained slower in most pairs (by 5 to 23 %),
+	// its statements then on one core of the server; four relays on 100
+	// ordering keys 9 to 21 % faster, unkeyed or mixed no consistently
+	// different. For a database whose CPU the relays should spare, or a
+	// fleet of relays on a small server. A statement waits for the other at
+	// most 250 ms and a quarter of the time left before its own deadline
+	// (DBTimeout), then runs on a connection of the pool. Default false.
 	ShareConnection bool
 	// Fence is the fence scheme: FenceRows (the default in this release)
 	// or FenceLanes.

@@ -35,14 +35,15 @@ import (
 // backend costs the server more CPU than the two one after the other (each
 // one's snapshot keeps the other's dead row versions from being pruned),
 // but one relay drains faster, the server's work spread over two cores. On
-// one backend (ShareConnection) the server's CPU per lane message fell by
-// 10 to 25 % and one relay drained 7 to 23 % slower; four relays on 100
-// keys drained 10 to 20 % faster (BENCHMARKS.md, session 10).
+// one backend (ShareConnection) the server's CPU per message fell (median
+// 18 %) and one relay drained slower in most paired runs (5 to 23 %); four
+// relays on 100 keys drained 9 to 21 % faster (BENCHMARKS.md, session 10).
 //
 // A pinned connection is only ever a preference: a statement that finds it
 // in use (a second outcome write while the first runs) waits for it at most
-// shareWait (0 without ShareConnection: not at all), then runs on the
-// pool, as does one that cannot have it. It pins only when the pool leaves
+// shareWait (0 without ShareConnection: not at all) and a quarter of the
+// time left before its deadline, then runs on the pool, as does one that
+// cannot have it. It pins only when the pool leaves
 // a connection for everything else (MaxOpenConns 0 or at least 3, and one
 // connection still free after it: several relays, or the service, may
 // share the pool); otherwise the heartbeat would wait behind connections
@@ -97,20 +98,20 @@ func newPinned(db *sql.DB, prepare bool, busy func() bool, shareWait time.Durati
 // one or two connections or with none to spare, or after close) or no
 // connection could be had. The caller then uses the pool.
 func (p *pinned) take(ctx context.Context) *pinnedConn {
-	st := p.db.Stats()
-	if n := st.MaxOpenConnections; n > 0 && n < 3 {
+	if n := p.db.Stats().MaxOpenConnections; n > 0 && n < 3 {
 		return nil
 	}
 	var c *pinnedConn
 	select {
 	case c = <-p.slot:
 	default:
-		// In use: wait for it at most shareWait, then the pool.
+		// In use: wait for it (ShareConnection), then the pool.
 		var ok bool
 		if c, ok = p.await(ctx); !ok {
 			return nil
 		}
 	}
+	st := p.db.Stats() // after any wait: the pool as it is now
 	if c != nil && poolClosed(p.db) {
 		// Closing the pool stops the statements of the connections in use
 		// only when they go back to it: this one never would.
@@ -152,16 +153,17 @@ func (p *pinned) take(ctx context.Context) *pinnedConn {
 	return c
 }
 
-// await waits for the slot another caller holds, at most shareWait and
-// until ctx ends: what it then holds (nil: nothing pinned), or false when
-// the wait ran out.
+// await waits for the slot another caller holds, at most waitBound(ctx):
+// what it then holds (nil: nothing pinned), or false when the wait ran
+// out.
 func (p *pinned) await(ctx context.Context) (*pinnedConn, bool) {
-	if p.shareWait <= 0 {
+	wait := p.waitBound(ctx)
+	if wait <= 0 {
 		return nil, false
 	}
 	p.waiting.Add(1)
 	defer p.waiting.Add(-1)
-	t := time.NewTimer(p.shareWait)
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case c := <-p.slot:
@@ -170,6 +172,20 @@ func (p *pinned) await(ctx context.Context) (*pinnedConn, bool) {
 	case <-ctx.Done():
 	}
 	return nil, false
+}
+
+// waitBound is how long a statement whose context is ctx may wait for the
+// pinned connection: shareWait, and at most a quarter of the time left
+// before ctx's deadline. The statement's own deadline (DBTimeout) runs
+// while it waits; without the quarter, a relay with a short DBTimeout spent
+// it waiting and its outcome writes failed, leaving published rows to be
+// published again.
+func (p *pinned) waitBound(ctx context.Context) time.Duration {
+	wait := p.shareWait
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(dl)/4)
+	}
+	return wait
 }
 
 // unpin gives the relay's idle pinned connections back to the pool (Run's

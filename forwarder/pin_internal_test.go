@@ -104,6 +104,30 @@ func TestAStatementWaitsForThePinnedConnectionInUse(t *testing.T) {
 	p.give(c)
 }
 
+// The wait for the pinned connection leaves the statement its time: at
+// most shareWait, and at most a quarter of what is left before the
+// statement's deadline (DBTimeout runs while it waits). A context already
+// past its deadline, or no sharing, waits not at all.
+func TestTheWaitForThePinnedConnectionLeavesTheStatementItsTime(t *testing.T) {
+	p := &pinned{shareWait: 250 * time.Millisecond}
+	require.Equal(t, 250*time.Millisecond, p.waitBound(context.Background()), "no deadline: shareWait")
+	far, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	require.Equal(t, 250*time.Millisecond, p.waitBound(far), "a distant deadline: shareWait")
+	near, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+	defer cancel()
+	w := p.waitBound(near)
+	require.LessOrEqual(t, w, 100*time.Millisecond, "a quarter of the 400 ms left")
+	require.Positive(t, w)
+	past, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	require.LessOrEqual(t, p.waitBound(past), time.Duration(0), "past its deadline: no wait")
+	_, ok := p.await(past)
+	require.False(t, ok, "and await gives up at once")
+	p.shareWait = 0
+	require.Zero(t, p.waitBound(far), "without ShareConnection: no wait")
+}
+
 // waitFor receives from ch, failing the test after a minute.
 func waitFor[T any](t *testing.T, ch <-chan T) T {
 	t.Helper()
