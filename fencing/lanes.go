@@ -161,8 +161,8 @@ share AS (
 // takeLanesSQL renews every lane of $1 (one statement per heartbeat), marks
 // its heartbeat as a lane relay's, and takes unowned or expired lanes up to
 // its fair share (laneShareCTEs: the lanes split evenly between the live
-// polling relays), preferring unowned ones. Each lane taken gets a new epoch; the rows its expired owner held
-// there and wrote no outcome for (the same attempts as recorded) are
+// polling relays), preferring unowned ones. Each lane taken gets a new
+// epoch; the rows its expired owner held there and wrote no outcome for (the same attempts as recorded) are
 // charged an attempt, and parked EXHAUSTED when that spends the budget $3.
 var takeLanesSQL = `
 WITH beat AS (

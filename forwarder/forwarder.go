@@ -131,12 +131,14 @@ func New(db *sql.DB, out message.Publisher, logger watermill.LoggerAdapter, cfg 
 		seed:       seedOf(cfg.Owner),
 		dbTimeout:  cfg.DBTimeout,
 	}
+	pin := func(shareWait time.Duration) *pinned {
+		return newPinned(db, !cfg.DisablePreparedStatements, e.draining.Load, shareWait)
+	}
 	if cfg.ShareConnection {
-		e.claimConn = newPinned(db, !cfg.DisablePreparedStatements, e.draining.Load, pinShareWait)
+		e.claimConn = pin(pinShareWait)
 		e.outcomeConn = e.claimConn
 	} else {
-		e.claimConn = newPinned(db, !cfg.DisablePreparedStatements, e.draining.Load, 0)
-		e.outcomeConn = newPinned(db, !cfg.DisablePreparedStatements, e.draining.Load, 0)
+		e.claimConn, e.outcomeConn = pin(0), pin(0)
 	}
 	beat := &beatGate{epoch: time.Now()}
 	cl := newClaimer(e, beat)

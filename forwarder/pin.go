@@ -32,9 +32,9 @@ import (
 // 12,500.
 //
 // Why two by default: a claim running beside an outcome on a second
-// backend costs the server more CPU than the two one after the other (each
-// one's snapshot keeps the other's dead row versions from being pruned),
-// but one relay drains faster, the server's work spread over two cores. On
+// backend costs the server more CPU than the two one after the other (more
+// page pruning, likely because each one's snapshot keeps the other's dead
+// row versions from being removed), but one relay drains faster, the server's work spread over two cores. On
 // one backend (ShareConnection) the server's CPU per message fell (median
 // 18 %) and one relay drained slower in most paired runs (5 to 23 %); four
 // relays on 100 keys drained 9 to 21 % faster (BENCHMARKS.md, session 10).
@@ -43,11 +43,11 @@ import (
 // in use (a second outcome write while the first runs) waits for it at most
 // shareWait (0 without ShareConnection: not at all) and a quarter of the
 // time left before its deadline, then runs on the pool, as does one that
-// cannot have it. It pins only when the pool leaves
-// a connection for everything else (MaxOpenConns 0 or at least 3, and one
-// connection still free after it: several relays, or the service, may
-// share the pool); otherwise the heartbeat would wait behind connections
-// that never go back to the pool. A connection whose failure may have
+// cannot have it. It pins only when the pool leaves a connection for
+// everything else (MaxOpenConns 0 or at least 3, and one connection still
+// free after it: several relays, or the service, may share the pool);
+// otherwise the heartbeat would wait behind connections that never go back
+// to the pool. A connection whose failure may have
 // ended it (lost, timed out, cancelled, or the session ended by the
 // server) goes back to the pool, which discards it when it is broken, and
 // the next statement takes another. Every repinAfter the pinned connection
@@ -94,11 +94,13 @@ func newPinned(db *sql.DB, prepare bool, busy func() bool, shareWait time.Durati
 }
 
 // take returns the pinned connection for one caller until give, or nil
-// when another caller kept it past shareWait, pinning is off (the relay keeps up, a pool of
-// one or two connections or with none to spare, or after close) or no
-// connection could be had. The caller then uses the pool.
+// when another caller kept it past shareWait, pinning is off (the relay
+// keeps up, a pool of one or two connections or with none to spare, or
+// after close) or no connection could be had. The caller then uses the
+// pool.
 func (p *pinned) take(ctx context.Context) *pinnedConn {
-	if n := p.db.Stats().MaxOpenConnections; n > 0 && n < 3 {
+	st := p.db.Stats()
+	if n := st.MaxOpenConnections; n > 0 && n < 3 {
 		return nil
 	}
 	var c *pinnedConn
@@ -110,8 +112,8 @@ func (p *pinned) take(ctx context.Context) *pinnedConn {
 		if c, ok = p.await(ctx); !ok {
 			return nil
 		}
+		st = p.db.Stats() // after the wait: the pool as it is now
 	}
-	st := p.db.Stats() // after any wait: the pool as it is now
 	if c != nil && poolClosed(p.db) {
 		// Closing the pool stops the statements of the connections in use
 		// only when they go back to it: this one never would.

@@ -130,7 +130,7 @@ func drainCell(ctx context.Context, e *env, d drainKind, n int, payload []byte, 
 		return st, err
 	}
 	defer s.drop()
-	if d.kind == relayOursLanes || d.kind == relayOursLanesOne {
+	if d.kind == relayOursLanes || d.kind == relayOursLanesShare {
 		// The lanes' index, as `outboxctl lanes set 32` builds it.
 		if err := fencing.SetLaneCount(ctx, s.db, 32, forwarder.DefaultMaxAttempts); err != nil {
 			return st, err

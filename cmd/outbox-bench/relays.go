@@ -32,22 +32,22 @@ const (
 
 // Relay kinds of the drain scenarios.
 const (
-	relayOurs          = "outbox"                  // this module's forwarder (fencing on), defaults
-	relayOursTuned     = "outbox-tuned"            // same, BatchSize ourTunedBatch (watermill tuned reads 1000 per query)
-	relayOursNoPF      = "outbox-noprefetch"       // defaults but DisablePrefetch: the pipelining's paired baseline
-	relayOursB100      = "outbox-b100"             // BatchSize 100, fixed: the minimal relay's batch, claim for claim
-	relayOursTunedNoPF = "outbox-tuned-noprefetch" // BatchSize ourTunedBatch, DisablePrefetch
-	relayOursLanes     = "outbox-lanes"            // defaults with Fence: FenceLanes (one write per message)
-	relayOursLanesOne  = "outbox-lanes-share"      // lanes with ShareConnection: claims and outcomes on one backend (evidence)
-	ourTunedBatch      = 1000
-	relayWMDefault     = "watermill"        // components/forwarder + watermill-sql subscriber, defaults
-	relayWMTuned       = "watermill-tuned"  // same, PollInterval 10ms, batch 1000
-	relayMinimal       = "skiplocked"       // minimal SKIP LOCKED relay, one UPDATE per batch
-	relayMinimalTuned  = "skiplocked-tuned" // same, batch minimalTunedBatch
-	wmTunedPoll        = 10 * time.Millisecond
-	wmTunedBatch       = 1000
-	minimalBatchSize   = forwarder.DefaultBatchSize
-	minimalTunedBatch  = ourTunedBatch
+	relayOurs           = "outbox"                  // this module's forwarder (fencing on), defaults
+	relayOursTuned      = "outbox-tuned"            // same, BatchSize ourTunedBatch (watermill tuned reads 1000 per query)
+	relayOursNoPF       = "outbox-noprefetch"       // defaults but DisablePrefetch: the pipelining's paired baseline
+	relayOursB100       = "outbox-b100"             // BatchSize 100, fixed: the minimal relay's batch, claim for claim
+	relayOursTunedNoPF  = "outbox-tuned-noprefetch" // BatchSize ourTunedBatch, DisablePrefetch
+	relayOursLanes      = "outbox-lanes"            // defaults with Fence: FenceLanes (one write per message)
+	relayOursLanesShare = "outbox-lanes-share"      // lanes with ShareConnection: claims and outcomes on one backend (evidence)
+	ourTunedBatch       = 1000
+	relayWMDefault      = "watermill"        // components/forwarder + watermill-sql subscriber, defaults
+	relayWMTuned        = "watermill-tuned"  // same, PollInterval 10ms, batch 1000
+	relayMinimal        = "skiplocked"       // minimal SKIP LOCKED relay, one UPDATE per batch
+	relayMinimalTuned   = "skiplocked-tuned" // same, batch minimalTunedBatch
+	wmTunedPoll         = 10 * time.Millisecond
+	wmTunedBatch        = 1000
+	minimalBatchSize    = forwarder.DefaultBatchSize
+	minimalTunedBatch   = ourTunedBatch
 )
 
 // sink is the downstream: a watermill GoChannel with one subscriber that
@@ -137,7 +137,7 @@ func startRelay(ctx context.Context, s *schema, kind string, n int, out message.
 		rctx, cancel := context.WithCancel(ctx)
 		errc := make(chan error, 1)
 		switch kind {
-		case relayOurs, relayOursTuned, relayOursNoPF, relayOursTunedNoPF, relayOursB100, relayOursLanes, relayOursLanesOne, relayWMDefault, relayWMTuned:
+		case relayOurs, relayOursTuned, relayOursNoPF, relayOursTunedNoPF, relayOursB100, relayOursLanes, relayOursLanesShare, relayWMDefault, relayWMTuned:
 			f, err := newForwarder(kind, s, db, out, listen)
 			if err != nil {
 				cancel()
@@ -211,7 +211,7 @@ func newForwarder(kind string, s *schema, db *sql.DB, out message.Publisher, lis
 			cfg.BatchSize = minimalBatchSize // set alone: fixed, no growth to MaxBatchSize
 		case relayOursLanes:
 			cfg.Fence = forwarder.FenceLanes
-		case relayOursLanesOne:
+		case relayOursLanesShare:
 			cfg.Fence, cfg.ShareConnection = forwarder.FenceLanes, true
 		}
 		if listen {

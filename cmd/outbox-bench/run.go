@@ -74,7 +74,7 @@ var drainKinds = []drainKind{{relayOurs, 1, 0}, {relayOursB100, 1, 0}, {relayOur
 	{relayOurs, 1, mixKeys}, {relayOursLanes, 1, mixKeys}, {relayOursLanes, 4, mixKeys},
 	// Evidence for Config.ShareConnection: the lane relay with its claims
 	// and outcomes on one backend, beside the cells above.
-	{relayOursLanesOne, 1, 0}, {relayOursLanesOne, 4, 0}, {relayOursLanesOne, 4, 100}}
+	{relayOursLanesShare, 1, 0}, {relayOursLanesShare, 4, 0}, {relayOursLanesShare, 4, 100}}
 
 // writeImpls are the write side's implementations, run back to back per cell.
 var writeImpls = []string{implPublisher, implWatermill, implRaw, implPublisherPlain, implRawPrepared}
