@@ -24,6 +24,7 @@ type laneKeeper struct {
 	draining  map[int]time.Time // lanes over the share: no more claims there since then
 	turn      int               // rotates the order the lanes' unkeyed rows are served in
 	floorsAt  time.Time         // local time of the last fencing.AdvanceLaneFloors tried; zero: never
+	shareAt   time.Time         // local time an idle pass last read the fair share (claimLanes)
 }
 
 // floorEvery is how often a relay advances its lanes' floors
@@ -116,6 +117,21 @@ func (cl *claimer) settledLocked() []int {
 	return back
 }
 
+// lanesInMotion reports whether the relay serves lanes and its lanes are
+// not yet what its fair share says (at its last renewal): it owns fewer
+// (lanes are on their way to it: a relay over its share gives them back
+// once it holds nothing there, or their lease runs out), or it still owns
+// lanes over its share that it no longer claims in (given back once what
+// it claimed there settled). Either way rows wait in lanes nobody claims
+// from, so the loop polls at PollInterval instead of backing off (Run),
+// and each of those passes renews the lanes first (claimLanes).
+func (cl *claimer) lanesInMotion() bool {
+	cl.lanesMu.Lock()
+	defer cl.lanesMu.Unlock()
+	k := &cl.lanes
+	return k.entered && (len(k.owned) < k.share || len(k.draining) > 0)
+}
+
 // waitFloors waits for the advance of the floors in progress, if any
 // (Run and RunOnce, before they return).
 func (cl *claimer) waitFloors() { cl.floorsRun.Wait() }
@@ -142,7 +158,21 @@ func (cl *claimer) claimLanes(ctx context.Context, at time.Time) ([]int, int, er
 		k.entered = true
 	}
 	now := time.Now()
-	if now.Sub(k.renewedAt) >= cl.laneRenewEvery() || (len(k.owned) < k.share && now.Sub(k.tried) >= cl.cfg.PollInterval) || k.total == 0 {
+	due := now.Sub(k.renewedAt) >= cl.laneRenewEvery() || (len(k.owned) < k.share && now.Sub(k.tried) >= cl.cfg.PollInterval) || k.total == 0 ||
+		len(cl.settledLocked()) > 0
+	if !due && !cl.draining.Load() && now.Sub(k.shareAt) >= cl.cfg.PollInterval {
+		// Not draining full batches, so followShare does not run: read the
+		// share here, at most every PollInterval. Without it an idle relay
+		// learned that a relay left (giving its lanes back) only at its next
+		// renewal, and the rows written to those lanes waited for it.
+		k.shareAt = now
+		share, _, err := fencing.LaneShare(ctx, cl.db, cl.cfg.Owner)
+		if err != nil {
+			cl.logger.Error("Outbox lanes' fair share not read; the lanes follow the fleet at their next renewal", err, nil)
+		}
+		due = err == nil && share != k.share
+	}
+	if due {
 		cl.renewLanesLocked(ctx)
 	}
 	cl.setClaiming(at)

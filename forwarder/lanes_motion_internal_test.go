@@ -1,0 +1,73 @@
+package forwarder
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencedoutbox/watermill-outbox/envelope"
+	"github.com/fencedoutbox/watermill-outbox/fencing"
+	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
+	"github.com/fencedoutbox/watermill-outbox/relaymode"
+)
+
+// Lanes marked over the share are given back at the relay's next pass once
+// what it claimed there settled, busy or idle. Before, an idle relay gave
+// them back only at its next renewal (HeartbeatInterval, 10 s by default):
+// it no longer claims in a marked lane, so the lane's rows waited for that
+// renewal (four relays on a 50,000-row backlog: 5,744 rows for 10 s). While
+// lanes are marked, or the relay owns fewer than its share, the loop polls
+// at PollInterval instead of backing off (lanesInMotion). The renewals are
+// driven by hand and the fleet is heartbeats written by the test, so every
+// step is an event.
+func TestMarkedLanesAreGivenBackAtTheNextPass(t *testing.T) {
+	ctx := context.Background()
+	s := testdb.New(t)
+	require.NoError(t, fencing.SetLaneCount(ctx, s.DB, 8, 25))
+	pub := gochannel.NewGoChannel(gochannel.Config{}, nil)
+	t.Cleanup(func() { _ = pub.Close() })
+	f, err := New(s.DB, pub, nil, Config{Owner: "a", Fence: FenceLanes, HeartbeatInterval: time.Hour, LeaseDuration: time.Hour})
+	require.NoError(t, err)
+	cl := f.claimer
+	require.NoError(t, relaymode.BeatFence(ctx, s.DB, "a", time.Hour, 25, fencing.FenceLanes))
+	require.NoError(t, cl.enterFence(ctx))
+	owned := func(owner string) int {
+		t.Helper()
+		var n int
+		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_relay_lane WHERE owner = $1 AND lease_expires_at > now()`, owner).Scan(&n))
+		return n
+	}
+	require.Equal(t, 8, owned("a"), "alone: every lane")
+	require.False(t, cl.lanesInMotion(), "alone, at its share: nothing to hand over")
+
+	row := fencing.Claimed{Row: envelope.Row{MessageID: "m", Seq: 1, Status: envelope.StatusInFlight}}
+	cl.hold([]fencing.Claimed{row}, cl.localNow())
+	require.NoError(t, relaymode.BeatFence(ctx, s.DB, "b", time.Hour, 25, fencing.FenceLanes))
+	cl.renewLanes(ctx) // the share fell to 4: four lanes marked, kept while the row is held
+	require.Equal(t, 8, owned("a"), "a row is held: nothing given back yet")
+	require.True(t, cl.lanesInMotion(), "lanes marked over the share: the loop polls at PollInterval")
+
+	// The row settles; the relay is idle. Its next pass, however soon,
+	// gives the marked lanes back: the renewal is an hour away.
+	cl.unhold([]fencing.Outcome{{Lease: fencing.Lease{MessageID: "m"}}})
+	lanes, total, err := cl.claimLanes(ctx, cl.localNow())
+	require.NoError(t, err)
+	cl.setClaiming(time.Time{})
+	require.Equal(t, 8, total)
+	require.Len(t, lanes, 4, "the pass claims in the lanes of its share")
+	require.Equal(t, 4, owned("a"), "the marked lanes were given back at the pass")
+	require.False(t, cl.lanesInMotion(), "at its share again: the loop may back off")
+
+	// A relay short of its share is in motion too: b, which takes the four
+	// lanes a gave back at its first renewal, and polls until it has them.
+	g, err := New(s.DB, pub, nil, Config{Owner: "b", Fence: FenceLanes, HeartbeatInterval: time.Hour, LeaseDuration: time.Hour})
+	require.NoError(t, err)
+	_, err = s.DB.Exec(`UPDATE messaging_relay_lane SET owner = 'c', lease_expires_at = now() + interval '1 hour' WHERE owner IS NULL`)
+	require.NoError(t, err)
+	require.NoError(t, g.claimer.enterFence(ctx))
+	require.Zero(t, owned("b"), "the free lanes were taken by another owner first")
+	require.True(t, g.claimer.lanesInMotion(), "short of its share: the loop polls at PollInterval")
+}
