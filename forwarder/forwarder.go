@@ -360,18 +360,19 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 			// PollInterval once the publishes left behind return.
 			failures, idle = 0, 0
 			delay = f.cfg.PollInterval
-		case f.claimer.lanesInMotion():
-			// Idle, but its lanes are changing hands: the lanes it is to
-			// give back, or to take, and the rows in them, wait for its
-			// next pass (claimLanes). Backing off, it left them unserved
-			// for up to MaxPollInterval, or until its next renewal (four
-			// relays on a 50,000-row backlog drained at 4,000 msg/s against
-			// one relay's 48,000: 5,744 rows sat for 10 s in lanes over a
-			// share, marked but not yet given back).
-			failures, idle = 0, 0
-			delay = f.cfg.PollInterval
 		default:
 			failures = 0
+			if gap, moving := f.claimer.lanesInMotion(); moving {
+				// Idle, but its lanes are changing hands: the lanes it is to
+				// give back, or to take, and the rows in them, wait for its
+				// next pass (claimLanes). Backing off, it left them unserved
+				// for up to MaxPollInterval, or until its next renewal (four
+				// relays on a 50,000-row backlog drained at 4,000 msg/s
+				// against one relay's 48,000: 5,744 rows sat for 10 s in lanes
+				// over a share, marked but not yet given back).
+				idle, delay = 0, gap
+				break
+			}
 			idle++
 			delay = f.jittered(f.cfg.PollInterval, f.cfg.MaxPollInterval, idle, 1)
 		}

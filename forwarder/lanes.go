@@ -25,6 +25,7 @@ type laneKeeper struct {
 	turn      int               // rotates the order the lanes' unkeyed rows are served in
 	floorsAt  time.Time         // local time of the last fencing.AdvanceLaneFloors tried; zero: never
 	shareAt   time.Time         // local time an idle pass last read the fair share (claimLanes)
+	motionGap time.Duration     // an idle relay's wait between passes while its lanes change hands; 0: not in motion (lanesInMotion)
 }
 
 // floorEvery is how often a relay advances its lanes' floors
@@ -123,13 +124,22 @@ func (cl *claimer) settledLocked() []int {
 // once it holds nothing there, or their lease runs out), or it still owns
 // lanes over its share that it no longer claims in (given back once what
 // it claimed there settled). Either way rows wait in lanes nobody claims
-// from, so the loop polls at PollInterval instead of backing off (Run),
-// and each of those passes renews the lanes first (claimLanes).
-func (cl *claimer) lanesInMotion() bool {
+// from, so an idle relay does not back off toward MaxPollInterval: it
+// waits the returned time, PollInterval/10 at first and doubled at each
+// call up to PollInterval (a hand-over takes a few hundred milliseconds;
+// one that waits for a stuck relay's lease costs a statement or two a
+// second), and each pass renews the lanes first when they are due
+// (claimLanes).
+func (cl *claimer) lanesInMotion() (time.Duration, bool) {
 	cl.lanesMu.Lock()
 	defer cl.lanesMu.Unlock()
 	k := &cl.lanes
-	return k.entered && (len(k.owned) < k.share || len(k.draining) > 0)
+	if !k.entered || (len(k.owned) >= k.share && len(k.draining) == 0) {
+		k.motionGap = 0
+		return 0, false
+	}
+	k.motionGap = min(cl.cfg.PollInterval, max(cl.cfg.PollInterval/10, 2*k.motionGap))
+	return k.motionGap, true
 }
 
 // waitFloors waits for the advance of the floors in progress, if any
@@ -158,7 +168,11 @@ func (cl *claimer) claimLanes(ctx context.Context, at time.Time) ([]int, int, er
 		k.entered = true
 	}
 	now := time.Now()
-	due := now.Sub(k.renewedAt) >= cl.laneRenewEvery() || (len(k.owned) < k.share && now.Sub(k.tried) >= cl.cfg.PollInterval) || k.total == 0 ||
+	takeEvery := cl.cfg.PollInterval // short of the share: how often to try to take lanes
+	if k.motionGap > 0 {
+		takeEvery = k.motionGap // idle: as often as the loop polls (lanesInMotion)
+	}
+	due := now.Sub(k.renewedAt) >= cl.laneRenewEvery() || (len(k.owned) < k.share && now.Sub(k.tried) >= takeEvery) || k.total == 0 ||
 		len(cl.settledLocked()) > 0
 	if !due && !cl.draining.Load() && now.Sub(k.shareAt) >= cl.cfg.PollInterval {
 		// Not draining full batches, so followShare does not run: read the
@@ -174,6 +188,9 @@ func (cl *claimer) claimLanes(ctx context.Context, at time.Time) ([]int, int, er
 	}
 	if due {
 		cl.renewLanesLocked(ctx)
+	}
+	if len(k.owned) >= k.share && len(k.draining) == 0 {
+		k.motionGap = 0 // the hand-over ended: the next one starts from PollInterval/10 again
 	}
 	cl.setClaiming(at)
 	if time.Since(k.renewedAt) >= cl.cfg.LeaseDuration/2 {

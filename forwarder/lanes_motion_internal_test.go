@@ -19,8 +19,9 @@ import (
 // them back only at its next renewal (HeartbeatInterval, 10 s by default):
 // it no longer claims in a marked lane, so the lane's rows waited for that
 // renewal (four relays on a 50,000-row backlog: 5,744 rows for 10 s). While
-// lanes are marked, or the relay owns fewer than its share, the loop polls
-// at PollInterval instead of backing off (lanesInMotion). The renewals are
+// lanes are marked, or the relay owns fewer than its share, the loop does
+// not back off toward MaxPollInterval: it polls at a tenth of PollInterval,
+// doubling up to PollInterval (lanesInMotion). The renewals are
 // driven by hand and the fleet is heartbeats written by the test, so every
 // step is an event.
 func TestMarkedLanesAreGivenBackAtTheNextPass(t *testing.T) {
@@ -34,6 +35,11 @@ func TestMarkedLanesAreGivenBackAtTheNextPass(t *testing.T) {
 	cl := f.claimer
 	require.NoError(t, relaymode.BeatFence(ctx, s.DB, "a", time.Hour, 25, fencing.FenceLanes))
 	require.NoError(t, cl.enterFence(ctx))
+	moving := func(c *claimer) bool {
+		t.Helper()
+		_, m := c.lanesInMotion()
+		return m
+	}
 	owned := func(owner string) int {
 		t.Helper()
 		var n int
@@ -41,14 +47,23 @@ func TestMarkedLanesAreGivenBackAtTheNextPass(t *testing.T) {
 		return n
 	}
 	require.Equal(t, 8, owned("a"), "alone: every lane")
-	require.False(t, cl.lanesInMotion(), "alone, at its share: nothing to hand over")
+	require.False(t, moving(cl), "alone, at its share: nothing to hand over")
 
 	row := fencing.Claimed{Row: envelope.Row{MessageID: "m", Seq: 1, Status: envelope.StatusInFlight}}
 	cl.hold([]fencing.Claimed{row}, cl.localNow())
 	require.NoError(t, relaymode.BeatFence(ctx, s.DB, "b", time.Hour, 25, fencing.FenceLanes))
 	cl.renewLanes(ctx) // the share fell to 4: four lanes marked, kept while the row is held
 	require.Equal(t, 8, owned("a"), "a row is held: nothing given back yet")
-	require.True(t, cl.lanesInMotion(), "lanes marked over the share: the loop polls at PollInterval")
+	require.True(t, moving(cl), "lanes marked over the share: the loop does not back off")
+	// Each idle pass in motion waits twice as long as the last, from a
+	// tenth of PollInterval up to PollInterval.
+	var gaps []time.Duration
+	for range 6 {
+		gap, _ := cl.lanesInMotion()
+		gaps = append(gaps, gap)
+	}
+	p := f.cfg.PollInterval
+	require.Equal(t, []time.Duration{p / 5, 2 * p / 5, 4 * p / 5, p, p, p}, gaps, "after the first wait of %s", p/10)
 
 	// The row settles; the relay is idle. Its next pass, however soon,
 	// gives the marked lanes back: the renewal is an hour away.
@@ -59,7 +74,7 @@ func TestMarkedLanesAreGivenBackAtTheNextPass(t *testing.T) {
 	require.Equal(t, 8, total)
 	require.Len(t, lanes, 4, "the pass claims in the lanes of its share")
 	require.Equal(t, 4, owned("a"), "the marked lanes were given back at the pass")
-	require.False(t, cl.lanesInMotion(), "at its share again: the loop may back off")
+	require.False(t, moving(cl), "at its share again: the loop may back off")
 
 	// A relay short of its share is in motion too: b, which takes the four
 	// lanes a gave back at its first renewal, and polls until it has them.
@@ -69,5 +84,5 @@ func TestMarkedLanesAreGivenBackAtTheNextPass(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, g.claimer.enterFence(ctx))
 	require.Zero(t, owned("b"), "the free lanes were taken by another owner first")
-	require.True(t, g.claimer.lanesInMotion(), "short of its share: the loop polls at PollInterval")
+	require.True(t, moving(g.claimer), "short of its share: the loop does not back off")
 }

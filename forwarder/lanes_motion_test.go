@@ -2,6 +2,7 @@ package forwarder_test
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,8 +15,8 @@ import (
 	"github.com/fencedoutbox/watermill-outbox/internal/testkit/await"
 )
 
-// An idle relay whose lanes are changing hands polls at PollInterval, not at
-// its idle backoff: b joins while a holds every lane, claims nothing pass
+// An idle relay whose lanes are changing hands polls at most PollInterval
+// apart, not at its idle backoff: b joins while a holds every lane, claims nothing pass
 // after pass, and still gets its share the moment a gives it back. With
 // MaxPollInterval an hour, b's backoff before grew pass by pass (20 ms,
 // 40 ms, ... an hour): it made some fifteen passes in the first ten minutes,
@@ -44,13 +45,26 @@ func TestAnIdleRelayKeepsPollingWhileItsLanesChangeHands(t *testing.T) {
 
 	ac := cfg
 	ac.Owner = "a"
+	publishing := make(chan struct{})
+	var once sync.Once
 	a, err := forwarder.New(s.DB, &recorder{behave: func(string, *message.Message) (bool, error) {
+		once.Do(func() { close(publishing) })
 		<-gate
 		return true, nil
 	}}, nil, ac)
 	require.NoError(t, err)
 	aDone := run(a)
-	await.Until(t, func() bool { return owned("a") == 8 }, "alone, a takes every lane")
+	// a is publishing, alone, with every lane: b joins a relay that is
+	// busy (an idle one would give it its share at a's next pass).
+	await.Until(t, func() bool {
+		select {
+		case <-publishing:
+			return true
+		default:
+			return false
+		}
+	}, "a publishes its first batch")
+	require.Equal(t, 8, owned("a"), "alone, a takes every lane")
 
 	var idle atomic.Int64
 	bc := cfg
@@ -65,7 +79,14 @@ func TestAnIdleRelayKeepsPollingWhileItsLanesChangeHands(t *testing.T) {
 	require.NoError(t, err)
 	bDone := run(b)
 	// a is stuck on its first publish: b claims nothing, pass after pass.
-	await.Until(t, func() bool { return idle.Load() >= 30 }, "b, short of its share, keeps polling")
+	await.Until(t, func() bool {
+		select {
+		case err := <-bDone:
+			t.Fatalf("b stopped after %d idle passes: %v", idle.Load(), err)
+		default:
+		}
+		return idle.Load() >= 30
+	}, "b, short of its share, keeps polling")
 	require.Zero(t, owned("b"), "a holds every lane while it publishes")
 
 	let := func() {
