@@ -100,6 +100,12 @@ func (cl *claimer) claim(ctx context.Context, cont []fencing.Continuation) claim
 	if cl.cfg.Fence == FenceLanes {
 		var err error
 		if lanes, laneCount, err = cl.claimLanes(dbctx, at); err != nil || len(lanes) == 0 {
+			// Nothing to claim in, so no claim records rows below: forget
+			// here what was held for more than a lease (an outcome write
+			// that failed), as hold does for a claim. A relay whose share
+			// fell to no lane at all otherwise held such a row for ever,
+			// its marked lanes never settled, and it kept them all.
+			cl.hold(nil, at)
 			cl.giveMem(mem)
 			return claimedBatch{claimedAt: at, err: err}
 		}

@@ -125,21 +125,32 @@ func (cl *claimer) settledLocked() []int {
 // lanes over its share that it no longer claims in (given back once what
 // it claimed there settled). Either way rows wait in lanes nobody claims
 // from, so an idle relay does not back off toward MaxPollInterval: it
-// waits the returned time, PollInterval/10 at first and doubled at each
-// call up to PollInterval (a hand-over takes a few hundred milliseconds;
-// one that waits for a stuck relay's lease costs a statement or two a
-// second), and each pass renews the lanes first when they are due
-// (claimLanes).
+// waits the returned time, a tenth of PollInterval at first, doubled at
+// each call up to motionMaxWait, and each pass renews the lanes first when
+// they are due (claimLanes). A hand-over takes a few hundred milliseconds;
+// lanes held under the lease of a relay that died come free when it runs
+// out, and meanwhile the relay short of them renews at most four times a
+// second. Not while its renewals fail: it backs off as after any idle
+// pass (claims stop anyway once none succeeded for half a lease).
 func (cl *claimer) lanesInMotion() (time.Duration, bool) {
 	cl.lanesMu.Lock()
 	defer cl.lanesMu.Unlock()
 	k := &cl.lanes
-	if !k.entered || (len(k.owned) >= k.share && len(k.draining) == 0) {
+	if !k.entered || (len(k.owned) >= k.share && len(k.draining) == 0) || k.tried.After(k.renewedAt) {
 		k.motionGap = 0
 		return 0, false
 	}
-	k.motionGap = min(cl.cfg.PollInterval, max(cl.cfg.PollInterval/10, 2*k.motionGap))
+	k.motionGap = min(cl.motionMaxWait(), max(cl.cfg.PollInterval/10, 2*k.motionGap))
 	return k.motionGap, true
+}
+
+// motionMaxWait is the longest wait between the passes of an idle relay
+// whose lanes change hands (lanesInMotion): PollInterval, but not less
+// than floorEvery (a relay polling every few milliseconds would otherwise
+// write its lanes as often while it waits for a lease to run out), nor
+// more than MaxPollInterval.
+func (cl *claimer) motionMaxWait() time.Duration {
+	return min(max(cl.cfg.PollInterval, floorEvery), cl.cfg.MaxPollInterval)
 }
 
 // waitFloors waits for the advance of the floors in progress, if any
@@ -174,11 +185,12 @@ func (cl *claimer) claimLanes(ctx context.Context, at time.Time) ([]int, int, er
 	}
 	due := now.Sub(k.renewedAt) >= cl.laneRenewEvery() || (len(k.owned) < k.share && now.Sub(k.tried) >= takeEvery) || k.total == 0 ||
 		len(cl.settledLocked()) > 0
-	if !due && !cl.draining.Load() && now.Sub(k.shareAt) >= cl.cfg.PollInterval {
+	if !due && !cl.draining.Load() && now.Sub(k.shareAt) >= max(cl.cfg.PollInterval, floorEvery) {
 		// Not draining full batches, so followShare does not run: read the
-		// share here, at most every PollInterval. Without it an idle relay
-		// learned that a relay left (giving its lanes back) only at its next
-		// renewal, and the rows written to those lanes waited for it.
+		// share here, as often as followShare does (floorEvery), or every
+		// PollInterval when that is longer. Without it an idle relay
+		// learned that a relay left (giving its lanes back) only at its
+		// next renewal, and the rows written to those lanes waited for it.
 		k.shareAt = now
 		share, _, err := fencing.LaneShare(ctx, cl.db, cl.cfg.Owner)
 		if err != nil {

@@ -86,3 +86,78 @@ func TestMarkedLanesAreGivenBackAtTheNextPass(t *testing.T) {
 	require.Zero(t, owned("b"), "the free lanes were taken by another owner first")
 	require.True(t, moving(g.claimer), "short of its share: the loop does not back off")
 }
+
+// While its renewals fail a relay is not in motion: it backs off as after
+// any idle pass instead of polling its failing statements every few
+// hundred milliseconds (its claims stop anyway once no renewal succeeded
+// for half a lease).
+func TestARelayWhoseRenewalsFailBacksOff(t *testing.T) {
+	ctx := context.Background()
+	s := testdb.New(t)
+	require.NoError(t, fencing.SetLaneCount(ctx, s.DB, 8, 25))
+	pub := gochannel.NewGoChannel(gochannel.Config{}, nil)
+	t.Cleanup(func() { _ = pub.Close() })
+	f, err := New(s.DB, pub, nil, Config{Owner: "b", Fence: FenceLanes, HeartbeatInterval: time.Hour, LeaseDuration: time.Hour})
+	require.NoError(t, err)
+	cl := f.claimer
+	_, err = s.DB.Exec(`UPDATE messaging_relay_lane SET owner = 'c', lease_expires_at = now() + interval '1 hour'`)
+	require.NoError(t, err)
+	require.NoError(t, relaymode.BeatFence(ctx, s.DB, "b", time.Hour, 25, fencing.FenceLanes))
+	require.NoError(t, cl.enterFence(ctx))
+	_, moving := cl.lanesInMotion()
+	require.True(t, moving, "short of its share (c holds every lane under a live lease)")
+
+	_, err = s.DB.Exec(`ALTER TABLE messaging_relay_lane RENAME TO messaging_relay_lane_gone`)
+	require.NoError(t, err)
+	cl.renewLanes(ctx)
+	_, moving = cl.lanesInMotion()
+	require.False(t, moving, "its renewal failed: the loop backs off")
+	_, err = s.DB.Exec(`ALTER TABLE messaging_relay_lane_gone RENAME TO messaging_relay_lane`)
+	require.NoError(t, err)
+	cl.renewLanes(ctx)
+	_, moving = cl.lanesInMotion()
+	require.True(t, moving, "renewed again, still short")
+}
+
+// A relay whose share fell to no lane at all claims nothing, so no claim
+// forgets the rows it held for more than a lease (an outcome write that
+// failed): before, such a row stayed held for ever, the lanes it had
+// marked never settled, and the relay kept every one of them (renewed by
+// its heartbeat) while the relays with a share had none. Its passes now
+// forget those rows, and the next one gives the lanes back.
+func TestARelayWithNoShareForgetsRowsHeldPastALease(t *testing.T) {
+	ctx := context.Background()
+	s := testdb.New(t)
+	require.NoError(t, fencing.SetLaneCount(ctx, s.DB, 2, 25))
+	pub := gochannel.NewGoChannel(gochannel.Config{}, nil)
+	t.Cleanup(func() { _ = pub.Close() })
+	lease := time.Hour
+	f, err := New(s.DB, pub, nil, Config{Owner: "c", Fence: FenceLanes, HeartbeatInterval: time.Hour, LeaseDuration: lease})
+	require.NoError(t, err)
+	cl := f.claimer
+	require.NoError(t, relaymode.BeatFence(ctx, s.DB, "c", time.Hour, 25, fencing.FenceLanes))
+	require.NoError(t, cl.enterFence(ctx))
+	owned := func(owner string) int {
+		t.Helper()
+		var n int
+		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_relay_lane WHERE owner = $1 AND lease_expires_at > now()`, owner).Scan(&n))
+		return n
+	}
+	require.Equal(t, 2, owned("c"), "alone: both lanes")
+
+	// A row claimed more than a lease ago whose outcome was never written.
+	row := fencing.Claimed{Row: envelope.Row{MessageID: "m", Seq: 1, Status: envelope.StatusInFlight}}
+	cl.hold([]fencing.Claimed{row}, cl.localNow().Add(-2*lease))
+	for _, o := range []string{"a", "b"} { // two lanes, three relays: c sorts last and gets none
+		require.NoError(t, relaymode.BeatFence(ctx, s.DB, o, time.Hour, 25, fencing.FenceLanes))
+	}
+	cl.renewLanes(ctx)
+	require.Equal(t, 2, owned("c"), "both lanes marked; the row is held: nothing given back yet")
+
+	b := cl.claim(ctx, nil) // no lane to claim in: it forgets the row held past a lease
+	require.NoError(t, b.err)
+	require.Empty(t, b.claimed)
+	b = cl.claim(ctx, nil) // nothing held: the marked lanes are given back
+	require.NoError(t, b.err)
+	require.Zero(t, owned("c"), "c gave back the lanes it had no share of")
+}
