@@ -88,7 +88,10 @@ type Config struct {
 	PollInterval time.Duration
 	// MaxPollInterval caps the idle backoff (passes that find nothing).
 	// Default 5s, or PollInterval when that is longer; LISTEN/NOTIFY wakes
-	// the relay earlier.
+	// the relay earlier. A lane relay whose lanes are changing hands (it
+	// owns fewer than its fair share, or lanes over it still to give back)
+	// does not back off: it polls from PollInterval/10, doubling up to
+	// PollInterval or 250ms, whichever is longer.
 	MaxPollInterval time.Duration
 	// MaxAttempts is the attempt budget per row; a row whose attempt budget
 	// is spent is parked EXHAUSTED. Default 25. Only attempts whose outcome
