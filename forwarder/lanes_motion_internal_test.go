@@ -161,3 +161,27 @@ func TestARelayWithNoShareForgetsRowsHeldPastALease(t *testing.T) {
 	require.NoError(t, b.err)
 	require.Zero(t, owned("c"), "c gave back the lanes it had no share of")
 }
+
+// The wait between the passes of an idle relay whose lanes change hands
+// grows to PollInterval, but to no less than 250 ms (a relay short of
+// lanes held under a dead relay's lease renews at most four times a
+// second, however small its PollInterval) and no more than
+// MaxPollInterval.
+func TestTheHandOverWaitIsBounded(t *testing.T) {
+	s := testdb.New(t)
+	pub := gochannel.NewGoChannel(gochannel.Config{}, nil)
+	t.Cleanup(func() { _ = pub.Close() })
+	for _, c := range []struct {
+		poll, maxPoll, want time.Duration
+	}{
+		{10 * time.Millisecond, 0, 250 * time.Millisecond},
+		{10 * time.Millisecond, 100 * time.Millisecond, 100 * time.Millisecond},
+		{500 * time.Millisecond, 0, 500 * time.Millisecond},
+		{2 * time.Second, 0, 2 * time.Second},
+	} {
+		f, err := New(s.DB, pub, nil,
+			Config{Owner: "a", Fence: FenceLanes, PollInterval: c.poll, MaxPollInterval: c.maxPoll})
+		require.NoError(t, err)
+		require.Equal(t, c.want, f.claimer.motionMaxWait(), "PollInterval %s, MaxPollInterval %s", c.poll, c.maxPoll)
+	}
+}
