@@ -19,3 +19,6 @@ func WrapStatements(f *Forwarder, wrap func(fencing.DBTX) fencing.DBTX) { f.q = 
 // SetPinShareWait sets how long f's claims and outcome writes wait for the
 // pinned connection while the other uses it (pinShareWait).
 func SetPinShareWait(f *Forwarder, d time.Duration) { f.claimConn.shareWait = d }
+
+// LanesOwned counts the lanes owner holds under a live lease (lanesOwned).
+var LanesOwned = lanesOwned

@@ -371,10 +371,10 @@ func (f *Forwarder) Run(ctx context.Context) (err error) {
 				// against one relay's 48,000: 5,744 rows sat for 10 s in lanes
 				// over a share, marked but not yet given back).
 				idle, delay = 0, gap
-				break
+			} else {
+				idle++
+				delay = f.jittered(f.cfg.PollInterval, f.cfg.MaxPollInterval, idle, 1)
 			}
-			idle++
-			delay = f.jittered(f.cfg.PollInterval, f.cfg.MaxPollInterval, idle, 1)
 		}
 		if f.stopRequested(ctx, stopping) {
 			if errors.Is(err, ErrOutcomesNotWritten) {

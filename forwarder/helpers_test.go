@@ -68,6 +68,13 @@ func newDB(t *testing.T) *testdb.Schema {
 	return s
 }
 
+// startRun starts f.Run(ctx) and returns the channel its result comes on.
+func startRun(ctx context.Context, f *forwarder.Forwarder) chan error {
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	return done
+}
+
 type execer = testdb.Execer
 
 // insert writes msg for topic the way the transactional publisher does:

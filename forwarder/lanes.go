@@ -129,14 +129,15 @@ func (cl *claimer) settledLocked() []int {
 // each call up to motionMaxWait, and each pass renews the lanes first when
 // they are due (claimLanes). A hand-over takes a few hundred milliseconds;
 // lanes held under the lease of a relay that died come free when it runs
-// out, and meanwhile the relay short of them renews at most four times a
-// second. Not while its renewals fail: it backs off as after any idle
-// pass (claims stop anyway once none succeeded for half a lease).
+// out, and meanwhile the relay short of them, once its wait has grown,
+// renews at most four times a second. Not while its renewals fail: it
+// backs off as after any idle pass (claims stop anyway once none succeeded
+// for half a lease).
 func (cl *claimer) lanesInMotion() (time.Duration, bool) {
 	cl.lanesMu.Lock()
 	defer cl.lanesMu.Unlock()
 	k := &cl.lanes
-	if !k.entered || (len(k.owned) >= k.share && len(k.draining) == 0) || k.tried.After(k.renewedAt) {
+	if !k.entered || k.atShare() || k.tried.After(k.renewedAt) {
 		k.motionGap = 0
 		return 0, false
 	}
@@ -144,13 +145,22 @@ func (cl *claimer) lanesInMotion() (time.Duration, bool) {
 	return k.motionGap, true
 }
 
+// atShare reports whether the relay's lanes are what its fair share (at its
+// last renewal) says: no fewer, and none over it left to give back.
+func (k *laneKeeper) atShare() bool { return len(k.owned) >= k.share && len(k.draining) == 0 }
+
+// laneCheckEvery is how often an idle relay looks at its lanes' fleet: it
+// reads the fair share at most this often (claimLanes), and while its
+// lanes change hands waits at most this long between passes
+// (motionMaxWait). floorEvery at least: a relay polling every few
+// milliseconds would otherwise read and write as often.
+func (cl *claimer) laneCheckEvery() time.Duration { return max(cl.cfg.PollInterval, floorEvery) }
+
 // motionMaxWait is the longest wait between the passes of an idle relay
-// whose lanes change hands (lanesInMotion): PollInterval, but not less
-// than floorEvery (a relay polling every few milliseconds would otherwise
-// write its lanes as often while it waits for a lease to run out), nor
-// more than MaxPollInterval.
+// whose lanes change hands (lanesInMotion): laneCheckEvery, but no more
+// than MaxPollInterval.
 func (cl *claimer) motionMaxWait() time.Duration {
-	return min(max(cl.cfg.PollInterval, floorEvery), cl.cfg.MaxPollInterval)
+	return min(cl.laneCheckEvery(), cl.cfg.MaxPollInterval)
 }
 
 // waitFloors waits for the advance of the floors in progress, if any
@@ -185,7 +195,7 @@ func (cl *claimer) claimLanes(ctx context.Context, at time.Time) ([]int, int, er
 	}
 	due := now.Sub(k.renewedAt) >= cl.laneRenewEvery() || (len(k.owned) < k.share && now.Sub(k.tried) >= takeEvery) || k.total == 0 ||
 		len(cl.settledLocked()) > 0
-	if !due && !cl.draining.Load() && now.Sub(k.shareAt) >= max(cl.cfg.PollInterval, floorEvery) {
+	if !due && !cl.draining.Load() && now.Sub(k.shareAt) >= cl.laneCheckEvery() {
 		// Not draining full batches, so followShare does not run: read the
 		// share here, as often as followShare does (floorEvery), or every
 		// PollInterval when that is longer. Without it an idle relay
@@ -201,7 +211,7 @@ func (cl *claimer) claimLanes(ctx context.Context, at time.Time) ([]int, int, er
 	if due {
 		cl.renewLanesLocked(ctx)
 	}
-	if len(k.owned) >= k.share && len(k.draining) == 0 {
+	if k.atShare() {
 		k.motionGap = 0 // the hand-over ended: the next one starts from PollInterval/10 again
 	}
 	cl.setClaiming(at)

@@ -102,11 +102,7 @@ func TestAMessageThatKillsItsRelayEndsExhausted(t *testing.T) {
 func TestLaneRelaysRebalanceAsTheyJoinAndLeave(t *testing.T) {
 	s := newDB(t)
 	require.NoError(t, fencing.SetLaneCount(context.Background(), s.DB, 32, 25))
-	owned := func(owner string) int {
-		var n int
-		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_relay_lane WHERE owner = $1 AND lease_expires_at > now()`, owner).Scan(&n))
-		return n
-	}
+	owned := func(owner string) int { return forwarder.LanesOwned(t, s, owner) }
 	start := func(owner string) (*forwarder.Forwarder, chan error) {
 		f, err := forwarder.New(s.DB, &recorder{}, nil, forwarder.Config{Owner: owner, Fence: forwarder.FenceLanes,
 			HeartbeatInterval: 100 * time.Millisecond, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond})
@@ -139,11 +135,7 @@ func TestLaneRelaysFollowTheFleetBetweenRenewals(t *testing.T) {
 	s := newDB(t)
 	ctx := context.Background()
 	require.NoError(t, fencing.SetLaneCount(ctx, s.DB, 32, 25))
-	owned := func(owner string) int {
-		var n int
-		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_relay_lane WHERE owner = $1 AND lease_expires_at > now()`, owner).Scan(&n))
-		return n
-	}
+	owned := func(owner string) int { return forwarder.LanesOwned(t, s, owner) }
 	// A backlog the relays work on throughout: each publish waits for the
 	// test to let it through, one at a time.
 	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload)

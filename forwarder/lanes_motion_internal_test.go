@@ -21,31 +21,20 @@ import (
 // renewal (four relays on a 50,000-row backlog: 5,744 rows for 10 s). While
 // lanes are marked, or the relay owns fewer than its share, the loop does
 // not back off toward MaxPollInterval: it polls at a tenth of PollInterval,
-// doubling up to PollInterval (lanesInMotion). The renewals are
+// doubling up to motionMaxWait (lanesInMotion). The renewals are
 // driven by hand and the fleet is heartbeats written by the test, so every
 // step is an event.
 func TestMarkedLanesAreGivenBackAtTheNextPass(t *testing.T) {
 	ctx := context.Background()
-	s := testdb.New(t)
-	require.NoError(t, fencing.SetLaneCount(ctx, s.DB, 8, 25))
-	pub := gochannel.NewGoChannel(gochannel.Config{}, nil)
-	t.Cleanup(func() { _ = pub.Close() })
-	f, err := New(s.DB, pub, nil, Config{Owner: "a", Fence: FenceLanes, HeartbeatInterval: time.Hour, LeaseDuration: time.Hour})
-	require.NoError(t, err)
+	s := laneSchema(t, 8)
+	f := laneRelay(t, s, "a")
 	cl := f.claimer
-	require.NoError(t, relaymode.BeatFence(ctx, s.DB, "a", time.Hour, 25, fencing.FenceLanes))
-	require.NoError(t, cl.enterFence(ctx))
 	moving := func(c *claimer) bool {
 		t.Helper()
 		_, m := c.lanesInMotion()
 		return m
 	}
-	owned := func(owner string) int {
-		t.Helper()
-		var n int
-		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_relay_lane WHERE owner = $1 AND lease_expires_at > now()`, owner).Scan(&n))
-		return n
-	}
+	owned := func(owner string) int { return lanesOwned(t, s, owner) }
 	require.Equal(t, 8, owned("a"), "alone: every lane")
 	require.False(t, moving(cl), "alone, at its share: nothing to hand over")
 
@@ -56,7 +45,7 @@ func TestMarkedLanesAreGivenBackAtTheNextPass(t *testing.T) {
 	require.Equal(t, 8, owned("a"), "a row is held: nothing given back yet")
 	require.True(t, moving(cl), "lanes marked over the share: the loop does not back off")
 	// Each idle pass in motion waits twice as long as the last, from a
-	// tenth of PollInterval up to PollInterval.
+	// tenth of PollInterval up to motionMaxWait (PollInterval here).
 	var gaps []time.Duration
 	for range 6 {
 		gap, _ := cl.lanesInMotion()
@@ -78,11 +67,9 @@ func TestMarkedLanesAreGivenBackAtTheNextPass(t *testing.T) {
 
 	// A relay short of its share is in motion too: b, which takes the four
 	// lanes a gave back at its first renewal, and polls until it has them.
-	g, err := New(s.DB, pub, nil, Config{Owner: "b", Fence: FenceLanes, HeartbeatInterval: time.Hour, LeaseDuration: time.Hour})
-	require.NoError(t, err)
 	_, err = s.DB.Exec(`UPDATE messaging_relay_lane SET owner = 'c', lease_expires_at = now() + interval '1 hour' WHERE owner IS NULL`)
 	require.NoError(t, err)
-	require.NoError(t, g.claimer.enterFence(ctx))
+	g := laneRelay(t, s, "b")
 	require.Zero(t, owned("b"), "the free lanes were taken by another owner first")
 	require.True(t, moving(g.claimer), "short of its share: the loop does not back off")
 }
@@ -93,17 +80,11 @@ func TestMarkedLanesAreGivenBackAtTheNextPass(t *testing.T) {
 // for half a lease).
 func TestARelayWhoseRenewalsFailBacksOff(t *testing.T) {
 	ctx := context.Background()
-	s := testdb.New(t)
-	require.NoError(t, fencing.SetLaneCount(ctx, s.DB, 8, 25))
-	pub := gochannel.NewGoChannel(gochannel.Config{}, nil)
-	t.Cleanup(func() { _ = pub.Close() })
-	f, err := New(s.DB, pub, nil, Config{Owner: "b", Fence: FenceLanes, HeartbeatInterval: time.Hour, LeaseDuration: time.Hour})
+	s := laneSchema(t, 8)
+	cl := laneRelay(t, s, "b").claimer
+	_, err := s.DB.Exec(`UPDATE messaging_relay_lane SET owner = 'c', lease_expires_at = now() + interval '1 hour'`)
 	require.NoError(t, err)
-	cl := f.claimer
-	_, err = s.DB.Exec(`UPDATE messaging_relay_lane SET owner = 'c', lease_expires_at = now() + interval '1 hour'`)
-	require.NoError(t, err)
-	require.NoError(t, relaymode.BeatFence(ctx, s.DB, "b", time.Hour, 25, fencing.FenceLanes))
-	require.NoError(t, cl.enterFence(ctx))
+	cl.renewLanes(ctx) // c took every lane: b owns none of its share
 	_, moving := cl.lanesInMotion()
 	require.True(t, moving, "short of its share (c holds every lane under a live lease)")
 
@@ -127,22 +108,10 @@ func TestARelayWhoseRenewalsFailBacksOff(t *testing.T) {
 // forget those rows, and the next one gives the lanes back.
 func TestARelayWithNoShareForgetsRowsHeldPastALease(t *testing.T) {
 	ctx := context.Background()
-	s := testdb.New(t)
-	require.NoError(t, fencing.SetLaneCount(ctx, s.DB, 2, 25))
-	pub := gochannel.NewGoChannel(gochannel.Config{}, nil)
-	t.Cleanup(func() { _ = pub.Close() })
-	lease := time.Hour
-	f, err := New(s.DB, pub, nil, Config{Owner: "c", Fence: FenceLanes, HeartbeatInterval: time.Hour, LeaseDuration: lease})
-	require.NoError(t, err)
-	cl := f.claimer
-	require.NoError(t, relaymode.BeatFence(ctx, s.DB, "c", time.Hour, 25, fencing.FenceLanes))
-	require.NoError(t, cl.enterFence(ctx))
-	owned := func(owner string) int {
-		t.Helper()
-		var n int
-		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_relay_lane WHERE owner = $1 AND lease_expires_at > now()`, owner).Scan(&n))
-		return n
-	}
+	s := laneSchema(t, 2)
+	cl := laneRelay(t, s, "c").claimer
+	lease := cl.cfg.LeaseDuration
+	owned := func(owner string) int { return lanesOwned(t, s, owner) }
 	require.Equal(t, 2, owned("c"), "alone: both lanes")
 
 	// A row claimed more than a lease ago whose outcome was never written.
@@ -166,7 +135,8 @@ func TestARelayWithNoShareForgetsRowsHeldPastALease(t *testing.T) {
 // grows to PollInterval, but to no less than 250 ms (a relay short of
 // lanes held under a dead relay's lease renews at most four times a
 // second, however small its PollInterval) and no more than
-// MaxPollInterval.
+// MaxPollInterval. An idle relay reads its fair share as seldom: at most
+// every PollInterval or 250 ms, the longer.
 func TestTheHandOverWaitIsBounded(t *testing.T) {
 	s := testdb.New(t)
 	pub := gochannel.NewGoChannel(gochannel.Config{}, nil)
@@ -183,5 +153,36 @@ func TestTheHandOverWaitIsBounded(t *testing.T) {
 			Config{Owner: "a", Fence: FenceLanes, PollInterval: c.poll, MaxPollInterval: c.maxPoll})
 		require.NoError(t, err)
 		require.Equal(t, c.want, f.claimer.motionMaxWait(), "PollInterval %s, MaxPollInterval %s", c.poll, c.maxPoll)
+		require.Equal(t, max(c.poll, 250*time.Millisecond), f.claimer.laneCheckEvery(), "an idle pass reads the share at most this often")
 	}
+}
+
+// laneSchema is a fresh schema with a table of lanes lanes.
+func laneSchema(t *testing.T, lanes int) *testdb.Schema {
+	t.Helper()
+	s := testdb.New(t)
+	require.NoError(t, fencing.SetLaneCount(context.Background(), s.DB, lanes, 25))
+	return s
+}
+
+// laneRelay is a lane relay of owner on s, not running: renewals an hour
+// apart, its heartbeat written and the fence entered (it took what lanes
+// were free up to its share). The test drives its renewals and claims.
+func laneRelay(t *testing.T, s *testdb.Schema, owner string) *Forwarder {
+	t.Helper()
+	pub := gochannel.NewGoChannel(gochannel.Config{}, nil)
+	t.Cleanup(func() { _ = pub.Close() })
+	f, err := New(s.DB, pub, nil, Config{Owner: owner, Fence: FenceLanes, HeartbeatInterval: time.Hour, LeaseDuration: time.Hour})
+	require.NoError(t, err)
+	require.NoError(t, relaymode.BeatFence(context.Background(), s.DB, owner, time.Hour, 25, fencing.FenceLanes))
+	require.NoError(t, f.claimer.enterFence(context.Background()))
+	return f
+}
+
+// lanesOwned counts the lanes owner holds under a live lease.
+func lanesOwned(t *testing.T, s *testdb.Schema, owner string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_relay_lane WHERE owner = $1 AND lease_expires_at > now()`, owner).Scan(&n))
+	return n
 }

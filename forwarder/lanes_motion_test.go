@@ -26,11 +26,7 @@ func TestAnIdleRelayKeepsPollingWhileItsLanesChangeHands(t *testing.T) {
 	s := newDB(t)
 	ctx := context.Background()
 	require.NoError(t, fencing.SetLaneCount(ctx, s.DB, 8, 25))
-	owned := func(owner string) int {
-		var n int
-		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_relay_lane WHERE owner = $1 AND lease_expires_at > now()`, owner).Scan(&n))
-		return n
-	}
+	owned := func(owner string) int { return forwarder.LanesOwned(t, s, owner) }
 	_, err := s.DB.Exec(`INSERT INTO messaging_outbox (message_id, destination, payload)
 		SELECT 'm' || g, 'orders', '\x7b7d' FROM generate_series(1, 400) g`)
 	require.NoError(t, err)
@@ -38,11 +34,6 @@ func TestAnIdleRelayKeepsPollingWhileItsLanesChangeHands(t *testing.T) {
 	defer close(gate)
 	cfg := forwarder.Config{Fence: forwarder.FenceLanes, HeartbeatInterval: time.Hour, LeaseDuration: time.Hour,
 		PublishTimeout: 30 * time.Second, BatchSize: 10, PollInterval: 20 * time.Millisecond, MaxPollInterval: time.Hour}
-	run := func(f *forwarder.Forwarder) chan error {
-		done := make(chan error, 1)
-		go func() { done <- f.Run(ctx) }()
-		return done
-	}
 
 	ac := cfg
 	ac.Owner = "a"
@@ -54,7 +45,7 @@ func TestAnIdleRelayKeepsPollingWhileItsLanesChangeHands(t *testing.T) {
 		return true, nil
 	}}, nil, ac)
 	require.NoError(t, err)
-	aDone := run(a)
+	aDone := startRun(ctx, a)
 	// a is publishing, alone, with every lane: b joins a relay that is
 	// busy (an idle one would give it its share at a's next pass).
 	await.Until(t, func() bool {
@@ -78,7 +69,7 @@ func TestAnIdleRelayKeepsPollingWhileItsLanesChangeHands(t *testing.T) {
 	down := &recorder{}
 	b, err := forwarder.New(s.DB, down, nil, bc)
 	require.NoError(t, err)
-	bDone := run(b)
+	bDone := startRun(ctx, b)
 	// a is stuck on its first publish: b claims nothing, pass after pass.
 	await.Until(t, func() bool {
 		select {
@@ -118,18 +109,15 @@ func TestAnIdleRelayKeepsPollingWhileItsLanesChangeHands(t *testing.T) {
 // Idle relays follow the fleet between their renewals too: with renewals an
 // hour apart, an idle relay gives a newcomer its share, and takes the lanes
 // of a relay that left, at its next passes (it reads the fair share at most
-// every PollInterval while it is not draining full batches). Before, both
+// every PollInterval or 250 ms, the longer, while it is not draining full
+// batches). Before, both
 // waited for the next renewal, and a row written to a lane given back by a
 // relay that stopped waited with them.
 func TestIdleRelaysFollowTheFleetBetweenRenewals(t *testing.T) {
 	s := newDB(t)
 	ctx := context.Background()
 	require.NoError(t, fencing.SetLaneCount(ctx, s.DB, 8, 25))
-	owned := func(owner string) int {
-		var n int
-		require.NoError(t, s.DB.QueryRow(`SELECT count(*) FROM messaging_relay_lane WHERE owner = $1 AND lease_expires_at > now()`, owner).Scan(&n))
-		return n
-	}
+	owned := func(owner string) int { return forwarder.LanesOwned(t, s, owner) }
 	cfg := forwarder.Config{Fence: forwarder.FenceLanes, HeartbeatInterval: time.Hour, LeaseDuration: time.Hour,
 		PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}
 	start := func(owner string, down *recorder) (*forwarder.Forwarder, chan error) {
@@ -137,10 +125,8 @@ func TestIdleRelaysFollowTheFleetBetweenRenewals(t *testing.T) {
 		c.Owner = owner
 		f, err := forwarder.New(s.DB, down, nil, c)
 		require.NoError(t, err)
-		done := make(chan error, 1)
-		go func() { done <- f.Run(ctx) }()
 		t.Cleanup(func() { _ = f.Close() })
-		return f, done
+		return f, startRun(ctx, f)
 	}
 	aDown := &recorder{}
 	a, aDone := start("a", aDown)

@@ -7,12 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencedoutbox/watermill-outbox/envelope"
 	"github.com/fencedoutbox/watermill-outbox/fencing"
-	"github.com/fencedoutbox/watermill-outbox/internal/testkit/testdb"
 	"github.com/fencedoutbox/watermill-outbox/relaymode"
 )
 
@@ -25,15 +23,8 @@ import (
 // fleet is heartbeats written by the test, so every step is an event.
 func TestAShareThatRoseAgainUnmarksTheLanes(t *testing.T) {
 	ctx := context.Background()
-	s := testdb.New(t)
-	require.NoError(t, fencing.SetLaneCount(ctx, s.DB, 8, 25))
-	pub := gochannel.NewGoChannel(gochannel.Config{}, nil)
-	t.Cleanup(func() { _ = pub.Close() })
-	f, err := New(s.DB, pub, nil, Config{Owner: "a", Fence: FenceLanes})
-	require.NoError(t, err)
-	cl := f.claimer
-	require.NoError(t, relaymode.BeatFence(ctx, s.DB, "a", time.Minute, 25, fencing.FenceLanes))
-	require.NoError(t, cl.enterFence(ctx))
+	s := laneSchema(t, 8)
+	cl := laneRelay(t, s, "a").claimer
 
 	epochs := func() map[int]int64 {
 		t.Helper()
@@ -62,7 +53,7 @@ func TestAShareThatRoseAgainUnmarksTheLanes(t *testing.T) {
 	require.Len(t, marked(), 4, "b joined: a's share is 4, four lanes marked")
 	require.Equal(t, before, epochs(), "a row is held: nothing given back yet")
 
-	_, err = s.DB.Exec(`DELETE FROM messaging_relay_heartbeat WHERE owner = 'b'`)
+	_, err := s.DB.Exec(`DELETE FROM messaging_relay_heartbeat WHERE owner = 'b'`)
 	require.NoError(t, err)
 	cl.renewLanes(ctx)
 	require.Empty(t, marked(), "b left: the share is 8 again, the lanes are served again")
